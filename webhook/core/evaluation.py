@@ -1,0 +1,415 @@
+"""Evaluation: a contract applied to an application's values gives its charge.
+
+``evaluate(contract, values, catalog) -> Charge`` is pure: the values are already defaulted (see
+:mod:`webhook.core.defaulting`), names resolve through the :class:`~webhook.core.catalog.Catalog`
+port, and nothing is read from a cluster or a file. Every failure is an
+:class:`~webhook.core.errors.EvaluationError` naming the values path and the reason, because the
+object under admission fails closed: a missing contract, an unknown instance type or a bad
+quantity is never a charge of zero.
+
+Reservation charges declared sizes only: no allocation ratios, no virtualization overhead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from webhook.core import resources as rl
+from webhook.core.catalog import Catalog
+from webhook.core.contracts import (
+    Contract,
+    CountExpr,
+    FirstOf,
+    FromInstanceType,
+    FromPreset,
+    FromResources,
+    Literal,
+    MaxOf,
+    NameExpr,
+    PathRef,
+    Product,
+    SizeSource,
+    Sum,
+    Term,
+    ValuePath,
+)
+from webhook.core.errors import EvaluationError, QuantityError
+from webhook.core.quantities import format_quantity, parse_quantity
+
+__all__ = ["Charge", "EvaluationLimits", "TermCharge", "evaluate"]
+
+
+@dataclass(frozen=True, slots=True)
+class EvaluationLimits:
+    """Bounds that keep a hostile or mistaken contract from stalling admission."""
+
+    max_items: int = 1_000  # items one forEach may expand to
+    max_matches: int = 10_000  # path matches in one evaluation, all paths together
+
+
+@dataclass(frozen=True, slots=True)
+class TermCharge:
+    """One term's contribution: ``count`` units of ``source`` found at ``path``."""
+
+    term: str
+    path: str
+    count: Decimal
+    source: str
+    resources: Mapping[str, Decimal]
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """What an application reserves, and the digest of what produced that figure."""
+
+    kind: str
+    resources: Mapping[str, Decimal]
+    digest: str
+    contract_digest: str
+    terms: tuple[TermCharge, ...] = ()
+    exempt_reason: str = ""
+
+    def as_strings(self) -> dict[str, str]:
+        return rl.to_strings(self.resources)
+
+
+def evaluate(
+    contract: Contract,
+    values: object,
+    catalog: Catalog,
+    *,
+    namespace: str = "",
+    limits: EvaluationLimits = EvaluationLimits(),
+) -> Charge:
+    """The charge of ``values`` (already defaulted) under ``contract``.
+
+    ``namespace`` is the application's namespace, where namespaced instance types are looked up.
+    """
+    if contract.exempt:
+        return Charge(
+            kind=contract.kind,
+            resources={},
+            digest=_digest(contract.digest, []),
+            contract_digest=contract.digest,
+            exempt_reason=contract.exempt_reason,
+        )
+    if not isinstance(values, Mapping):
+        raise EvaluationError("spec", "must be an object", kind=contract.kind)
+    run = _Run(values, catalog, namespace, limits)
+    try:
+        terms = tuple(charge for term in contract.terms for charge in run.term(term))
+    except EvaluationError as exc:
+        raise exc.for_kind(contract.kind) from None
+    return Charge(
+        kind=contract.kind,
+        resources={k: v for k, v in rl.total(t.resources for t in terms).items() if v != 0},
+        digest=_digest(contract.digest, run.fingerprints),
+        contract_digest=contract.digest,
+        terms=terms,
+    )
+
+
+def _digest(contract_digest: str, fingerprints: list[str]) -> str:
+    text = json.dumps([contract_digest, sorted(set(fingerprints))], separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(slots=True)
+class _Scope:
+    """Where paths resolve: the values root, and the current item with its display path."""
+
+    item: object = None
+    prefix: str = ""
+
+
+@dataclass(slots=True)
+class _Size:
+    resources: dict[str, Decimal]
+    source: str
+
+
+_ABSENT = object()
+
+
+@dataclass
+class _Run:
+    root: Mapping[str, Any]
+    catalog: Catalog
+    namespace: str
+    limits: EvaluationLimits
+    matches: int = 0
+    fingerprints: list[str] = field(default_factory=list)
+
+    # -- terms -----------------------------------------------------------------------------
+
+    def term(self, term: Term) -> Iterator[TermCharge]:
+        for scope in self.items(term):
+            if term.when is not None and not _truthy(self.lookup(term.when, scope)):
+                continue
+            if term.unless is not None and _truthy(self.lookup(term.unless, scope)):
+                continue
+            count = self.required(term.count, scope, integer=True, where=f"{term.name}.count")
+            unit: dict[str, Decimal] = {}
+            source = ""
+            if term.size is not None:
+                size = self.size(term.size, scope)
+                if size is None:
+                    raise EvaluationError(scope.prefix or term.name, self.no_size(term.size, scope))
+                unit, source = size.resources, size.source
+            if term.storage is not None:
+                storage = self.required(term.storage, scope, integer=False, where="storage")
+                unit = rl.add(unit, {"storage": storage})
+            if term.devices is not None:
+                unit = rl.add(unit, self.devices(term.devices, scope))
+            for key, expression in term.objects:
+                unit = rl.add(unit, {key: self.required(expression, scope, integer=True, where=key)})
+            yield TermCharge(term.name, scope.prefix, count, source, rl.scale(unit, count))
+
+    def items(self, term: Term) -> Iterator[_Scope]:
+        if term.for_each is None:
+            yield _Scope()
+            return
+        found = self.find(term.for_each, _Scope())
+        if len(found) > self.limits.max_items:
+            raise EvaluationError(
+                _display(term.for_each, _Scope()),
+                f"{len(found)} items exceed the limit of {self.limits.max_items}",
+            )
+        if found:
+            for path, item in found:
+                yield _Scope(item, path)
+            return
+        base = _display(term.for_each, _Scope())
+        for name, item in term.if_none:
+            yield _Scope(item, f"{base.removesuffix('.*').removesuffix('[*]')}.{name}")
+
+    # -- sizes -----------------------------------------------------------------------------
+
+    def size(self, source: SizeSource, scope: _Scope) -> _Size | None:
+        match source:
+            case FromInstanceType(name=name, namespaced=namespaced):
+                return self.instance_type(name, namespaced, scope)
+            case FromPreset(name=name, overrides=overrides):
+                return self.preset(name, overrides, scope)
+            case FromResources():
+                return self.explicit(source, scope)
+            case FirstOf(sources=sources):
+                for candidate in sources:
+                    size = self.size(candidate, scope)
+                    if size is not None:
+                        return size
+                return None
+            case MaxOf(sources=sources):
+                first = self.size(sources[0], scope)
+                if first is None:
+                    return None
+                for candidate in sources[1:]:
+                    other = self.size(candidate, scope)
+                    if other is not None:
+                        first = _Size(
+                            rl.maximum(first.resources, other.resources),
+                            f"max({first.source}, {other.source})",
+                        )
+                return first
+        raise AssertionError(source)  # pragma: no cover - exhaustive over SizeSource
+
+    def instance_type(self, name: NameExpr, namespaced: bool, scope: _Scope) -> _Size | None:
+        where, value = self.name(name, scope)
+        if value is None:
+            return None
+        found = self.catalog.instance_type(value, namespace=self.namespace if namespaced else "")
+        if found is None:
+            scope_text = f" in namespace {self.namespace}" if namespaced else ""
+            raise EvaluationError(where, f'unknown instance type "{value}"{scope_text}')
+        self.fingerprints.append(found.fingerprint())
+        return _Size(found.resources(), f"instance type {value}")
+
+    def preset(self, name: NameExpr, overrides: ValuePath | None, scope: _Scope) -> _Size | None:
+        where, value = self.name(name, scope)
+        if value is None:
+            return None
+        found = self.catalog.preset(value)
+        if found is None:
+            raise EvaluationError(where, f'unknown resource preset "{value}"')
+        self.fingerprints.append(found.fingerprint())
+        resources = dict(found.resources)
+        source = f"preset {value}"
+        if overrides is not None:
+            explicit = self.lookup(overrides, scope)
+            if explicit is not _ABSENT and explicit is not None:
+                if not isinstance(explicit, Mapping):
+                    raise EvaluationError(_display(overrides, scope), "must be an object")
+                replaced = []
+                for key, raw in explicit.items():
+                    if raw is None:
+                        continue
+                    resources[str(key)] = self.quantity(raw, f"{_display(overrides, scope)}.{key}")
+                    replaced.append(str(key))
+                if replaced:
+                    source += f" with {', '.join(sorted(replaced))} from resources"
+        return _Size(resources, source)
+
+    def explicit(self, source: FromResources, scope: _Scope) -> _Size | None:
+        for path in source.require:
+            value = self.lookup(path, scope)
+            if value is _ABSENT or value is None:
+                return None
+        resources: dict[str, Decimal] = {}
+        for key, expression in source.resources:
+            value = self.value(expression, scope, integer=False, where=key)
+            if value is not None:
+                resources[key] = value
+        return _Size(resources, "resources") if resources else None
+
+    def no_size(self, source: SizeSource, scope: _Scope) -> str:
+        options = " or ".join(self.describe(source, scope))
+        return f"no size: set {options}"
+
+    def describe(self, source: SizeSource, scope: _Scope) -> list[str]:
+        match source:
+            case FromInstanceType(name=PathRef(path=path)) | FromPreset(name=PathRef(path=path)):
+                return [_display(path, scope)]
+            case FromResources(require=require, resources=resources):
+                paths = [_display(p, scope) for p in require] or [key for key, _ in resources]
+                return [" and ".join(paths)]
+            case FirstOf(sources=sources):
+                return [text for s in sources for text in self.describe(s, scope)]
+            case MaxOf(sources=sources):
+                return self.describe(sources[0], scope)
+        return ["a size"]
+
+    # -- values ----------------------------------------------------------------------------
+
+    def name(self, name: NameExpr, scope: _Scope) -> tuple[str, str | None]:
+        if isinstance(name, Literal):
+            return "", str(name.value)
+        where = _display(name.path, scope)
+        value = self.lookup(name.path, scope)
+        if value is _ABSENT or value is None:
+            value = name.default
+        if value is None or value == "":
+            return where, None
+        if not isinstance(value, str):
+            raise EvaluationError(where, f"{json.dumps(value, default=str)} is not a name")
+        return where, value
+
+    def devices(self, path: ValuePath, scope: _Scope) -> dict[str, Decimal]:
+        devices: dict[str, Decimal] = {}
+        for where, value in self.find(path, scope):
+            if not isinstance(value, str) or not value:
+                raise EvaluationError(where, "a device name must be a non-empty string")
+            devices[value] = devices.get(value, Decimal(0)) + 1
+        return devices
+
+    def required(self, expression: CountExpr, scope: _Scope, *, integer: bool, where: str) -> Decimal:
+        value = self.value(expression, scope, integer=integer, where=where)
+        if value is None:
+            missing = _first_path(expression)
+            path = _display(missing, scope) if missing is not None else where
+            raise EvaluationError(path, "required value is missing")
+        return value
+
+    def value(
+        self, expression: CountExpr, scope: _Scope, *, integer: bool, where: str
+    ) -> Decimal | None:
+        """A count or quantity; ``None`` when a path it needs is not set."""
+        match expression:
+            case Literal(value=value):
+                return value if isinstance(value, Decimal) else parse_quantity(value)
+            case PathRef(path=path, default=default):
+                raw = self.lookup(path, scope)
+                if raw is _ABSENT or raw is None:
+                    raw = default
+                if raw is None:
+                    return None
+                return self.number(raw, _display(path, scope), integer=integer)
+            case Product(factors=factors):
+                product = Decimal(1)
+                for factor in factors:
+                    value = self.value(factor, scope, integer=integer, where=where)
+                    if value is None:
+                        return None
+                    product *= value
+                return product
+            case Sum(terms=terms):
+                total = Decimal(0)
+                for part in terms:
+                    value = self.value(part, scope, integer=integer, where=where)
+                    if value is None:
+                        return None
+                    total += value
+                return total
+        raise AssertionError(expression)  # pragma: no cover - exhaustive over CountExpr
+
+    def number(self, raw: object, where: str, *, integer: bool) -> Decimal:
+        value = self.quantity(raw, where)
+        if integer and value != value.to_integral_value():
+            raise EvaluationError(where, f"{format_quantity(value)} is not a whole number")
+        return value
+
+    def quantity(self, raw: object, where: str) -> Decimal:
+        try:
+            value = parse_quantity(raw)
+        except QuantityError as exc:
+            raise EvaluationError(where, str(exc)) from None
+        if value < 0:
+            raise EvaluationError(where, f"{format_quantity(value)} must not be negative")
+        return value
+
+    # -- paths -----------------------------------------------------------------------------
+
+    def find(self, path: ValuePath, scope: _Scope) -> list[tuple[str, object]]:
+        datum = scope.item if path.relative else self.root
+        found = path.expression.find(datum)
+        self.matches += len(found)
+        if self.matches > self.limits.max_matches:
+            raise EvaluationError(
+                _display(path, scope),
+                f"evaluation matched more than {self.limits.max_matches} values",
+            )
+        prefix = scope.prefix if path.relative else ""
+        return [(_join(prefix, str(match.full_path)), match.value) for match in found]
+
+    def lookup(self, path: ValuePath, scope: _Scope) -> object:
+        found = self.find(path, scope)
+        if not found:
+            return _ABSENT
+        if len(found) > 1:
+            raise EvaluationError(_display(path, scope), f"matches {len(found)} values, not one")
+        return found[0][1]
+
+
+def _truthy(value: object) -> bool:
+    return value is not _ABSENT and bool(value)
+
+
+def _first_path(expression: CountExpr) -> ValuePath | None:
+    match expression:
+        case PathRef(path=path):
+            return path
+        case Product(factors=parts) | Sum(terms=parts):
+            for part in parts:
+                found = _first_path(part)
+                if found is not None:
+                    return found
+    return None
+
+
+def _display(path: ValuePath, scope: _Scope) -> str:
+    """The values path a person reads: ``nodeGroups.md0.instanceType``."""
+    rest = path.text[1:].lstrip(".")
+    return _join(scope.prefix if path.relative else "", rest)
+
+
+def _join(prefix: str, rest: str) -> str:
+    rest = rest.replace(".[", "[").replace("$.", "")
+    if rest in ("", "$"):
+        return prefix
+    if not prefix:
+        return rest
+    return f"{prefix}{rest}" if rest.startswith("[") else f"{prefix}.{rest}"

@@ -1,0 +1,164 @@
+"""The platform as the evaluator sees it: application kinds and the size catalog.
+
+Assembled from Kubernetes manifests (ApplicationDefinitions, KubeVirt instance types, an
+optional preset-table ConfigMap, ``ReservationContract`` documents) plus the defaults the project
+ships, whatever the manifests come from: a directory, a live cluster, a test. Building is pure:
+manifests in, a frozen :class:`Platform` out, every rejected manifest named with its reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from webhook.core.catalog import (
+    CLUSTER_INSTANCETYPE,
+    NAMESPACED_INSTANCETYPE,
+    InstanceType,
+    Preset,
+    StaticCatalog,
+    instance_type_from_manifest,
+    presets_from_table,
+)
+from webhook.core.contract_schema import CONTRACT_API_VERSION, CONTRACT_KIND
+from webhook.core.contracts import Contract, compile_document
+from webhook.core.errors import ContractError, EvaluationError, ManifestError
+from webhook.core.evaluation import Charge
+from webhook.core.kinds import ApplicationKind, kind_from_definition
+
+__all__ = [
+    "APPLICATION_DEFINITION",
+    "PRESETS_CONFIGMAP",
+    "PRESETS_KEY",
+    "Platform",
+    "PlatformBuilder",
+]
+
+APPLICATION_DEFINITION = ("cozystack.io/v1alpha1", "ApplicationDefinition")
+INSTANCETYPE_GROUP = "instancetype.kubevirt.io/"
+# A ConfigMap with this name replaces the built-in preset table (data key PRESETS_KEY holds the
+# table in the shape of Cozystack's resource-presets.yaml).
+PRESETS_CONFIGMAP = "reservation-resource-presets"
+PRESETS_KEY = "presets.yaml"
+
+
+@dataclass(frozen=True)
+class Platform:
+    """Kinds by name and the catalog their contracts resolve against."""
+
+    kinds: Mapping[str, ApplicationKind] = field(default_factory=dict)
+    catalog: StaticCatalog = field(default_factory=StaticCatalog)
+
+    def kind(self, name: str) -> ApplicationKind | None:
+        return self.kinds.get(name)
+
+    def kind_for_plural(self, plural: str) -> ApplicationKind | None:
+        for candidate in self.kinds.values():
+            if candidate.plural == plural:
+                return candidate
+        return None
+
+    def charge(self, kind: str, spec: object, *, namespace: str = "") -> Charge:
+        """Charge an application of ``kind``; an unknown kind fails closed."""
+        found = self.kinds.get(kind)
+        if found is None:
+            raise EvaluationError("", f"unknown application kind {kind!r}", kind=kind)
+        return found.charge(spec, self.catalog, namespace=namespace)
+
+
+@dataclass
+class PlatformBuilder:
+    """Collects manifests, then builds a :class:`Platform`.
+
+    ``default_contracts`` are the contracts the project ships, by kind; ``ReservationContract``
+    documents among the manifests replace them kind by kind, and an ApplicationDefinition's own
+    ``spec.reservation`` wins over both.
+    """
+
+    default_contracts: Mapping[str, Contract]
+    default_presets: Mapping[str, Preset]
+    definitions: list[tuple[str, Mapping[str, Any]]] = field(default_factory=list)
+    instance_types: list[InstanceType] = field(default_factory=list)
+    contracts: dict[str, Contract] = field(default_factory=dict)
+    presets: dict[str, Preset] | None = None
+
+    def add(self, manifest: Mapping[str, Any], *, source: str) -> bool:
+        """Take one manifest if it describes the platform; return whether it did.
+
+        Raises :class:`ManifestError` or :class:`ContractError` for a malformed one.
+        """
+        api_version, kind = manifest.get("apiVersion"), manifest.get("kind")
+        if (api_version, kind) == APPLICATION_DEFINITION:
+            self.definitions.append((source, manifest))
+            return True
+        if (
+            isinstance(api_version, str)
+            and api_version.startswith(INSTANCETYPE_GROUP)
+            and kind in (CLUSTER_INSTANCETYPE, NAMESPACED_INSTANCETYPE)
+        ):
+            try:
+                self.instance_types.append(instance_type_from_manifest(manifest))
+            except ValueError as exc:
+                raise ManifestError(source, _name(manifest), str(exc)) from None
+            return True
+        if (api_version, kind) == (CONTRACT_API_VERSION, CONTRACT_KIND):
+            contract = compile_document(manifest, source=source)
+            self.contracts[contract.kind] = contract
+            return True
+        if (api_version, kind) == ("v1", "ConfigMap") and _name(manifest) == PRESETS_CONFIGMAP:
+            self.presets = _presets_from_configmap(manifest, source)
+            return True
+        return False
+
+    def build(self) -> Platform:
+        contracts = {**self.default_contracts, **self.contracts}
+        kinds: dict[str, ApplicationKind] = {}
+        for source, manifest in self.definitions:
+            try:
+                found = kind_from_definition(manifest, contracts, source=source)
+            except ValueError as exc:
+                raise ManifestError(source, _name(manifest), str(exc)) from None
+            kinds[found.kind] = found
+        presets = self.presets if self.presets is not None else dict(self.default_presets)
+        return Platform(kinds, StaticCatalog.of(self.instance_types, presets))
+
+
+def _presets_from_configmap(manifest: Mapping[str, Any], source: str) -> dict[str, Preset]:
+    data = manifest.get("data") or {}
+    text = data.get(PRESETS_KEY) if isinstance(data, Mapping) else None
+    if not isinstance(text, str):
+        raise ManifestError(source, f"data.{PRESETS_KEY}", "missing")
+    try:
+        table = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ManifestError(source, f"data.{PRESETS_KEY}", f"not YAML: {exc}") from None
+    if not isinstance(table, Mapping):
+        raise ManifestError(source, f"data.{PRESETS_KEY}", "not a map")
+    try:
+        return presets_from_table(table)
+    except ValueError as exc:
+        raise ManifestError(source, f"data.{PRESETS_KEY}", str(exc)) from None
+
+
+def _name(manifest: Mapping[str, Any]) -> str:
+    metadata = manifest.get("metadata")
+    return str(metadata.get("name", "")) if isinstance(metadata, Mapping) else ""
+
+
+def contracts_from_documents(
+    documents: Iterable[tuple[str, Mapping[str, Any]]],
+) -> dict[str, Contract]:
+    """Compile ``ReservationContract`` documents into contracts by kind; one kind, one contract."""
+    contracts: dict[str, Contract] = {}
+    for source, document in documents:
+        contract = compile_document(document, source=source)
+        if contract.kind in contracts:
+            raise ContractError(
+                source, "spec.kind", f"kind {contract.kind} already has a contract "
+                f"({contracts[contract.kind].source})"
+            )  # fmt: skip
+        contracts[contract.kind] = contract
+    return contracts

@@ -1,0 +1,137 @@
+"""Kubernetes quantities as exact decimals.
+
+A quantity such as ``500m``, ``8Gi`` or ``1e3`` is parsed into a :class:`~decimal.Decimal`
+following the grammar of apimachinery's ``resource.Quantity`` (the same regular expression
+Cozystack's values schemas use as their ``pattern``), and formatted back to a short canonical
+string for messages. Floats never enter quota arithmetic.
+
+The Kubernetes Python client ships ``parse_quantity``, but it accepts strings that the API server
+rejects (``1_000``, ``NaN``, ``Infinity``, a bare ``K``) and importing it loads the whole client,
+which the pure core must not do; the tests cross-check this parser against it on valid input.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from decimal import ROUND_CEILING, Decimal, InvalidOperation, localcontext
+from typing import Final
+
+from webhook.core.errors import QuantityError
+
+__all__ = ["format_quantity", "is_quantity", "parse_quantity"]
+
+# apimachinery pkg/api/resource/quantity.go: <signedNumber><suffix>, where suffix is a binary SI
+# suffix, a decimal SI suffix, or a decimal exponent. The exponent is an integer in practice:
+# the API server fails "1e1.5" with "unable to parse quantity's suffix".
+_QUANTITY: Final = re.compile(
+    r"(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
+    r"(?:(?P<binary>[KMGTPE]i)|(?P<decimal>[numkMGTPE])|[eE](?P<exponent>[+-]?[0-9]+))?"
+)
+
+_BINARY: Final = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
+_DECIMAL: Final = {"n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+
+# Quantities are exact to the nanounit; the API server rounds finer values up (quantity.go).
+_NANO: Final = Decimal("1e-9")
+# Wide enough for 2^63 * 1024^6 with nano precision: every value the API server can hold.
+_PRECISION: Final = 60
+
+# Formatting: the largest suffix that represents the value exactly.
+_FORMAT_BINARY: Final = [("Ei", 1024**6), ("Pi", 1024**5), ("Ti", 1024**4), ("Gi", 1024**3),
+                         ("Mi", 1024**2), ("Ki", 1024)]  # fmt: skip
+_FORMAT_DECIMAL: Final = [("E", 10**18), ("P", 10**15), ("T", 10**12), ("G", 10**9),
+                          ("M", 10**6), ("k", 10**3)]  # fmt: skip
+_FORMAT_FRACTION: Final = [("m", Decimal("1e-3")), ("u", Decimal("1e-6")), ("n", Decimal("1e-9"))]
+
+
+def parse_quantity(value: object) -> Decimal:
+    """Parse a quantity from a string or a JSON number, exactly.
+
+    Raises :class:`QuantityError` (whose message is the reason, without a path) for anything the
+    API server would reject: booleans, NaN, infinities, unknown suffixes, stray characters.
+    """
+    if isinstance(value, bool):
+        raise QuantityError(f"{value!r} is not a quantity")
+    if isinstance(value, int):
+        return Decimal(value)
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise QuantityError(f"{value!r} is not a quantity")
+        return _round_nano(Decimal(repr(value)))
+    if isinstance(value, Decimal):
+        if not value.is_finite():
+            raise QuantityError(f"{value!r} is not a quantity")
+        return _round_nano(value)
+    if not isinstance(value, str):
+        raise QuantityError(f"{_short(value)} is not a quantity")
+    match = _QUANTITY.fullmatch(value)
+    if match is None:
+        raise QuantityError(f"{_short(value)} is not a quantity")
+    with localcontext() as ctx:
+        ctx.prec = _PRECISION
+        try:
+            number = Decimal(match["number"])
+            if match["binary"]:
+                number *= Decimal(1024) ** _BINARY[match["binary"]]
+            elif match["decimal"]:
+                number = number.scaleb(_DECIMAL[match["decimal"]])
+            elif match["exponent"]:
+                exponent = int(match["exponent"])
+                if abs(exponent) > 60:
+                    raise QuantityError(f"{_short(value)} is out of range")
+                number = number.scaleb(exponent)
+        except InvalidOperation as exc:  # pragma: no cover - the regex admits only digits
+            raise QuantityError(f"{_short(value)} is not a quantity") from exc
+        return _round_nano(number)
+
+
+def is_quantity(value: object) -> bool:
+    """Whether ``value`` parses as a quantity."""
+    try:
+        parse_quantity(value)
+    except QuantityError:
+        return False
+    return True
+
+
+def format_quantity(value: Decimal) -> str:
+    """Format a value as a short canonical quantity: ``8Gi``, ``500m``, ``2``, ``10G``.
+
+    Integers that are whole multiples of 1024 use the largest binary suffix, other whole
+    multiples of 1000 the largest decimal one; fractions use ``m``, ``u`` or ``n``. The result
+    always parses back to the same value.
+    """
+    if value == 0:
+        return "0"
+    sign = "-" if value < 0 else ""
+    magnitude = abs(value)
+    if magnitude == magnitude.to_integral_value():
+        whole = int(magnitude)
+        for suffix, unit in _FORMAT_BINARY:
+            if whole % unit == 0:
+                return f"{sign}{whole // unit}{suffix}"
+        for suffix, unit in _FORMAT_DECIMAL:
+            if whole % unit == 0:
+                return f"{sign}{whole // unit}{suffix}"
+        return f"{sign}{whole}"
+    for suffix, unit in _FORMAT_FRACTION:
+        scaled = magnitude / unit
+        if scaled == scaled.to_integral_value():
+            return f"{sign}{int(scaled)}{suffix}"
+    # Finer than a nanounit cannot come out of parse_quantity; round up like the API server.
+    return f"{sign}{int((magnitude / _NANO).to_integral_value(ROUND_CEILING))}n"
+
+
+def _round_nano(number: Decimal) -> Decimal:
+    if number == number.to_integral_value():
+        return number.to_integral_value() if number.as_tuple().exponent < 0 else number
+    with localcontext() as ctx:
+        ctx.prec = _PRECISION
+        rounded = number.quantize(_NANO, rounding=ROUND_CEILING)
+    return rounded.normalize()
+
+
+def _short(value: object) -> str:
+    text = json.dumps(value) if isinstance(value, str) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
