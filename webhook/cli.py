@@ -49,13 +49,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    evaluate = commands.add_parser(
-        "evaluate", help="print the charge of an application's values"
-    )
+    evaluate = commands.add_parser("evaluate", help="print the charge of an application's values")
     _add_state(evaluate)
     evaluate.add_argument("--kind", help="application kind (default: the --object's kind)")
     source = evaluate.add_mutually_exclusive_group(required=True)
-    source.add_argument("--values", metavar="FILE", help="values (the spec), YAML or JSON; - is stdin")
+    source.add_argument(
+        "--values", metavar="FILE", help="values (the spec), YAML or JSON; - is stdin"
+    )
     source.add_argument("--object", metavar="FILE", help="an apps.cozystack.io object; - is stdin")
     evaluate.add_argument("--namespace", default="", help="namespace for namespaced instance types")
     evaluate.add_argument("--explain", action="store_true", help="print each term's contribution")

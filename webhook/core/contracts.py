@@ -41,8 +41,8 @@ from decimal import Decimal
 from typing import Any
 
 import jsonschema
-from jsonpath_ng import JSONPath
-from jsonpath_ng import parse as parse_jsonpath
+from jsonpath_ng.jsonpath import JSONPath
+from jsonpath_ng.parser import parse as parse_jsonpath
 
 from webhook.core.contract_schema import CONTRACT_SCHEMA, DOCUMENT_SCHEMA
 from webhook.core.errors import ContractError, QuantityError
@@ -345,9 +345,14 @@ def _format_path(parts: Any) -> str:
 def _schema_reason(error: jsonschema.ValidationError) -> str:
     if error.validator == "additionalProperties":
         return str(error.message)
+    schema = error.schema if isinstance(error.schema, Mapping) else {}
+    options = schema.get(str(error.validator))
+    if isinstance(options, list) and all(set(o) == {"required"} for o in options):
+        fields = ", ".join(name for option in options for name in option["required"])
+        return f"needs {'exactly' if error.validator == 'oneOf' else 'at least'} one of: {fields}"
     if error.validator in ("oneOf", "anyOf") and isinstance(error.instance, Mapping):
         keys = ", ".join(sorted(str(k) for k in error.instance)) or "nothing"
-        return f"not a valid {error.schema.get('description', 'value')} (has {keys})"
+        return f"not a valid {schema.get('description', 'value')} (has {keys})"
     return str(error.message)
 
 

@@ -41,7 +41,7 @@ from webhook.core.contracts import (
 from webhook.core.errors import EvaluationError, QuantityError
 from webhook.core.quantities import format_quantity, parse_quantity
 
-__all__ = ["Charge", "EvaluationLimits", "TermCharge", "evaluate"]
+__all__ = ["DEFAULT_LIMITS", "Charge", "EvaluationLimits", "TermCharge", "evaluate"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +50,9 @@ class EvaluationLimits:
 
     max_items: int = 1_000  # items one forEach may expand to
     max_matches: int = 10_000  # path matches in one evaluation, all paths together
+
+
+DEFAULT_LIMITS = EvaluationLimits()
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +87,7 @@ def evaluate(
     catalog: Catalog,
     *,
     namespace: str = "",
-    limits: EvaluationLimits = EvaluationLimits(),
+    limits: EvaluationLimits = DEFAULT_LIMITS,
 ) -> Charge:
     """The charge of ``values`` (already defaulted) under ``contract``.
 
@@ -167,7 +170,9 @@ class _Run:
             if term.devices is not None:
                 unit = rl.add(unit, self.devices(term.devices, scope))
             for key, expression in term.objects:
-                unit = rl.add(unit, {key: self.required(expression, scope, integer=True, where=key)})
+                unit = rl.add(
+                    unit, {key: self.required(expression, scope, integer=True, where=key)}
+                )
             yield TermCharge(term.name, scope.prefix, count, source, rl.scale(unit, count))
 
     def items(self, term: Term) -> Iterator[_Scope]:
@@ -306,7 +311,9 @@ class _Run:
             devices[value] = devices.get(value, Decimal(0)) + 1
         return devices
 
-    def required(self, expression: CountExpr, scope: _Scope, *, integer: bool, where: str) -> Decimal:
+    def required(
+        self, expression: CountExpr, scope: _Scope, *, integer: bool, where: str
+    ) -> Decimal:
         value = self.value(expression, scope, integer=integer, where=where)
         if value is None:
             missing = _first_path(expression)
@@ -331,18 +338,18 @@ class _Run:
             case Product(factors=factors):
                 product = Decimal(1)
                 for factor in factors:
-                    value = self.value(factor, scope, integer=integer, where=where)
-                    if value is None:
+                    factor_value = self.value(factor, scope, integer=integer, where=where)
+                    if factor_value is None:
                         return None
-                    product *= value
+                    product *= factor_value
                 return product
             case Sum(terms=terms):
                 total = Decimal(0)
                 for part in terms:
-                    value = self.value(part, scope, integer=integer, where=where)
-                    if value is None:
+                    part_value = self.value(part, scope, integer=integer, where=where)
+                    if part_value is None:
                         return None
-                    total += value
+                    total += part_value
                 return total
         raise AssertionError(expression)  # pragma: no cover - exhaustive over CountExpr
 

@@ -17,7 +17,7 @@ from webhook.core.catalog import Catalog
 from webhook.core.contracts import Contract, compile_contract
 from webhook.core.defaulting import apply_defaults
 from webhook.core.errors import ContractError, EvaluationError
-from webhook.core.evaluation import Charge, EvaluationLimits, evaluate
+from webhook.core.evaluation import DEFAULT_LIMITS, Charge, EvaluationLimits, evaluate
 
 __all__ = ["APPS_GROUP", "ApplicationKind", "kind_from_definition"]
 
@@ -46,7 +46,7 @@ class ApplicationKind:
         catalog: Catalog,
         *,
         namespace: str = "",
-        limits: EvaluationLimits = EvaluationLimits(),
+        limits: EvaluationLimits = DEFAULT_LIMITS,
     ) -> Charge:
         """What an application of this kind with ``spec`` reserves; fails closed."""
         if self.contract is None:

@@ -98,8 +98,8 @@ def is_quantity(value: object) -> bool:
 def format_quantity(value: Decimal) -> str:
     """Format a value as a short canonical quantity: ``8Gi``, ``500m``, ``2``, ``10G``.
 
-    Integers that are whole multiples of 1024 use the largest binary suffix, other whole
-    multiples of 1000 the largest decimal one; fractions use ``m``, ``u`` or ``n``. The result
+    Integers take the shortest exact form among plain digits, the largest binary suffix and the
+    largest decimal suffix (binary on a tie); fractions use ``m``, ``u`` or ``n``. The result
     always parses back to the same value.
     """
     if value == 0:
@@ -108,15 +108,17 @@ def format_quantity(value: Decimal) -> str:
     magnitude = abs(value)
     if magnitude == magnitude.to_integral_value():
         whole = int(magnitude)
-        for suffix, unit in _FORMAT_BINARY:
-            if whole % unit == 0:
-                return f"{sign}{whole // unit}{suffix}"
-        for suffix, unit in _FORMAT_DECIMAL:
-            if whole % unit == 0:
-                return f"{sign}{whole // unit}{suffix}"
-        return f"{sign}{whole}"
-    for suffix, unit in _FORMAT_FRACTION:
-        scaled = magnitude / unit
+        candidates = []
+        for table in (_FORMAT_BINARY, _FORMAT_DECIMAL):
+            for suffix, unit in table:
+                if whole % unit == 0:
+                    candidates.append(f"{whole // unit}{suffix}")
+                    break
+        candidates.append(str(whole))
+        # The shortest exact form; on a tie the first: binary (memory reads best in Mi/Gi).
+        return sign + min(candidates, key=len)
+    for suffix, step in _FORMAT_FRACTION:
+        scaled = magnitude / step
         if scaled == scaled.to_integral_value():
             return f"{sign}{int(scaled)}{suffix}"
     # Finer than a nanounit cannot come out of parse_quantity; round up like the API server.
@@ -125,7 +127,7 @@ def format_quantity(value: Decimal) -> str:
 
 def _round_nano(number: Decimal) -> Decimal:
     if number == number.to_integral_value():
-        return number.to_integral_value() if number.as_tuple().exponent < 0 else number
+        return number.to_integral_value()
     with localcontext() as ctx:
         ctx.prec = _PRECISION
         rounded = number.quantize(_NANO, rounding=ROUND_CEILING)

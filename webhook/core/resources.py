@@ -87,11 +87,7 @@ def exceeded(requested: ResourceList, available: ResourceList) -> list[str]:
 
     Keys that ``available`` does not mention are unlimited. Equality fits.
     """
-    return sorted(
-        key
-        for key, limit in available.items()
-        if requested.get(key, _ZERO) > limit
-    )
+    return sorted(key for key, limit in available.items() if requested.get(key, _ZERO) > limit)
 
 
 def to_strings(resources: ResourceList) -> dict[str, str]:

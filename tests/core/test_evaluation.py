@@ -1,0 +1,256 @@
+"""Evaluation: contract + values + catalog -> charge, failing closed with the path."""
+
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from webhook.core.catalog import InstanceType, Preset, StaticCatalog
+from webhook.core.contracts import compile_contract
+from webhook.core.errors import EvaluationError
+from webhook.core.evaluation import EvaluationLimits, evaluate
+from webhook.core.quantities import parse_quantity
+
+GI = 1024**3
+
+CATALOG = StaticCatalog.of(
+    [
+        InstanceType("u1.medium", Decimal(1), Decimal(4 * GI)),
+        InstanceType("gn1.xlarge", Decimal(4), Decimal(16 * GI), {"nvidia.com/A400": Decimal(1)}),
+        InstanceType("private", Decimal(2), Decimal(2 * GI), namespace="tenant-a"),
+    ],
+    {
+        "u1.medium": Preset("u1.medium", {"cpu": Decimal(2), "memory": Decimal(8 * GI)}),
+        "t1.nano": Preset(
+            "t1.nano",
+            {
+                "cpu": Decimal("0.25"),
+                "memory": parse_quantity("128Mi"),
+                "ephemeral-storage": Decimal(2 * GI),
+            },
+        ),
+    },
+)
+
+
+def charge(terms: list[dict[str, Any]], values: Any, **kwargs: Any) -> dict[str, str]:
+    contract = compile_contract("Thing", {"terms": terms}, source="test")
+    return evaluate(contract, values, CATALOG, **kwargs).as_strings()
+
+
+def test_instance_types_and_presets_are_different_tables() -> None:
+    by_type = [{"name": "vm", "size": {"instanceType": "$.name"}}]
+    by_preset = [{"name": "db", "size": {"preset": "$.name"}}]
+    assert charge(by_type, {"name": "u1.medium"}) == {"cpu": "1", "memory": "4Gi"}
+    assert charge(by_preset, {"name": "u1.medium"}) == {"cpu": "2", "memory": "8Gi"}
+
+
+def test_count_multiplies_every_key_of_the_unit() -> None:
+    terms = [
+        {"name": "db", "count": "$.replicas", "size": {"preset": "t1.nano"}, "storage": "$.size"}
+    ]
+    assert charge(terms, {"replicas": 3, "size": "10Gi"}) == {
+        "cpu": "750m",
+        "ephemeral-storage": "6Gi",
+        "memory": "384Mi",
+        "storage": "30Gi",
+    }
+
+
+def test_explicit_resources_override_a_preset_key_by_key() -> None:
+    terms = [{"name": "db", "size": {"preset": "$.preset", "overrides": "$.resources"}}]
+    assert charge(terms, {"preset": "t1.nano", "resources": {"cpu": 3}}) == {
+        "cpu": "3",
+        "ephemeral-storage": "2Gi",
+        "memory": "128Mi",
+    }
+
+
+def test_first_present_source_wins() -> None:
+    size = {
+        "first": [
+            {"resources": {"cpu": "$.cpu", "memory": "$.memory"}, "require": ["$.cpu", "$.memory"]},
+            {"instanceType": "$.type"},
+        ]
+    }
+    terms = [{"name": "vm", "size": size}]
+    assert charge(terms, {"type": "u1.medium", "cpu": 2}) == {"cpu": "1", "memory": "4Gi"}
+    assert charge(terms, {"type": "u1.medium", "cpu": 2, "memory": "1Gi"}) == {
+        "cpu": "2",
+        "memory": "1Gi",
+    }
+
+
+def test_max_never_charges_less_than_its_first_member() -> None:
+    size = {"max": [{"instanceType": "$.type"}, {"resources": {"memory": "$.memory"}}]}
+    terms = [{"name": "vm", "size": size}]
+    assert charge(terms, {"type": "u1.medium", "memory": "1Gi"}) == {"cpu": "1", "memory": "4Gi"}
+    assert charge(terms, {"type": "u1.medium", "memory": "9Gi"}) == {"cpu": "1", "memory": "9Gi"}
+
+
+def test_instance_type_gpus_are_charged_as_devices() -> None:
+    terms = [{"name": "vm", "size": {"instanceType": "gn1.xlarge"}}]
+    assert charge(terms, {})["nvidia.com/A400"] == "1"
+
+
+def test_namespaced_instance_types_resolve_in_the_application_namespace() -> None:
+    terms = [{"name": "vm", "size": {"instanceType": "$.type", "namespaced": True}}]
+    assert charge(terms, {"type": "private"}, namespace="tenant-a") == {"cpu": "2", "memory": "2Gi"}
+    with pytest.raises(
+        EvaluationError, match='unknown instance type "private" in namespace tenant-b'
+    ):
+        charge(terms, {"type": "private"}, namespace="tenant-b")
+
+
+def test_for_each_iterates_map_values_with_the_item_as_context() -> None:
+    terms = [
+        {
+            "name": "workers",
+            "forEach": "$.groups.*",
+            "count": "@.max",
+            "size": {"instanceType": "@.type"},
+            "devices": "@.gpus[*].name",
+        }
+    ]
+    values = {
+        "groups": {
+            "a": {"max": 2, "type": "u1.medium", "gpus": []},
+            "b": {"max": 1, "type": "u1.medium", "gpus": [{"name": "x/gpu"}, {"name": "x/gpu"}]},
+        }
+    }
+    assert charge(terms, values) == {"cpu": "3", "memory": "12Gi", "x/gpu": "2"}
+
+
+def test_if_none_supplies_implicit_items() -> None:
+    terms = [
+        {
+            "name": "workers",
+            "forEach": "$.groups.*",
+            "ifNone": {"md0": {"max": 10, "type": "u1.medium"}},
+            "count": "@.max",
+            "size": {"instanceType": "@.type"},
+        }
+    ]
+    contract = compile_contract("Thing", {"terms": terms}, source="test")
+    result = evaluate(contract, {"groups": {}}, CATALOG)
+    assert result.as_strings() == {"cpu": "10", "memory": "40Gi"}
+    assert [t.path for t in result.terms] == ["groups.md0"]
+
+
+def test_when_and_unless_gate_a_term() -> None:
+    terms: list[dict[str, Any]] = [
+        {"name": "lb", "when": "$.external", "objects": {"services.loadbalancers": 1}},
+        {"name": "disk", "unless": "$.ephemeral", "storage": "1Gi"},
+    ]
+    assert charge(terms, {"external": True, "ephemeral": True}) == {"services.loadbalancers": "1"}
+    assert charge(terms, {"external": False}) == {"storage": "1Gi"}
+    assert charge(terms, {}) == {"storage": "1Gi"}
+
+
+def test_zero_count_charges_nothing() -> None:
+    terms = [{"name": "db", "count": "$.replicas", "storage": "10Gi"}]
+    assert charge(terms, {"replicas": 0}) == {}
+
+
+@pytest.mark.parametrize(
+    ("terms", "values", "message"),
+    [
+        pytest.param(
+            [{"name": "vm", "size": {"instanceType": "$.nodeGroups.gpu.instanceType"}}],
+            {"nodeGroups": {"gpu": {"instanceType": "u9.huge"}}},
+            'Thing: nodeGroups.gpu.instanceType: unknown instance type "u9.huge"',
+            id="unknown-instance-type",
+        ),
+        pytest.param(
+            [{"name": "db", "size": {"preset": "$.resourcesPreset"}}],
+            {"resourcesPreset": "t9.giant"},
+            'Thing: resourcesPreset: unknown resource preset "t9.giant"',
+            id="unknown-preset",
+        ),
+        pytest.param(
+            [{"name": "vm", "size": {"resources": {"memory": "$.resources.memory"}}}],
+            {"resources": {"memory": "12Gx"}},
+            'Thing: resources.memory: "12Gx" is not a quantity',
+            id="bad-quantity",
+        ),
+        pytest.param(
+            [{"name": "db", "count": "$.replicas", "storage": "1Gi"}],
+            {},
+            "Thing: replicas: required value is missing",
+            id="missing-count",
+        ),
+        pytest.param(
+            [{"name": "db", "count": "$.replicas", "storage": "1Gi"}],
+            {"replicas": "1.5"},
+            "Thing: replicas: 1500m is not a whole number",
+            id="fractional-count",
+        ),
+        pytest.param(
+            [{"name": "db", "storage": "$.size"}],
+            {"size": "-1Gi"},
+            "Thing: size: -1Gi must not be negative",
+            id="negative-size",
+        ),
+        pytest.param(
+            [{"name": "vm", "size": {"instanceType": "$.type"}}],
+            {"type": ""},
+            "Thing: vm: no size: set type",
+            id="no-size-source",
+        ),
+        pytest.param(
+            [{"name": "vm", "size": {"instanceType": "$.type"}}],
+            {"type": 7},
+            "Thing: type: 7 is not a name",
+            id="name-of-the-wrong-type",
+        ),
+        pytest.param(
+            [{"name": "vm", "devices": "$.gpus[*].name"}],
+            {"gpus": [{"name": ""}]},
+            "Thing: gpus[0].name: a device name must be a non-empty string",
+            id="empty-device-name",
+        ),
+    ],
+)
+def test_failures_name_the_kind_path_and_reason(
+    terms: list[dict[str, Any]], values: Any, message: str
+) -> None:
+    with pytest.raises(EvaluationError) as caught:
+        charge(terms, values)
+    assert str(caught.value) == message
+
+
+def test_values_that_are_not_an_object_fail_closed() -> None:
+    with pytest.raises(EvaluationError, match="spec: must be an object"):
+        charge([{"name": "a", "storage": "1Gi"}], ["not", "a", "map"])
+
+
+def test_a_path_matching_too_many_items_is_cut_off() -> None:
+    terms = [{"name": "w", "forEach": "$.items[*]", "storage": "1Gi"}]
+    with pytest.raises(EvaluationError, match="exceed the limit of 10"):
+        charge(terms, {"items": [{}] * 11}, limits=EvaluationLimits(max_items=10))
+    with pytest.raises(EvaluationError, match="matched more than 50 values"):
+        charge(
+            [{"name": "d", "devices": "$..name"}],
+            {"a": [{"name": "g"}] * 60},
+            limits=EvaluationLimits(max_matches=50),
+        )
+
+
+def test_the_digest_covers_the_catalog_entries_used() -> None:
+    contract = compile_contract(
+        "Thing", {"terms": [{"name": "vm", "size": {"instanceType": "$.t"}}]}, source="t"
+    )
+    bigger = StaticCatalog.of([InstanceType("u1.medium", Decimal(2), Decimal(4 * GI))], {})
+    first = evaluate(contract, {"t": "u1.medium"}, CATALOG)
+    again = evaluate(contract, {"t": "u1.medium"}, CATALOG)
+    resized = evaluate(contract, {"t": "u1.medium"}, bigger)
+    assert first.digest == again.digest
+    assert first.digest != resized.digest
+    assert first.contract_digest == resized.contract_digest
+
+
+def test_an_exempt_kind_charges_nothing_and_says_why() -> None:
+    contract = compile_contract("Bucket", {"exempt": {"reason": "object storage"}}, source="t")
+    result = evaluate(contract, {}, CATALOG)
+    assert result.resources == {}
+    assert result.exempt_reason == "object storage"
