@@ -12,16 +12,21 @@ import json
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
+from webhook.admission import admit
 from webhook.core import resources as rl
 from webhook.core.contract_schema import CONTRACT_SCHEMA
+from webhook.core.decisions import MODES, Mode, Policy
 from webhook.core.errors import ReservationError
 from webhook.core.evaluation import Charge
 from webhook.core.quantities import format_quantity
-from webhook.state.manifests import load_platform
+from webhook.core.reviews import ReviewError
+from webhook.core.state import ReservationState
+from webhook.report import build_report, render_report
+from webhook.state.manifests import load_platform, load_state
 
 __all__ = ["main"]
 
@@ -61,6 +66,19 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--explain", action="store_true", help="print each term's contribution")
     evaluate.set_defaults(handler=_evaluate)
 
+    review = commands.add_parser(
+        "review", help="decide AdmissionReview requests in order against a state"
+    )
+    _add_state(review)
+    _add_policy(review)
+    review.add_argument("files", nargs="+", metavar="FILE", help="AdmissionReview JSON; - is stdin")
+    review.set_defaults(handler=_review)
+
+    report = commands.add_parser("report", help="print every pool: budget, reserved, available")
+    _add_state(report)
+    report.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    report.set_defaults(handler=_report)
+
     schema = commands.add_parser("contract-schema", help="print the contract JSON Schema")
     schema.set_defaults(handler=_contract_schema)
     return parser
@@ -74,6 +92,84 @@ def _add_state(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="directory of manifests (repeatable), e.g. fixtures/cozystack",
     )
+
+
+def _add_policy(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mode", choices=MODES, default="enforce", help="default: enforce")
+    parser.add_argument(
+        "--mode-for",
+        action="append",
+        default=[],
+        metavar="KIND=MODE",
+        help="a mode for one kind (repeatable), e.g. Kubernetes=warn",
+    )
+
+
+def _policy(args: argparse.Namespace) -> Policy:
+    per_kind: dict[str, Mode] = {}
+    for item in args.mode_for:
+        kind, _, mode = item.partition("=")
+        if not kind or mode not in MODES:
+            raise CommandError(f"--mode-for {item!r}: expected KIND=MODE, MODE one of {MODES}")
+        per_kind[kind] = cast(Mode, mode)  # checked against MODES above
+    return Policy(args.mode, per_kind)
+
+
+def _review(args: argparse.Namespace) -> int:
+    state = load_state(args.state)
+    policy = _policy(args)
+    status = 0
+    for name in args.files:
+        for index, body in enumerate(_read_reviews(name)):
+            where = name if index == 0 else f"{name}#{index}"
+            try:
+                outcome = admit(body, state, policy)
+            except ReviewError as exc:
+                print(f"webhook review: {where}: {exc}", file=sys.stderr)
+                status = EXIT_INPUT
+                continue
+            print(json.dumps(outcome.review, separators=(",", ":")))
+            _apply(state, outcome.request, outcome.decision)
+    return status
+
+
+def _apply(state: ReservationState, request: Any, decision: Any) -> None:
+    """Store what the API server would have stored after an allowed, non-dry-run request."""
+    if not decision.allowed or request.dry_run:
+        return
+    if request.operation in ("CREATE", "UPDATE") and decision.admitted is not None:
+        state.observe(decision.admitted)
+    elif request.operation == "DELETE":
+        state.forget((request.kind, request.namespace, request.name))
+
+
+def _read_reviews(name: str) -> list[Any]:
+    try:
+        text = sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CommandError(f"{name}: cannot read: {exc}") from None
+    try:
+        return [json.loads(text)]
+    except json.JSONDecodeError:
+        pass
+    bodies = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                bodies.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise CommandError(f"{name}: line {number}: not JSON: {exc.msg}") from None
+    return bodies
+
+
+def _report(args: argparse.Namespace) -> int:
+    state = load_state(args.state)
+    report = build_report(state)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(render_report(report))
+    return 0
 
 
 def _evaluate(args: argparse.Namespace) -> int:

@@ -51,8 +51,9 @@ class ApplicationKind:
         """What an application of this kind with ``spec`` reserves; fails closed."""
         if self.contract is None:
             reason = f"no reservation contract for kind {self.kind}"
-            raise EvaluationError("", f"{reason}: {self.problem}" if self.problem else reason,
-                                  kind=self.kind)  # fmt: skip
+            raise EvaluationError(
+                "", f"{reason}: {self.problem}" if self.problem else reason, kind=self.kind
+            )
         return evaluate(
             self.contract, self.defaulted(spec), catalog, namespace=namespace, limits=limits
         )

@@ -157,8 +157,9 @@ def contracts_from_documents(
         contract = compile_document(document, source=source)
         if contract.kind in contracts:
             raise ContractError(
-                source, "spec.kind", f"kind {contract.kind} already has a contract "
-                f"({contracts[contract.kind].source})"
-            )  # fmt: skip
+                source,
+                "spec.kind",
+                f"kind {contract.kind} already has a contract ({contracts[contract.kind].source})",
+            )
         contracts[contract.kind] = contract
     return contracts

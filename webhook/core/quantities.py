@@ -38,10 +38,22 @@ _NANO: Final = Decimal("1e-9")
 _PRECISION: Final = 60
 
 # Formatting: the largest suffix that represents the value exactly.
-_FORMAT_BINARY: Final = [("Ei", 1024**6), ("Pi", 1024**5), ("Ti", 1024**4), ("Gi", 1024**3),
-                         ("Mi", 1024**2), ("Ki", 1024)]  # fmt: skip
-_FORMAT_DECIMAL: Final = [("E", 10**18), ("P", 10**15), ("T", 10**12), ("G", 10**9),
-                          ("M", 10**6), ("k", 10**3)]  # fmt: skip
+_FORMAT_BINARY: Final = [
+    ("Ei", 1024**6),
+    ("Pi", 1024**5),
+    ("Ti", 1024**4),
+    ("Gi", 1024**3),
+    ("Mi", 1024**2),
+    ("Ki", 1024),
+]
+_FORMAT_DECIMAL: Final = [
+    ("E", 10**18),
+    ("P", 10**15),
+    ("T", 10**12),
+    ("G", 10**9),
+    ("M", 10**6),
+    ("k", 10**3),
+]
 _FORMAT_FRACTION: Final = [("m", Decimal("1e-3")), ("u", Decimal("1e-6")), ("n", Decimal("1e-9"))]
 
 

@@ -17,11 +17,19 @@ from typing import Any
 
 import yaml
 
+from webhook.core.applications import (
+    APPS_API_VERSION,
+    Application,
+    application_from_helmrelease,
+    application_from_object,
+    is_helmrelease,
+)
 from webhook.core.errors import ManifestError
 from webhook.core.platform import Platform, PlatformBuilder
+from webhook.core.state import ReservationState
 from webhook.defaults import default_contracts, default_presets
 
-__all__ = ["Manifest", "load_platform", "read_manifests"]
+__all__ = ["Manifest", "load_platform", "load_state", "read_manifests"]
 
 _SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -39,9 +47,11 @@ def read_manifests(paths: Iterable[str | Path]) -> list[Manifest]:
         root_path = Path(root)
         if not root_path.exists():
             raise ManifestError(str(root_path), "", "no such file or directory")
-        files = [root_path] if root_path.is_file() else sorted(
-            p for p in root_path.rglob("*") if p.is_file() and p.suffix in _SUFFIXES
-        )  # fmt: skip
+        files = (
+            [root_path]
+            if root_path.is_file()
+            else sorted(p for p in root_path.rglob("*") if p.is_file() and p.suffix in _SUFFIXES)
+        )
         for file in files:
             manifests.extend(_read_file(file))
     return manifests
@@ -49,10 +59,40 @@ def read_manifests(paths: Iterable[str | Path]) -> list[Manifest]:
 
 def load_platform(paths: Iterable[str | Path]) -> Platform:
     """The platform (kinds, instance types, presets, contracts) described under ``paths``."""
+    return _platform(read_manifests(paths))
+
+
+def load_state(paths: Iterable[str | Path]) -> ReservationState:
+    """The platform and every application under ``paths``, as a reservation state.
+
+    Applications come as ``apps.cozystack.io`` objects or as the HelmReleases Cozystack stores
+    them in; other manifests (Namespaces, preferences ...) are ignored.
+    """
+    manifests = read_manifests(paths)
+    state = ReservationState(_platform(manifests))
+    for manifest in manifests:
+        app = _application(manifest)
+        if app is not None:
+            state.observe(app)
+    return state
+
+
+def _platform(manifests: list[Manifest]) -> Platform:
     builder = PlatformBuilder(default_contracts(), default_presets())
-    for manifest in read_manifests(paths):
+    for manifest in manifests:
         builder.add(manifest.body, source=manifest.source)
     return builder.build()
+
+
+def _application(manifest: Manifest) -> Application | None:
+    try:
+        if manifest.body.get("apiVersion") == APPS_API_VERSION:
+            return application_from_object(manifest.body)
+        if is_helmrelease(manifest.body):
+            return application_from_helmrelease(manifest.body)
+    except ValueError as exc:
+        raise ManifestError(manifest.source, "", str(exc)) from None
+    return None
 
 
 def _read_file(file: Path) -> Iterator[Manifest]:

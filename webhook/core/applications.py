@@ -1,0 +1,136 @@
+"""Applications as the webhook sees them, whichever form they arrive in.
+
+An ``apps.cozystack.io`` application is stored by Cozystack as a Flux ``HelmRelease`` named
+``<release prefix><name>`` whose ``spec.values`` is the application's spec, verbatim and sparse,
+with labels naming the kind and the application. Admission sees the application form; a state
+directory or a cache may hold either. Both become an :class:`Application`.
+
+The charge admitted for an application travels with it as the annotation
+:data:`CHARGE_ANNOTATION` (written by the mutating webhook): compact JSON
+``{"charge": {...}, "digest": "sha256:..."}``. It stays authoritative until the application is
+next written, so a contract change never silently re-prices existing applications.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Final
+
+from webhook.core import resources as rl
+from webhook.core.errors import QuantityError
+from webhook.core.quantities import parse_quantity
+
+__all__ = [
+    "APPS_API_VERSION",
+    "CHARGE_ANNOTATION",
+    "AppKey",
+    "Application",
+    "RecordedCharge",
+    "application_from_helmrelease",
+    "application_from_object",
+    "charge_annotation",
+    "parse_recorded_charge",
+]
+
+APPS_API_VERSION: Final = "apps.cozystack.io/v1alpha1"
+CHARGE_ANNOTATION: Final = "reservation.cozystack.io/charge"
+HELMRELEASE_API_PREFIX: Final = "helm.toolkit.fluxcd.io/"
+KIND_LABEL: Final = "apps.cozystack.io/application.kind"
+GROUP_LABEL: Final = "apps.cozystack.io/application.group"
+NAME_LABEL: Final = "apps.cozystack.io/application.name"
+USER_PREFIX: Final = "apps.cozystack.io-"
+
+AppKey = tuple[str, str, str]  # (kind, namespace, name)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedCharge:
+    resources: Mapping[str, Decimal]
+    digest: str
+
+
+@dataclass(frozen=True, slots=True)
+class Application:
+    kind: str
+    namespace: str
+    name: str
+    spec: Any
+    recorded: RecordedCharge | None = None
+
+    @property
+    def key(self) -> AppKey:
+        return (self.kind, self.namespace, self.name)
+
+
+def application_from_object(obj: Mapping[str, Any]) -> Application:
+    """An ``apps.cozystack.io`` object; raises ``ValueError`` naming the missing field."""
+    kind = obj.get("kind")
+    metadata = obj.get("metadata")
+    if not isinstance(kind, str) or not kind:
+        raise ValueError("kind: missing")
+    if not isinstance(metadata, Mapping):
+        raise ValueError("metadata: missing")
+    name, namespace = metadata.get("name"), metadata.get("namespace")
+    if not isinstance(name, str) or not name:
+        raise ValueError("metadata.name: missing")
+    if not isinstance(namespace, str) or not namespace:
+        raise ValueError("metadata.namespace: missing")
+    annotations = metadata.get("annotations") or {}
+    recorded = parse_recorded_charge(annotations.get(CHARGE_ANNOTATION))
+    return Application(kind, namespace, name, obj.get("spec"), recorded)
+
+
+def application_from_helmrelease(release: Mapping[str, Any]) -> Application | None:
+    """The application a HelmRelease stores, or ``None`` for a release that is not one."""
+    metadata = release.get("metadata")
+    if not isinstance(metadata, Mapping):
+        raise ValueError("metadata: missing")
+    labels = metadata.get("labels") or {}
+    if labels.get(GROUP_LABEL) != "apps.cozystack.io" or not labels.get(KIND_LABEL):
+        return None
+    kind, name = str(labels[KIND_LABEL]), str(labels.get(NAME_LABEL) or "")
+    namespace = str(metadata.get("namespace") or "")
+    if not name or not namespace:
+        raise ValueError(f"metadata: a {kind} HelmRelease needs a namespace and {NAME_LABEL}")
+    if kind == "Tenant" and name == "tenant-root":
+        name = "root"  # the shipped root release carries its full name in the label
+    annotations = metadata.get("annotations") or {}
+    recorded = parse_recorded_charge(annotations.get(USER_PREFIX + CHARGE_ANNOTATION))
+    spec = release.get("spec")
+    values = spec.get("values") if isinstance(spec, Mapping) else None
+    return Application(kind, namespace, name, values, recorded)
+
+
+def is_helmrelease(manifest: Mapping[str, Any]) -> bool:
+    api_version = manifest.get("apiVersion")
+    return (
+        isinstance(api_version, str)
+        and api_version.startswith(HELMRELEASE_API_PREFIX)
+        and manifest.get("kind") == "HelmRelease"
+    )
+
+
+def parse_recorded_charge(text: object) -> RecordedCharge | None:
+    """The charge annotation's content; ``None`` when absent or unreadable (then re-evaluate)."""
+    if not isinstance(text, str):
+        return None
+    try:
+        body = json.loads(text)
+        charge = body["charge"]
+        digest = body["digest"]
+        if not isinstance(charge, Mapping) or not isinstance(digest, str):
+            return None
+        resources = {str(k): parse_quantity(v) for k, v in charge.items()}
+    except (ValueError, KeyError, TypeError, QuantityError):
+        return None
+    if any(v < 0 for v in resources.values()):
+        return None
+    return RecordedCharge(resources, digest)
+
+
+def charge_annotation(resources: Mapping[str, Decimal], digest: str) -> str:
+    """The annotation value recording a charge: compact, key-sorted JSON."""
+    return json.dumps({"charge": rl.to_strings(resources), "digest": digest}, separators=(",", ":"))

@@ -1,0 +1,453 @@
+"""The admission decision: ``decide(request, state, policy) -> Decision``, pure.
+
+Every request starts as a denial until it is shown to fit (Kubernetes' ResourceQuota admission
+does the same). An application is charged its evaluated size on CREATE and the per-key
+difference from its old charge on UPDATE; only increases are checked, each against the nearest
+tenant whose budget limits that key, so a decrease always passes, even in an overcommitted pool.
+A Tenant's declared budget is a carve-out in its parent's pool: setting, raising, lowering or
+removing it changes what the subtree reserves there, and increases are checked the same way.
+The object under admission fails closed: unknown kind, no contract, values that cannot be
+evaluated, a state that is not synced.
+
+Decisions are values built by the named constructors at the bottom; the HTTP layer only
+serialises them (:meth:`Decision.response`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from decimal import Decimal
+from typing import Final, Literal
+
+from webhook.core import resources as rl
+from webhook.core.applications import Application, RecordedCharge, application_from_object
+from webhook.core.errors import EvaluationError
+from webhook.core.kinds import APPS_GROUP
+from webhook.core.quantities import format_quantity
+from webhook.core.reviews import AdmissionRequest, Response
+from webhook.core.state import ReservationState
+from webhook.core.tenants import TENANT_KIND, TENANT_NAME, owned_namespace, parse_budget
+
+__all__ = ["MODES", "Decision", "Mode", "Policy", "decide"]
+
+Mode = Literal["enforce", "warn", "off"]
+MODES: Final = ("enforce", "warn", "off")
+
+# The API server truncates warnings over 256 characters and drops them past 4096 in total
+# (k8s.io/apiserver/pkg/warning); we aim for 120 so kubectl prints each on one line.
+WARNING_TARGET: Final = 120
+WARNING_LIMIT: Final = 256
+_ZERO = Decimal(0)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How strictly to apply decisions, globally and per kind (the rollout switch)."""
+
+    mode: Mode = "enforce"
+    per_kind: Mapping[str, Mode] = field(default_factory=dict)
+
+    def mode_for(self, kind: str) -> Mode:
+        return self.per_kind.get(kind, self.mode)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The answer to one admission request, with every fact worth reporting."""
+
+    allowed: bool
+    outcome: str  # allowed | denied | warned | skipped | error: the metrics label
+    reason: str = ""  # a short machine reason: fits, exceeded, invalid, no-contract, ...
+    code: int = 200
+    status_reason: str = ""  # Kubernetes StatusReason: Forbidden, Invalid, ...
+    message: str = ""
+    causes: tuple[tuple[str, str], ...] = ()
+    warnings: tuple[str, ...] = ()
+    audit: Mapping[str, str] = field(default_factory=dict)
+    mode: Mode = "enforce"
+    kind: str = ""
+    pool: str = ""
+    charge: Mapping[str, Decimal] | None = None
+    delta: Mapping[str, Decimal] | None = None
+    reserved_after: Mapping[str, Decimal] = field(default_factory=dict)
+    budget: Mapping[str, Decimal] = field(default_factory=dict)
+    digest: str = ""
+    admitted: Application | None = None  # what the state holds once the object is stored
+
+    def with_warnings(self, *warnings: str) -> Decision:
+        return replace(self, warnings=self.warnings + tuple(_fit(w) for w in warnings))
+
+    def response(self) -> Response:
+        """The AdmissionResponse body (without the uid, added by ``review_response``)."""
+        body: Response = {"allowed": self.allowed}
+        if not self.allowed:
+            body["status"] = {
+                "code": self.code,
+                "reason": self.status_reason,
+                "message": self.message,
+            }
+            if self.causes:
+                body["status"]["details"] = {
+                    "causes": [
+                        {"field": f, "message": m, "reason": "FieldValueInvalid"}
+                        for f, m in self.causes
+                    ]
+                }
+        if self.warnings:
+            body["warnings"] = list(self.warnings)
+        if self.audit:
+            body["auditAnnotations"] = dict(self.audit)
+        return body
+
+
+def decide(request: AdmissionRequest, state: ReservationState, policy: Policy) -> Decision:
+    """Decide one request against ``state``; never raises for a well-formed request."""
+    if request.operation in ("DELETE", "CONNECT"):
+        return skipped(f"{request.operation} needs no reservation")
+    if request.group != APPS_GROUP:
+        return errored(
+            403,
+            "Forbidden",
+            "not-an-application",
+            f"{request.group or 'core'}/{request.kind} is not an {APPS_GROUP} application",
+        )
+    mode = policy.mode_for(request.kind)
+    if mode == "off":
+        return skipped(f"reservation is off for {request.kind}", mode="off", kind=request.kind)
+    if not state.synced:
+        return _apply_mode(
+            mode,
+            errored(
+                503,
+                "ServiceUnavailable",
+                "not-synced",
+                "tenant reservations: state not synced yet; try again shortly",
+            ),
+            request,
+        )
+    decision = _decide_application(request, state)
+    return _apply_mode(mode, decision, request)
+
+
+def _decide_application(request: AdmissionRequest, state: ReservationState) -> Decision:
+    if request.object is None:
+        return invalid("object", f"{request.operation} of {request.kind} carries no object")
+    try:
+        app = application_from_object(
+            {**request.object, "kind": request.kind, "metadata": _metadata(request)}
+        )
+    except ValueError as exc:
+        return invalid("metadata", str(exc))
+    namespace = request.namespace
+    kind = state.platform.kind(request.kind)
+    if kind is None:
+        return errored(
+            403,
+            "Forbidden",
+            "unknown-kind",
+            f"{request.kind}: unknown application kind; no ApplicationDefinition "
+            "declares it, so its reservation cannot be evaluated",
+        )
+    try:
+        charge = kind.charge(app.spec, state.platform.catalog, namespace=namespace)
+    except EvaluationError as exc:
+        if kind.contract is None:
+            return errored(403, "Forbidden", "no-contract", str(exc.for_kind(request.kind)))
+        return invalid(f"spec.{exc.path}" if exc.path else "spec", str(exc.for_kind(request.kind)))
+    old = _old_charge(request, state, app) if request.operation == "UPDATE" else {}
+    delta = {k: v for k, v in rl.subtract(charge.resources, old).items() if v != 0}
+    admitted = replace(app, recorded=RecordedCharge(charge.resources, charge.digest))
+    facts = _Facts(
+        kind=request.kind,
+        charge=charge.resources,
+        delta=delta,
+        digest=charge.digest,
+        admitted=admitted,
+    )
+    contribution = dict(delta)
+    if request.kind == TENANT_KIND:
+        tenant = _tenant_change(request, state, app, facts)
+        if isinstance(tenant, Decision):
+            return tenant
+        contribution, extra_warnings = tenant
+        facts.warnings.extend(extra_warnings)
+    return _check(namespace, contribution, state, facts)
+
+
+@dataclass
+class _Facts:
+    kind: str
+    charge: Mapping[str, Decimal]
+    delta: Mapping[str, Decimal]
+    digest: str
+    admitted: Application
+    warnings: list[str] = field(default_factory=list)
+
+
+def _check(
+    namespace: str, change: Mapping[str, Decimal], state: ReservationState, facts: _Facts
+) -> Decision:
+    """Check the positive part of ``change`` against each key's nearest bounded tenant."""
+    tree = state.tree
+    increases = rl.positive_part(change)
+    exceeded: dict[str, list[str]] = {}
+    unknown: dict[str, list[str]] = {}
+    budget: dict[str, Decimal] = {}
+    after: dict[str, Decimal] = {}
+    for key in sorted(set(change) | _limited_keys(state, namespace)):
+        pool = tree.bounder(namespace, key)
+        if pool is None:
+            continue
+        used = pool.usage.get(key, _ZERO)
+        budget[key] = pool.budget[key]
+        after[key] = used + change.get(key, _ZERO)
+        if key not in increases:
+            continue
+        if used + increases[key] > pool.budget[key]:
+            exceeded.setdefault(pool.namespace, []).append(key)
+        blockers = state.unknown_in_pool(pool.namespace, key)
+        if blockers:
+            unknown.setdefault(pool.namespace, []).extend(
+                f"{k}/{n} in {ns}" for k, ns, n in blockers
+            )
+    pool_root = tree.pool_root(namespace)
+    pool_name = pool_root.namespace if pool_root is not None else ""
+    if exceeded:
+        parts = []
+        for pool_ns, keys in exceeded.items():
+            node = tree.bounder(namespace, keys[0])
+            assert node is not None
+            via = f" (via {namespace})" if namespace != pool_ns else ""
+            parts.append(
+                f"exceeded tenant quota: pool {pool_ns}{via}, "
+                f"requested: {rl.format_resources(increases, keys)}, "
+                f"used: {rl.format_resources(node.usage, keys)}, "
+                f"limited: {rl.format_resources(node.budget, keys)}"
+            )
+        return _denied_quota("; ".join(parts), facts, pool_name, after, budget)
+    if unknown:
+        pool_ns, apps = next(iter(unknown.items()))
+        message = (
+            f"tenant quota: pool {pool_ns} cannot grant more: the reservation of "
+            f"{', '.join(sorted(set(apps)))} is unknown (it cannot be evaluated and has no "
+            "recorded charge); fix or delete it"
+        )
+        return _denied_quota(message, facts, pool_name, after, budget, reason="unknown-usage")
+    return _allowed(facts, pool_name, after, budget)
+
+
+def _limited_keys(state: ReservationState, namespace: str) -> set[str]:
+    return {key for node in state.tree.chain(namespace) for key in node.budget}
+
+
+def _tenant_change(
+    request: AdmissionRequest, state: ReservationState, app: Application, facts: _Facts
+) -> tuple[dict[str, Decimal], list[str]] | Decision:
+    """How a Tenant write changes its parent pool, and warnings about its own budget."""
+    if not TENANT_NAME.fullmatch(app.name):
+        return invalid("metadata.name", f"Tenant name {app.name!r} must match ^[a-z][a-z0-9]*$")
+    kind = state.platform.kind(TENANT_KIND)
+    values = kind.defaulted(app.spec) if kind is not None else app.spec
+    try:
+        budget = parse_budget(values)
+    except EvaluationError as exc:
+        return invalid(f"spec.{exc.path}", f"Tenant: {exc.message}")
+    owned = owned_namespace(request.namespace, app.name)
+    node = state.tree.get(owned)
+    change: dict[str, Decimal] = dict(facts.delta)
+    warnings: list[str] = []
+    if node is not None:
+        change = rl.add(change, state.tree.budget_change(node, budget))
+        for key in sorted(budget):
+            used = node.usage.get(key, _ZERO)
+            if used > budget[key]:
+                warnings.append(
+                    f"{owned} already reserves {key}={format_quantity(used)}, over its new quota "
+                    f"{format_quantity(budget[key])}: overcommitted until it shrinks"
+                )
+    else:
+        change = rl.add(change, budget)
+    return {k: v for k, v in change.items() if v != 0}, warnings
+
+
+def _old_charge(
+    request: AdmissionRequest, state: ReservationState, app: Application
+) -> Mapping[str, Decimal]:
+    """The charge recorded for the old object, else its evaluation, else nothing."""
+    if request.old_object is not None:
+        try:
+            old = application_from_object(
+                {
+                    **request.old_object,
+                    "kind": request.kind,
+                    "metadata": _metadata(request, old=True),
+                }
+            )
+        except ValueError:
+            old = None
+        if old is not None and old.recorded is not None:
+            return old.recorded.resources
+    record = state.record(app.key)
+    if record is not None:
+        return record.resources
+    if request.old_object is not None:
+        try:
+            return state.platform.charge(
+                request.kind, request.old_object.get("spec"), namespace=request.namespace
+            ).resources
+        except EvaluationError:
+            pass  # an old object that cannot be evaluated is charged nothing: check it all
+    return {}
+
+
+def _metadata(request: AdmissionRequest, *, old: bool = False) -> dict[str, object]:
+    source = request.old_object if old else request.object
+    metadata = dict(source.get("metadata") or {}) if source is not None else {}
+    metadata.setdefault("name", request.name)
+    metadata["namespace"] = request.namespace or metadata.get("namespace")
+    return metadata
+
+
+def _apply_mode(mode: Mode, decision: Decision, request: AdmissionRequest) -> Decision:
+    decision = replace(decision, mode=mode, kind=decision.kind or request.kind)
+    if request.dry_run and decision.allowed:
+        decision = decision.with_warnings("dry run: nothing was reserved")
+    if decision.allowed or mode == "enforce":
+        return replace(decision, audit=_audit(decision))
+    warned = replace(
+        decision,
+        allowed=True,
+        outcome="warned",
+        warnings=(_fit(f"would be denied: {decision.message}"), *decision.warnings),
+    )
+    return replace(warned, audit={**_audit(warned), "would-deny": decision.message})
+
+
+def _audit(decision: Decision) -> dict[str, str]:
+    """Audit annotations: short keys (the API server prefixes the webhook name), JSON values."""
+    audit = {"decision": decision.outcome, "mode": decision.mode}
+    if decision.reason:
+        audit["reason"] = decision.reason
+    if decision.charge is not None:
+        audit["charge"] = _json(decision.charge)
+    if decision.delta is not None:
+        audit["delta"] = _json(decision.delta)
+    if decision.pool:
+        audit["pool"] = decision.pool
+    if decision.reserved_after:
+        audit["reserved-after"] = _json(decision.reserved_after)
+        audit["budget"] = _json(decision.budget)
+    if decision.digest:
+        audit["contract-digest"] = decision.digest
+    if not decision.allowed and decision.message:
+        audit["message"] = decision.message
+    return audit
+
+
+def _json(resources: Mapping[str, Decimal]) -> str:
+    return json.dumps(rl.to_strings(resources), separators=(",", ":"))
+
+
+def _fit(text: str) -> str:
+    return text if len(text) <= WARNING_LIMIT else text[: WARNING_LIMIT - 3] + "..."
+
+
+def _usage_warning(
+    charge: Mapping[str, Decimal],
+    delta: Mapping[str, Decimal],
+    pool: str,
+    after: Mapping[str, Decimal],
+    budget: Mapping[str, Decimal],
+) -> str:
+    what = f"reserves {rl.format_resources(charge) or 'nothing'}"
+    if delta != charge:
+        grown = rl.positive_part(delta)
+        what = f"adds {rl.format_resources(grown)}" if grown else "reserves no more"
+    if not pool or not budget:
+        return f"{what}; no tenant quota applies"
+    key = max(budget, key=lambda k: (after.get(k, _ZERO) / budget[k]) if budget[k] else Decimal(1))
+    share = (after.get(key, _ZERO) / budget[key] * 100) if budget[key] else Decimal(100)
+    text = f"{what}; pool {pool} now at {share:.0f}% {key}"
+    if len(text) > WARNING_TARGET:
+        text = f"{what[: WARNING_TARGET - 40]}...; pool {pool} now at {share:.0f}% {key}"
+    return text
+
+
+# -- named constructors ------------------------------------------------------------------------
+
+
+def skipped(message: str, *, mode: Mode = "enforce", kind: str = "") -> Decision:
+    return Decision(
+        allowed=True, outcome="skipped", reason="skipped", message=message, mode=mode, kind=kind
+    )
+
+
+def errored(code: int, status_reason: str, reason: str, message: str) -> Decision:
+    return Decision(
+        allowed=False,
+        outcome="denied",
+        reason=reason,
+        code=code,
+        status_reason=status_reason,
+        message=message,
+    )
+
+
+def invalid(path: str, message: str) -> Decision:
+    return Decision(
+        allowed=False,
+        outcome="denied",
+        reason="invalid",
+        code=422,
+        status_reason="Invalid",
+        message=message,
+        causes=((path, message),),
+    )
+
+
+def _allowed(
+    facts: _Facts, pool: str, after: Mapping[str, Decimal], budget: Mapping[str, Decimal]
+) -> Decision:
+    warning = _usage_warning(facts.charge, facts.delta, pool, after, budget)
+    return Decision(
+        allowed=True,
+        outcome="allowed",
+        reason="fits",
+        kind=facts.kind,
+        pool=pool,
+        charge=facts.charge,
+        delta=facts.delta,
+        reserved_after=after,
+        budget=budget,
+        digest=facts.digest,
+        admitted=facts.admitted,
+    ).with_warnings(warning, *facts.warnings)
+
+
+def _denied_quota(
+    message: str,
+    facts: _Facts,
+    pool: str,
+    after: Mapping[str, Decimal],
+    budget: Mapping[str, Decimal],
+    *,
+    reason: str = "exceeded",
+) -> Decision:
+    return Decision(
+        allowed=False,
+        outcome="denied",
+        reason=reason,
+        code=403,
+        status_reason="Forbidden",
+        message=message,
+        kind=facts.kind,
+        pool=pool,
+        charge=facts.charge,
+        delta=facts.delta,
+        reserved_after=after,
+        budget=budget,
+        digest=facts.digest,
+        admitted=facts.admitted,
+    )

@@ -1,0 +1,155 @@
+"""The reservation state: what every application reserves, and the tenant tree it adds up in.
+
+A small, incremental, in-memory model fed by observed applications (from a manifest directory,
+a cache of the cluster, or the ``review`` command applying what it admitted). It keeps charges,
+not objects: per application its charge, the digest that produced it, and whether the current
+contract would price it differently (drift). Observing or forgetting an application costs time
+proportional to the tenant depth.
+
+Applications that cannot be evaluated keep their last recorded charge; one with no recorded
+charge is *unknown*, and a pool holding an unknown application cannot grant more.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+
+from webhook.core import resources as rl
+from webhook.core.applications import AppKey, Application
+from webhook.core.errors import EvaluationError
+from webhook.core.platform import Platform
+from webhook.core.pools import TenantTree
+from webhook.core.tenants import TENANT_KIND, owned_namespace, parse_budget
+
+__all__ = ["AppRecord", "ReservationState"]
+
+
+@dataclass(slots=True)
+class AppRecord:
+    """What one application reserves."""
+
+    namespace: str
+    resources: dict[str, Decimal]
+    digest: str
+    current_digest: str = ""  # set only when today's evaluation differs from the record
+    problem: str = ""  # why today's evaluation failed, if it did
+
+    @property
+    def drifted(self) -> bool:
+        return bool(self.current_digest)
+
+
+class ReservationState:
+    """Applications' charges and the tenant tree, for one platform."""
+
+    def __init__(self, platform: Platform, *, synced: bool = True) -> None:
+        self.platform = platform
+        self.tree = TenantTree()
+        self.synced = synced
+        self._apps: dict[AppKey, AppRecord] = {}
+        self._unknown: dict[AppKey, str] = {}  # key -> why it has no charge
+        self._owned: dict[AppKey, str] = {}  # Tenant application -> namespace it owns
+
+    def __len__(self) -> int:
+        return len(self._apps) + len(self._unknown)
+
+    # -- observing ---------------------------------------------------------------------------
+
+    def observe(self, app: Application) -> None:
+        """Apply an application as stored: created or updated."""
+        key = _interned(app.key)
+        namespace = key[1]
+        if app.kind == TENANT_KIND:
+            self._observe_tenant(key, app)
+        record = self._price(app, namespace)
+        previous = self._apps.pop(key, None)
+        self._unknown.pop(key, None)
+        if record is None:
+            self._unknown[key] = self._problem(app)
+        else:
+            self._apps[key] = record
+        before = previous.resources if previous else {}
+        after = record.resources if record else {}
+        self.tree.add_usage(namespace, rl.subtract(after, before))
+
+    def forget(self, key: AppKey) -> None:
+        """Apply the deletion of an application."""
+        previous = self._apps.pop(key, None)
+        self._unknown.pop(key, None)
+        if previous is not None:
+            self.tree.add_usage(key[1], rl.scale(previous.resources, Decimal(-1)))
+        owned = self._owned.pop(key, None)
+        if owned is not None:
+            self.tree.set_budget(owned, {})
+            self.tree.declare(owned, declared=False)
+
+    def _observe_tenant(self, key: AppKey, app: Application) -> None:
+        owned = owned_namespace(key[1], key[2])
+        self._owned[key] = owned
+        kind = self.platform.kind(TENANT_KIND)
+        values = kind.defaulted(app.spec) if kind else app.spec
+        try:
+            budget = parse_budget(values)
+        except EvaluationError:
+            # A budget Cozystack would not render cannot be trusted either way: keep the last
+            # one; a new tenant stays unbounded and is reported through its problem.
+            node = self.tree.get(owned)
+            budget = node.budget if node is not None else {}
+        self.tree.declare(owned, declared=True)
+        self.tree.set_budget(owned, budget)
+
+    def _price(self, app: Application, namespace: str) -> AppRecord | None:
+        try:
+            charge = self.platform.charge(app.kind, app.spec, namespace=namespace)
+        except EvaluationError as exc:
+            if app.recorded is None:
+                return None
+            return AppRecord(
+                namespace,
+                dict(app.recorded.resources),
+                sys.intern(app.recorded.digest),
+                problem=str(exc),
+            )
+        if app.recorded is None:
+            return AppRecord(namespace, dict(charge.resources), sys.intern(charge.digest))
+        drift = "" if app.recorded.digest == charge.digest else sys.intern(charge.digest)
+        return AppRecord(
+            namespace, dict(app.recorded.resources), sys.intern(app.recorded.digest), drift
+        )
+
+    def _problem(self, app: Application) -> str:
+        try:
+            self.platform.charge(app.kind, app.spec, namespace=app.namespace)
+        except EvaluationError as exc:
+            return str(exc)
+        return "no charge"  # pragma: no cover - only called after evaluation failed
+
+    # -- questions ---------------------------------------------------------------------------
+
+    def record(self, key: AppKey) -> AppRecord | None:
+        return self._apps.get(key)
+
+    def owned_namespace(self, key: AppKey) -> str | None:
+        return self._owned.get(key)
+
+    def records(self) -> Iterator[tuple[AppKey, AppRecord]]:
+        return iter(self._apps.items())
+
+    def unknown(self) -> Mapping[AppKey, str]:
+        return self._unknown
+
+    def unknown_in_pool(self, pool_namespace: str, key: str) -> list[AppKey]:
+        """Unknown applications whose usage of ``key`` would land in that pool."""
+        found = []
+        for app_key in self._unknown:
+            bounder = self.tree.bounder(app_key[1], key)
+            if bounder is not None and bounder.namespace == pool_namespace:
+                found.append(app_key)
+        return sorted(found)
+
+
+def _interned(key: AppKey) -> AppKey:
+    return (sys.intern(key[0]), sys.intern(key[1]), key[2])

@@ -1,0 +1,85 @@
+"""The pools report: budget, reserved, available and overcommitted per pool, as data or a table.
+
+Also lists what an operator must look at: applications whose reservation is unknown (they block
+their pool), applications whose values no longer evaluate (they keep their recorded charge), and
+applications whose recorded charge differs from what today's contract says (drift).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from webhook.core import resources as rl
+from webhook.core.state import ReservationState
+
+__all__ = ["build_report", "render_report"]
+
+
+def build_report(state: ReservationState) -> dict[str, Any]:
+    pools = []
+    for pool in state.tree.pools():
+        pools.append(
+            {
+                "pool": pool.namespace,
+                "budget": rl.to_strings(pool.budget),
+                "reserved": rl.to_strings(pool.reserved),
+                "available": rl.to_strings(pool.available),
+                "overcommitted": rl.to_strings(pool.overcommitted),
+                "members": list(pool.members),
+                "carveOuts": list(pool.carve_outs),
+            }
+        )
+    unknown = [
+        {"application": f"{kind}/{name}", "namespace": ns, "reason": reason}
+        for (kind, ns, name), reason in sorted(state.unknown().items())
+    ]
+    failing = []
+    drift = []
+    for (kind, ns, name), record in sorted(state.records()):
+        where = {"application": f"{kind}/{name}", "namespace": ns}
+        if record.problem:
+            failing.append({**where, "reason": record.problem})
+        if record.drifted:
+            drift.append({**where, "recorded": record.digest, "current": record.current_digest})
+    return {"pools": pools, "unknown": unknown, "unevaluable": failing, "drift": drift}
+
+
+def render_report(report: dict[str, Any]) -> str:
+    rows = [("POOL", "BUDGET", "RESERVED", "AVAILABLE", "OVERCOMMITTED", "MEMBERS", "CARVE-OUTS")]
+    for pool in report["pools"]:
+        rows.append(
+            (
+                pool["pool"],
+                _pairs(pool["budget"]),
+                _pairs(pool["reserved"]),
+                _pairs(pool["available"]),
+                _pairs(pool["overcommitted"]) or "-",
+                ",".join(pool["members"]),
+                ",".join(pool["carveOuts"]) or "-",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+    if len(rows) == 1:
+        lines.append("(no tenant declares a quota)")
+    for title, key in (
+        ("Unknown reservations (their pools grant nothing more)", "unknown"),
+        ("No longer evaluable (recorded charge kept)", "unevaluable"),
+    ):
+        if report[key]:
+            lines += ["", f"{title}:"]
+            lines += [f"  {i['namespace']} {i['application']}: {i['reason']}" for i in report[key]]
+    if report["drift"]:
+        lines += ["", "Contract drift (recorded charge kept until the next write):"]
+        lines += [
+            f"  {i['namespace']} {i['application']}: {i['recorded']} -> {i['current']}"
+            for i in report["drift"]
+        ]
+    return "\n".join(lines)
+
+
+def _pairs(resources: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in resources.items())
