@@ -1,0 +1,68 @@
+"""The reservation state: charges observed, recorded charges kept, drift reported."""
+
+from decimal import Decimal
+
+from tests.builders import platform, state, tenant
+from webhook.core.applications import (
+    Application,
+    RecordedCharge,
+    application_from_helmrelease,
+    charge_annotation,
+    parse_recorded_charge,
+)
+
+
+def test_observing_and_forgetting_an_application_moves_pool_usage() -> None:
+    current = state({"tenant-acme": {"memory": "16Gi"}})
+    vm = Application("VMInstance", "tenant-acme", "vm", {"instanceType": "u1.medium"})
+    current.observe(vm)
+    assert current.tree.get("tenant-acme").usage["memory"] == Decimal(4 * 1024**3)  # type: ignore[union-attr]
+    current.forget(vm.key)
+    assert current.tree.get("tenant-acme").usage["memory"] == 0  # type: ignore[union-attr]
+
+
+def test_forgetting_a_tenant_releases_its_carve_out() -> None:
+    current = state({"tenant-foo": {"cpu": "10"}, "tenant-foo-bar": {"cpu": "4"}})
+    current.forget(tenant("tenant-foo-bar").key)
+    (pool,) = current.tree.pools()
+    assert pool.reserved == {"cpu": 0}
+
+
+def test_a_recorded_charge_stays_authoritative_and_drift_is_visible() -> None:
+    recorded = RecordedCharge({"cpu": Decimal(9)}, "sha256:old-contract")
+    app = Application("VMInstance", "tenant-acme", "vm", {}, recorded=recorded)
+    current = state({"tenant-acme": {"cpu": "20"}}, app)
+    record = current.record(app.key)
+    assert record is not None
+    assert record.resources == {"cpu": Decimal(9)}
+    assert record.drifted
+    assert record.current_digest == platform().charge("VMInstance", {}).digest
+
+
+def test_the_charge_annotation_round_trips_and_garbage_is_ignored() -> None:
+    text = charge_annotation({"memory": Decimal(2 * 1024**3), "cpu": Decimal("0.5")}, "sha256:x")
+    assert text == '{"charge":{"cpu":"500m","memory":"2Gi"},"digest":"sha256:x"}'
+    assert parse_recorded_charge(text) == RecordedCharge(
+        {"cpu": Decimal("0.5"), "memory": Decimal(2 * 1024**3)}, "sha256:x"
+    )
+    for garbage in ["", "{", '{"charge": 1}', '{"charge": {"cpu": "x"}, "digest": "d"}', None]:
+        assert parse_recorded_charge(garbage) is None
+
+
+def test_helmreleases_are_read_as_the_applications_they_store() -> None:
+    release = {
+        "apiVersion": "helm.toolkit.fluxcd.io/v2",
+        "kind": "HelmRelease",
+        "metadata": {
+            "name": "vm-instance-web1",
+            "namespace": "tenant-acme",
+            "labels": {
+                "apps.cozystack.io/application.kind": "VMInstance",
+                "apps.cozystack.io/application.group": "apps.cozystack.io",
+                "apps.cozystack.io/application.name": "web1",
+            },
+        },
+        "spec": {"values": {"instanceType": "u1.large"}},
+    }
+    app = application_from_helmrelease(release)
+    assert app == Application("VMInstance", "tenant-acme", "web1", {"instanceType": "u1.large"})

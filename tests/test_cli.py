@@ -1,0 +1,187 @@
+"""The command line, end to end on the fixtures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.builders import FIXTURES, review
+from webhook.cli import main
+
+STATE = ["--state", str(FIXTURES / "cozystack"), "--state", str(FIXTURES / "tenants")]
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def responses(out: str) -> list[dict[str, Any]]:
+    return [json.loads(line)["response"] for line in out.splitlines()]
+
+
+def write(tmp_path: Path, name: str, body: Any) -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(body))
+    return str(path)
+
+
+def test_evaluate_prints_the_charge_as_sorted_canonical_quantities(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status, out, _ = run(
+        capsys,
+        "evaluate",
+        "--state",
+        str(FIXTURES / "cozystack"),
+        "--object",
+        str(FIXTURES / "samples" / "kubernetes-default.yaml"),
+    )
+    assert status == 0
+    # control plane 2 x (c1.medium 2/2Gi + 3 x t1.micro 500m/256Mi) = 7 cpu, 5.5Gi, 16Gi eph
+    # md0: 10 x u1.medium (1 vCPU, 4Gi) = 10 cpu, 40Gi; 10 x 20Gi disks = 200Gi
+    assert json.loads(out) == {
+        "cpu": "17",
+        "ephemeral-storage": "16Gi",
+        "memory": "46592Mi",
+        "storage": "200Gi",
+    }
+
+
+def test_evaluate_explains_each_term(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(
+        capsys,
+        "evaluate",
+        "--state",
+        str(FIXTURES / "cozystack"),
+        "--explain",
+        "--object",
+        str(FIXTURES / "samples" / "vm-u1-large.yaml"),
+    )
+    explained = json.loads(out)
+    assert status == 0
+    assert explained["charge"] == {"cpu": "2", "memory": "8Gi", "services.loadbalancers": "1"}
+    assert explained["terms"][0]["source"] == "instance type u1.large"
+
+
+def test_evaluate_fails_with_the_path(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    values = write(tmp_path, "v.json", {"nodeGroups": {"gpu": {"instanceType": "u9.huge"}}})
+    status, out, err = run(
+        capsys,
+        "evaluate",
+        "--state",
+        str(FIXTURES / "cozystack"),
+        "--kind",
+        "Kubernetes",
+        "--values",
+        values,
+    )
+    assert status == 2
+    assert out == ""
+    assert 'Kubernetes: nodeGroups.gpu.instanceType: unknown instance type "u9.huge"' in err
+
+
+def test_review_admits_sixteen_1gi_vms_and_denies_the_seventeenth(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # tenant-acme's memory quota is 16Gi and tenant-acme-dev-ci carves 4Gi out of it: 12 left.
+    files = [
+        write(
+            tmp_path,
+            f"{i}.json",
+            review(
+                "VMInstance", "tenant-acme", f"vm{i}", {"instanceType": "u1.micro"}, uid=f"u{i}"
+            ),
+        )
+        for i in range(13)
+    ]
+    status, out, _ = run(capsys, "review", *STATE, *files)
+    answers = responses(out)
+    assert status == 0
+    assert [a["allowed"] for a in answers] == [True] * 12 + [False]
+    assert [a["uid"] for a in answers] == [f"u{i}" for i in range(13)]
+    assert answers[-1]["status"]["message"] == (
+        "exceeded tenant quota: pool tenant-acme, requested: memory=1Gi, used: memory=16Gi, "
+        "limited: memory=16Gi"
+    )
+
+
+def test_review_charges_an_update_its_delta_and_a_dry_run_nothing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    micro, large = {"instanceType": "u1.micro"}, {"instanceType": "u1.large"}
+    files = [
+        write(tmp_path, "a.json", review("VMInstance", "tenant-acme", "vm", micro)),
+        write(tmp_path, "b.json", review("VMInstance", "tenant-acme", "x", large, dry_run=True)),
+        write(
+            tmp_path,
+            "c.json",
+            review("VMInstance", "tenant-acme", "vm", large, operation="UPDATE", old_spec=micro),
+        ),
+    ]
+    status, out, _ = run(capsys, "review", *STATE, *files)
+    _, dry, grown = responses(out)
+    assert status == 0
+    assert dry["allowed"]
+    assert "dry run: nothing was reserved" in dry["warnings"]
+    # 4Gi carved out by ci + 1Gi: the dry run reserved nothing, so the update starts from 5Gi.
+    assert json.loads(grown["auditAnnotations"]["delta"]) == {"cpu": "1", "memory": "7Gi"}
+    assert json.loads(grown["auditAnnotations"]["reserved-after"])["memory"] == "12Gi"
+
+
+def test_review_charges_a_carve_out_through_an_unbounded_tenant(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    quota = {"resourceQuotas": {"memory": "13Gi"}}
+    body = review("Tenant", "tenant-acme-dev", "qa", quota)
+    _, out, _ = run(capsys, "review", *STATE, write(tmp_path, "t.json", body))
+    (answer,) = responses(out)
+    assert not answer["allowed"]
+    assert answer["status"]["message"].startswith(
+        "exceeded tenant quota: pool tenant-acme (via tenant-acme-dev)"
+    )
+
+
+def test_review_denies_an_unevaluable_object_with_its_path(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    body = review("Postgres", "tenant-acme", "db", {"resourcesPreset": "t9.giant"})
+    _, out, _ = run(capsys, "review", *STATE, write(tmp_path, "p.json", body))
+    (answer,) = responses(out)
+    assert answer["status"]["code"] == 422
+    assert answer["status"]["details"]["causes"][0]["field"] == "spec.resourcesPreset"
+
+
+def test_review_reports_a_malformed_review_and_goes_on(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    good = write(tmp_path, "good.json", review("VMInstance", "tenant-acme", "vm", {}))
+    bad = write(tmp_path, "bad.json", {"kind": "AdmissionReview"})
+    status, out, err = run(capsys, "review", *STATE, bad, good)
+    assert status == 2
+    assert "bad.json: not an AdmissionReview admission.k8s.io/v1" in err
+    assert len(responses(out)) == 1
+
+
+def test_report_prints_pools_as_a_table_and_as_json(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(capsys, "report", *STATE)
+    assert status == 0
+    assert out.splitlines()[0].split() == [
+        "POOL",
+        "BUDGET",
+        "RESERVED",
+        "AVAILABLE",
+        "OVERCOMMITTED",
+        "MEMBERS",
+        "CARVE-OUTS",
+    ]
+    status, out, _ = run(capsys, "report", "--json", *STATE)
+    acme = json.loads(out)["pools"][0]
+    assert acme["pool"] == "tenant-acme"
+    assert acme["reserved"]["memory"] == "4Gi"
+    assert acme["carveOuts"] == ["tenant-acme-dev-ci"]
+    assert acme["members"] == ["tenant-acme", "tenant-acme-dev"]
