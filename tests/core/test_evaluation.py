@@ -254,3 +254,20 @@ def test_an_exempt_kind_charges_nothing_and_says_why() -> None:
     result = evaluate(contract, {}, CATALOG)
     assert result.resources == {}
     assert result.exempt_reason == "object storage"
+
+
+@pytest.mark.parametrize(
+    ("plain", "bracketed"),
+    [
+        pytest.param("$.spec.size", "$['spec']['size']", id="nested-field"),
+        pytest.param("$.missing.size", "$['missing']['size']", id="missing-field"),
+        pytest.param("$.spec.list.size", "$['spec']['list']['size']", id="field-of-a-list"),
+    ],
+)
+def test_plain_paths_resolve_like_jsonpath(plain: str, bracketed: str) -> None:
+    values = {"spec": {"size": "3Gi", "list": [{"size": "1Gi"}]}}
+    results = []
+    for path in (plain, bracketed):
+        terms = [{"name": "disk", "storage": {"path": path, "default": "1"}}]
+        results.append(charge(terms, values))
+    assert results[0] == results[1]

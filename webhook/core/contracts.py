@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -71,15 +72,21 @@ __all__ = [
 ]
 
 _VALIDATOR = jsonschema.Draft202012Validator(CONTRACT_SCHEMA)
+_PLAIN_PATH = re.compile(r"[$@](\.[A-Za-z_][A-Za-z0-9_]*)+")
 
 
 @dataclass(frozen=True, slots=True)
 class ValuePath:
-    """A compiled JSONPath, from the values root (``$``) or from the current item (``@``)."""
+    """A compiled JSONPath, from the values root (``$``) or from the current item (``@``).
+
+    ``fields`` holds the keys of a plain dotted path (``$.a.b``), which evaluation walks
+    directly instead of through jsonpath-ng: same matches, a fraction of the cost.
+    """
 
     text: str
     relative: bool
     expression: JSONPath = field(compare=False, repr=False)
+    fields: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,7 +339,9 @@ class _Compiler:
             expression = parse_jsonpath("$" + text[1:])
         except Exception as exc:  # jsonpath-ng raises bare Exception subclasses
             raise self.fail(where, f"{text!r} is not valid JSONPath: {exc}") from exc
-        return ValuePath(text, relative, expression)
+        plain = _PLAIN_PATH.fullmatch(text)
+        fields = tuple(text[2:].split(".")) if plain and len(text) > 1 else None
+        return ValuePath(text, relative, expression, fields)
 
 
 def _format_path(parts: Any) -> str:

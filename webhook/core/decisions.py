@@ -311,18 +311,26 @@ def _metadata(request: AdmissionRequest, *, old: bool = False) -> dict[str, obje
 
 
 def _apply_mode(mode: Mode, decision: Decision, request: AdmissionRequest) -> Decision:
-    decision = replace(decision, mode=mode, kind=decision.kind or request.kind)
-    if request.dry_run and decision.allowed:
-        decision = decision.with_warnings("dry run: nothing was reserved")
-    if decision.allowed or mode == "enforce":
-        return replace(decision, audit=_audit(decision))
-    warned = replace(
+    """Finish a decision: the mode, warn-mode's softening, dry-run's note, the audit trail."""
+    warnings = decision.warnings
+    allowed, outcome = decision.allowed, decision.outcome
+    if not allowed and mode == "warn":
+        allowed, outcome = True, "warned"
+        warnings = (_fit(f"would be denied: {decision.message}"), *warnings)
+    if request.dry_run and allowed:
+        warnings = (*warnings, "dry run: nothing was reserved")
+    final = replace(
         decision,
-        allowed=True,
-        outcome="warned",
-        warnings=(_fit(f"would be denied: {decision.message}"), *decision.warnings),
+        allowed=allowed,
+        outcome=outcome,
+        warnings=warnings,
+        mode=mode,
+        kind=decision.kind or request.kind,
     )
-    return replace(warned, audit={**_audit(warned), "would-deny": decision.message})
+    audit = _audit(final)
+    if outcome == "warned":
+        audit["would-deny"] = decision.message
+    return replace(final, audit=audit)
 
 
 def _audit(decision: Decision) -> dict[str, str]:

@@ -13,37 +13,106 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["apply_defaults"]
+__all__ = ["Defaulter", "apply_defaults", "compile_defaults"]
+
+_MISSING = object()
+
+
+@dataclass(frozen=True, slots=True)
+class _Property:
+    name: str
+    default: Any  # _MISSING when the schema gives none
+    nullable: bool
+    copy_default: bool  # a container default the schema does not describe further
+    child: Defaulter | None
+
+
+@dataclass(frozen=True, slots=True)
+class Defaulter:
+    """A schema compiled for defaulting: only the branches that hold a default somewhere."""
+
+    properties: tuple[_Property, ...] = ()
+    known: frozenset[str] = frozenset()
+    extra: Defaulter | None = None
+    items: Defaulter | None = None
+
+    def apply(self, values: object) -> Any:
+        """The defaulted values; see :func:`apply_defaults`."""
+        return self._default({} if values is None else values)
+
+    def _default(self, value: Any) -> Any:
+        if isinstance(value, dict):
+            if not self.properties and self.extra is None:
+                return value
+            result = dict(value)
+            for prop in self.properties:
+                current = result.get(prop.name, _MISSING)
+                if prop.default is not _MISSING and (
+                    current is _MISSING or (current is None and not prop.nullable)
+                ):
+                    current = _copy(prop.default) if prop.copy_default else prop.default
+                    result[prop.name] = current
+                if prop.child is not None and current is not _MISSING and current is not None:
+                    result[prop.name] = prop.child._default(current)
+            if self.extra is not None:
+                for name, item in result.items():
+                    if name not in self.known and item is not None:
+                        result[name] = self.extra._default(item)
+            return result
+        if isinstance(value, list) and self.items is not None:
+            return [self.items._default(item) if item is not None else item for item in value]
+        return value
+
+
+def _copy(default: Any) -> Any:
+    """A private copy of a container default; the usual ``{}`` and ``[]`` cost next to nothing."""
+    if not default:
+        return type(default)()
+    return copy.deepcopy(default)
+
+
+def compile_defaults(schema: Mapping[str, Any]) -> Defaulter | None:
+    """Compile ``schema``; ``None`` when nothing in it has a default."""
+    properties: list[_Property] = []
+    raw = schema.get("properties")
+    if isinstance(raw, Mapping):
+        for name, child_schema in raw.items():
+            if not isinstance(child_schema, Mapping):
+                continue
+            child = compile_defaults(child_schema)
+            has_default = "default" in child_schema
+            if child is None and not has_default:
+                continue
+            default = child_schema["default"] if has_default else _MISSING
+            properties.append(
+                _Property(
+                    name=str(name),
+                    default=default,
+                    nullable=bool(child_schema.get("nullable")),
+                    copy_default=isinstance(default, (dict, list)) and child is None,
+                    child=child,
+                )
+            )
+    extra_schema = schema.get("additionalProperties")
+    extra = compile_defaults(extra_schema) if isinstance(extra_schema, Mapping) else None
+    items_schema = schema.get("items")
+    items = compile_defaults(items_schema) if isinstance(items_schema, Mapping) else None
+    if not properties and extra is None and items is None:
+        return None
+    known = frozenset(raw) if isinstance(raw, Mapping) else frozenset()
+    return Defaulter(tuple(properties), known, extra, items)
 
 
 def apply_defaults(values: object, schema: Mapping[str, Any]) -> Any:
-    """Return a defaulted deep copy of ``values``; an absent (``None``) document is ``{}``."""
-    document = {} if values is None else copy.deepcopy(values)
-    return _default(document, schema)
+    """Return the defaulted values; an absent (``None``) document is ``{}``.
 
-
-def _default(value: Any, schema: Mapping[str, Any]) -> Any:
-    if isinstance(value, dict):
-        properties = schema.get("properties")
-        if isinstance(properties, Mapping):
-            for name, child in properties.items():
-                if not isinstance(child, Mapping):
-                    continue
-                missing = name not in value or (value[name] is None and not child.get("nullable"))
-                if missing and "default" in child:
-                    value[name] = copy.deepcopy(child["default"])
-                if name in value and value[name] is not None:
-                    value[name] = _default(value[name], child)
-        extra = schema.get("additionalProperties")
-        if isinstance(extra, Mapping):
-            known = properties if isinstance(properties, Mapping) else {}
-            for name in list(value):
-                if name not in known and value[name] is not None:
-                    value[name] = _default(value[name], extra)
-    elif isinstance(value, list):
-        items = schema.get("items")
-        if isinstance(items, Mapping):
-            return [_default(item, items) if item is not None else item for item in value]
-    return value
+    Neither argument is modified. Every mapping and list on a path to a default is a new
+    object; the rest is shared with the input, so treat the result as read-only (evaluation
+    does). Compile once with :func:`compile_defaults` where the same schema serves many calls.
+    """
+    defaulter = compile_defaults(schema)
+    document = {} if values is None else values
+    return defaulter.apply(document) if defaulter is not None else document

@@ -372,6 +372,14 @@ class _Run:
 
     def find(self, path: ValuePath, scope: _Scope) -> list[tuple[str, object]]:
         datum = scope.item if path.relative else self.root
+        prefix = scope.prefix if path.relative else ""
+        if path.fields is not None:
+            for name in path.fields:
+                if not isinstance(datum, Mapping) or name not in datum:
+                    return []
+                datum = datum[name]
+            self.matches += 1
+            return [(_join(prefix, ".".join(path.fields)), datum)]
         found = path.expression.find(datum)
         self.matches += len(found)
         if self.matches > self.limits.max_matches:
@@ -379,7 +387,6 @@ class _Run:
                 _display(path, scope),
                 f"evaluation matched more than {self.limits.max_matches} values",
             )
-        prefix = scope.prefix if path.relative else ""
         return [(_join(prefix, str(match.full_path)), match.value) for match in found]
 
     def lookup(self, path: ValuePath, scope: _Scope) -> object:

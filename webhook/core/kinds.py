@@ -15,7 +15,7 @@ from typing import Any
 
 from webhook.core.catalog import Catalog
 from webhook.core.contracts import Contract, compile_contract
-from webhook.core.defaulting import apply_defaults
+from webhook.core.defaulting import Defaulter, compile_defaults
 from webhook.core.errors import ContractError, EvaluationError
 from webhook.core.evaluation import DEFAULT_LIMITS, Charge, EvaluationLimits, evaluate
 
@@ -35,10 +35,16 @@ class ApplicationKind:
     release_prefix: str = ""
     contract: Contract | None = None
     problem: str = ""  # why there is no usable contract or schema
+    defaulter: Defaulter | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.defaulter is None:
+            object.__setattr__(self, "defaulter", compile_defaults(self.schema))
 
     def defaulted(self, spec: object) -> Any:
         """The values as Cozystack reads them back: schema defaults applied."""
-        return apply_defaults(spec, self.schema)
+        document = {} if spec is None else spec
+        return self.defaulter.apply(document) if self.defaulter is not None else document
 
     def charge(
         self,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 from decimal import ROUND_CEILING, Decimal, InvalidOperation, localcontext
+from functools import lru_cache
 from typing import Final
 
 from webhook.core.errors import QuantityError
@@ -107,6 +108,7 @@ def is_quantity(value: object) -> bool:
     return True
 
 
+@lru_cache(maxsize=4096)
 def format_quantity(value: Decimal) -> str:
     """Format a value as a short canonical quantity: ``8Gi``, ``500m``, ``2``, ``10G``.
 
