@@ -8,6 +8,7 @@ function, print. Errors print one line naming the file or path and the reason, a
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 from collections.abc import Mapping, Sequence
@@ -16,7 +17,7 @@ from typing import Any, cast
 
 import yaml
 
-from webhook.admission import admit
+from webhook.admission import admit, apply_admitted
 from webhook.core import resources as rl
 from webhook.core.contract_schema import CONTRACT_SCHEMA
 from webhook.core.decisions import MODES, Mode, Policy
@@ -24,9 +25,12 @@ from webhook.core.errors import ReservationError
 from webhook.core.evaluation import Charge
 from webhook.core.quantities import format_quantity
 from webhook.core.reviews import ReviewError
-from webhook.core.state import ReservationState
+from webhook.logs import configure as configure_logs
 from webhook.report import build_report, render_report
+from webhook.server import serve
+from webhook.settings import SettingsError, load_settings
 from webhook.state.manifests import load_platform, load_state
+from webhook.tls.certificates import CertificateError, generate
 
 __all__ = ["main"]
 
@@ -79,6 +83,43 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--json", action="store_true", help="print JSON instead of a table")
     report.set_defaults(handler=_report)
 
+    serve = commands.add_parser("serve", help="serve AdmissionReviews over TLS")
+    serve.add_argument(
+        "--state", action="append", metavar="DIR", help="directory of manifests (repeatable)"
+    )
+    serve.add_argument("--kubeconfig", metavar="FILE", help="read the state from a cluster")
+    serve.add_argument("--listen", metavar="HOST:PORT", help="default 127.0.0.1:8443")
+    serve.add_argument(
+        "--cert-dir",
+        metavar="DIR",
+        help="holds tls.crt and tls.key (reloaded when they change); default certs",
+    )
+    serve.add_argument("--client-ca", metavar="FILE", help="require client certificates from it")
+    serve.add_argument(
+        "--timeout-seconds",
+        type=int,
+        metavar="N",
+        help="the webhook configuration's timeoutSeconds (1-30, default 10)",
+    )
+    serve.add_argument("--mode", choices=MODES, help="default: enforce")
+    serve.add_argument(
+        "--mode-for", action="append", metavar="KIND=MODE", help="a mode for one kind (repeatable)"
+    )
+    serve.add_argument("--config", metavar="FILE", help="settings file (YAML)")
+    serve.add_argument("--log-level", metavar="LEVEL", help="default INFO")
+    serve.set_defaults(handler=_serve)
+
+    certs = commands.add_parser("certs", help="certificates for the webhook")
+    certs_commands = certs.add_subparsers(dest="certs_command", required=True, metavar="COMMAND")
+    generate = certs_commands.add_parser(
+        "generate", help="write a CA and a serving certificate (tls.crt, tls.key, ca.crt)"
+    )
+    generate.add_argument("--out", required=True, metavar="DIR")
+    generate.add_argument("--dns", action="append", default=[], metavar="NAME")
+    generate.add_argument("--ip", action="append", default=[], metavar="ADDR")
+    generate.add_argument("--days", type=int, default=365, help="serving certificate lifetime")
+    generate.set_defaults(handler=_certs_generate)
+
     schema = commands.add_parser("contract-schema", help="print the contract JSON Schema")
     schema.set_defaults(handler=_contract_schema)
     return parser
@@ -129,18 +170,8 @@ def _review(args: argparse.Namespace) -> int:
                 status = EXIT_INPUT
                 continue
             print(json.dumps(outcome.review, separators=(",", ":")))
-            _apply(state, outcome.request, outcome.decision)
+            apply_admitted(state, outcome.request, outcome.decision)
     return status
-
-
-def _apply(state: ReservationState, request: Any, decision: Any) -> None:
-    """Store what the API server would have stored after an allowed, non-dry-run request."""
-    if not decision.allowed or request.dry_run:
-        return
-    if request.operation in ("CREATE", "UPDATE") and decision.admitted is not None:
-        state.observe(decision.admitted)
-    elif request.operation == "DELETE":
-        state.forget((request.kind, request.namespace, request.name))
 
 
 def _read_reviews(name: str) -> list[Any]:
@@ -160,6 +191,50 @@ def _read_reviews(name: str) -> list[Any]:
             except json.JSONDecodeError as exc:
                 raise CommandError(f"{name}: line {number}: not JSON: {exc.msg}") from None
     return bodies
+
+
+def _serve(args: argparse.Namespace) -> int:
+    flags = {
+        "state": args.state,
+        "kubeconfig": args.kubeconfig,
+        "listen": args.listen,
+        "cert_dir": args.cert_dir,
+        "client_ca": args.client_ca,
+        "timeout_seconds": args.timeout_seconds,
+        "mode": args.mode,
+        "mode_for": args.mode_for,
+        "config": args.config,
+        "log_level": args.log_level,
+    }
+    try:
+        settings = load_settings(flags)
+    except SettingsError as exc:
+        raise CommandError(str(exc)) from None
+    configure_logs(settings.log_level)
+    if settings.kubeconfig:
+        raise CommandError("--kubeconfig: the live cluster state is not available yet")
+    if not settings.state:
+        raise CommandError("give --state DIR (a directory of manifests)")
+    state = load_state(settings.state)
+    try:
+        asyncio.run(serve(state, settings))
+    except CertificateError as exc:
+        raise CommandError(str(exc)) from None
+    return 0
+
+
+def _certs_generate(args: argparse.Namespace) -> int:
+    try:
+        bundle = generate(
+            Path(args.out), dns_names=args.dns, ip_addresses=args.ip, valid_days=args.days
+        )
+    except CertificateError as exc:
+        raise CommandError(str(exc)) from None
+    print(
+        f"wrote {bundle.cert_file}, {bundle.key_file} and {bundle.ca_file} "
+        f"(serial {bundle.serial:x}, valid until {bundle.not_after:%Y-%m-%d})"
+    )
+    return 0
 
 
 def _report(args: argparse.Namespace) -> int:

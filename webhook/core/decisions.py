@@ -15,6 +15,7 @@ serialises them (:meth:`Decision.response`).
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -22,15 +23,22 @@ from decimal import Decimal
 from typing import Final, Literal
 
 from webhook.core import resources as rl
-from webhook.core.applications import Application, RecordedCharge, application_from_object
+from webhook.core.applications import (
+    CHARGE_ANNOTATION,
+    Application,
+    RecordedCharge,
+    application_from_object,
+    charge_annotation,
+)
 from webhook.core.errors import EvaluationError
 from webhook.core.kinds import APPS_GROUP
+from webhook.core.pools import Node
 from webhook.core.quantities import format_quantity
 from webhook.core.reviews import AdmissionRequest, Response
 from webhook.core.state import ReservationState
 from webhook.core.tenants import TENANT_KIND, TENANT_NAME, owned_namespace, parse_budget
 
-__all__ = ["MODES", "Decision", "Mode", "Policy", "decide"]
+__all__ = ["MODES", "Decision", "Mode", "Policy", "decide", "errored", "mutate"]
 
 Mode = Literal["enforce", "warn", "off"]
 MODES: Final = ("enforce", "warn", "off")
@@ -75,6 +83,7 @@ class Decision:
     budget: Mapping[str, Decimal] = field(default_factory=dict)
     digest: str = ""
     admitted: Application | None = None  # what the state holds once the object is stored
+    patch: tuple[Mapping[str, object], ...] = ()  # JSONPatch operations (mutating side)
 
     def with_warnings(self, *warnings: str) -> Decision:
         return replace(self, warnings=self.warnings + tuple(_fit(w) for w in warnings))
@@ -99,6 +108,9 @@ class Decision:
             body["warnings"] = list(self.warnings)
         if self.audit:
             body["auditAnnotations"] = dict(self.audit)
+        if self.patch:
+            body["patchType"] = "JSONPatch"
+            body["patch"] = base64.b64encode(json.dumps(list(self.patch)).encode()).decode()
         return body
 
 
@@ -151,14 +163,18 @@ def _decide_application(request: AdmissionRequest, state: ReservationState) -> D
             "declares it, so its reservation cannot be evaluated",
         )
     try:
-        charge = kind.charge(app.spec, state.platform.catalog, namespace=namespace)
+        charge = state.platform.charge(request.kind, app.spec, namespace=namespace)
     except EvaluationError as exc:
         if kind.contract is None:
             return errored(403, "Forbidden", "no-contract", str(exc.for_kind(request.kind)))
         return invalid(f"spec.{exc.path}" if exc.path else "spec", str(exc.for_kind(request.kind)))
+    forged = _forged_annotation(request, charge.resources, charge.digest)
+    if forged:
+        return errored(403, "Forbidden", "forged-charge", forged)
     old = _old_charge(request, state, app) if request.operation == "UPDATE" else {}
     delta = {k: v for k, v in rl.subtract(charge.resources, old).items() if v != 0}
-    admitted = replace(app, recorded=RecordedCharge(charge.resources, charge.digest))
+    recorded = RecordedCharge(charge.resources, charge.digest)
+    admitted = Application(app.kind, app.namespace, app.name, app.spec, recorded)
     facts = _Facts(
         kind=request.kind,
         charge=charge.resources,
@@ -190,35 +206,27 @@ def _check(
     namespace: str, change: Mapping[str, Decimal], state: ReservationState, facts: _Facts
 ) -> Decision:
     """Check the positive part of ``change`` against each key's nearest bounded tenant."""
-    tree = state.tree
     increases = rl.positive_part(change)
-    exceeded: dict[str, list[str]] = {}
-    unknown: dict[str, list[str]] = {}
-    budget: dict[str, Decimal] = {}
-    after: dict[str, Decimal] = {}
-    for key in sorted(set(change) | _limited_keys(state, namespace)):
-        pool = tree.bounder(namespace, key)
-        if pool is None:
-            continue
-        used = pool.usage.get(key, _ZERO)
-        budget[key] = pool.budget[key]
-        after[key] = used + change.get(key, _ZERO)
-        if key not in increases:
-            continue
-        if used + increases[key] > pool.budget[key]:
-            exceeded.setdefault(pool.namespace, []).append(key)
-        blockers = state.unknown_in_pool(pool.namespace, key)
-        if blockers:
-            unknown.setdefault(pool.namespace, []).extend(
-                f"{k}/{n} in {ns}" for k, ns, n in blockers
-            )
-    pool_root = tree.pool_root(namespace)
+    pools: dict[str, Node] = {}  # key -> nearest tenant whose budget limits it
+    pool_root: Node | None = None
+    for node in state.tree.chain(namespace):  # one walk up the tree: O(depth x keys)
+        if node.budget and pool_root is None:
+            pool_root = node
+        for key in node.budget:
+            pools.setdefault(key, node)
     pool_name = pool_root.namespace if pool_root is not None else ""
+    budget = {key: node.budget[key] for key, node in pools.items()}
+    after = {
+        key: node.usage.get(key, _ZERO) + change.get(key, _ZERO) for key, node in pools.items()
+    }
+    exceeded: dict[str, list[str]] = {}
+    for key in sorted(increases):
+        if key in pools and after[key] > budget[key]:
+            exceeded.setdefault(pools[key].namespace, []).append(key)
     if exceeded:
         parts = []
         for pool_ns, keys in exceeded.items():
-            node = tree.bounder(namespace, keys[0])
-            assert node is not None
+            node = pools[keys[0]]
             via = f" (via {namespace})" if namespace != pool_ns else ""
             parts.append(
                 f"exceeded tenant quota: pool {pool_ns}{via}, "
@@ -227,19 +235,21 @@ def _check(
                 f"limited: {rl.format_resources(node.budget, keys)}"
             )
         return _denied_quota("; ".join(parts), facts, pool_name, after, budget)
-    if unknown:
-        pool_ns, apps = next(iter(unknown.items()))
-        message = (
-            f"tenant quota: pool {pool_ns} cannot grant more: the reservation of "
-            f"{', '.join(sorted(set(apps)))} is unknown (it cannot be evaluated and has no "
-            "recorded charge); fix or delete it"
-        )
-        return _denied_quota(message, facts, pool_name, after, budget, reason="unknown-usage")
+    if state.unknown():
+        for key in sorted(increases):
+            holder = pools[key].namespace if key in pools else ""
+            blockers = state.unknown_in_pool(holder, key) if holder else []
+            if blockers:
+                apps = ", ".join(f"{k}/{n} in {ns}" for k, ns, n in blockers)
+                message = (
+                    f"tenant quota: pool {holder} cannot grant more: the reservation "
+                    f"of {apps} is unknown (it cannot be evaluated and has no recorded charge); "
+                    "fix or delete it"
+                )
+                return _denied_quota(
+                    message, facts, pool_name, after, budget, reason="unknown-usage"
+                )
     return _allowed(facts, pool_name, after, budget)
-
-
-def _limited_keys(state: ReservationState, namespace: str) -> set[str]:
-    return {key for node in state.tree.chain(namespace) for key in node.budget}
 
 
 def _tenant_change(
@@ -270,6 +280,32 @@ def _tenant_change(
     else:
         change = rl.add(change, budget)
     return {k: v for k, v in change.items() if v != 0}, warnings
+
+
+def _forged_annotation(
+    request: AdmissionRequest, charge: Mapping[str, Decimal], digest: str
+) -> str:
+    """Why the object's charge annotation cannot stand, or ``""``.
+
+    The annotation is ours: the mutating webhook writes the recomputed charge. Any other value,
+    except the old object's own annotation carried over unchanged, is refused.
+    """
+    claimed = _annotation(request.object)
+    if claimed is None or claimed == charge_annotation(charge, digest):
+        return ""
+    if request.operation == "UPDATE" and claimed == _annotation(request.old_object):
+        return ""
+    return (
+        f"metadata.annotations[{CHARGE_ANNOTATION}]: this annotation is written by the "
+        "reservation webhook only; remove it and the recomputed charge is recorded"
+    )
+
+
+def _annotation(obj: Mapping[str, object] | None) -> str | None:
+    metadata = obj.get("metadata") if obj is not None else None
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    value = annotations.get(CHARGE_ANNOTATION) if isinstance(annotations, Mapping) else None
+    return value if isinstance(value, str) else None
 
 
 def _old_charge(
@@ -319,23 +355,23 @@ def _apply_mode(mode: Mode, decision: Decision, request: AdmissionRequest) -> De
         warnings = (_fit(f"would be denied: {decision.message}"), *warnings)
     if request.dry_run and allowed:
         warnings = (*warnings, "dry run: nothing was reserved")
-    final = replace(
+    audit = _audit(decision, outcome=outcome, mode=mode, allowed=allowed)
+    if outcome == "warned":
+        audit["would-deny"] = decision.message
+    return replace(
         decision,
         allowed=allowed,
         outcome=outcome,
         warnings=warnings,
         mode=mode,
         kind=decision.kind or request.kind,
+        audit=audit,
     )
-    audit = _audit(final)
-    if outcome == "warned":
-        audit["would-deny"] = decision.message
-    return replace(final, audit=audit)
 
 
-def _audit(decision: Decision) -> dict[str, str]:
+def _audit(decision: Decision, *, outcome: str, mode: Mode, allowed: bool) -> dict[str, str]:
     """Audit annotations: short keys (the API server prefixes the webhook name), JSON values."""
-    audit = {"decision": decision.outcome, "mode": decision.mode}
+    audit = {"decision": outcome, "mode": mode}
     if decision.reason:
         audit["reason"] = decision.reason
     if decision.charge is not None:
@@ -349,13 +385,16 @@ def _audit(decision: Decision) -> dict[str, str]:
         audit["budget"] = _json(decision.budget)
     if decision.digest:
         audit["contract-digest"] = decision.digest
-    if not decision.allowed and decision.message:
+    if not allowed and decision.message:
         audit["message"] = decision.message
     return audit
 
 
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+
+
 def _json(resources: Mapping[str, Decimal]) -> str:
-    return json.dumps(rl.to_strings(resources), separators=(",", ":"))
+    return _COMPACT.encode(rl.to_strings(resources))
 
 
 def _fit(text: str) -> str:
@@ -375,11 +414,11 @@ def _usage_warning(
         what = f"adds {rl.format_resources(grown)}" if grown else "reserves no more"
     if not pool or not budget:
         return f"{what}; no tenant quota applies"
-    key = max(budget, key=lambda k: (after.get(k, _ZERO) / budget[k]) if budget[k] else Decimal(1))
-    share = (after.get(key, _ZERO) / budget[key] * 100) if budget[key] else Decimal(100)
-    text = f"{what}; pool {pool} now at {share:.0f}% {key}"
+    shares = {k: int(after.get(k, _ZERO) * 100 / v) if v else 100 for k, v in budget.items()}
+    key = max(shares, key=lambda k: (shares[k], k))
+    text = f"{what}; pool {pool} now at {shares[key]}% {key}"
     if len(text) > WARNING_TARGET:
-        text = f"{what[: WARNING_TARGET - 40]}...; pool {pool} now at {share:.0f}% {key}"
+        text = f"{what[: WARNING_TARGET - 40]}...; pool {pool} now at {shares[key]}% {key}"
     return text
 
 
@@ -431,7 +470,8 @@ def _allowed(
         budget=budget,
         digest=facts.digest,
         admitted=facts.admitted,
-    ).with_warnings(warning, *facts.warnings)
+        warnings=tuple(_fit(w) for w in (warning, *facts.warnings)),
+    )
 
 
 def _denied_quota(
@@ -458,4 +498,50 @@ def _denied_quota(
         budget=budget,
         digest=facts.digest,
         admitted=facts.admitted,
+    )
+
+
+def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -> Decision:
+    """The mutating side: record the object's charge on it as an annotation, idempotently.
+
+    It never denies; the validating side decides. An object that cannot be evaluated gets no
+    patch (validation then denies it with the reason), and a second call on an object that
+    already carries the right annotation patches nothing.
+    """
+    if request.operation not in ("CREATE", "UPDATE") or request.object is None:
+        return skipped(f"{request.operation} needs no reservation")
+    if request.group != APPS_GROUP or policy.mode_for(request.kind) == "off":
+        return skipped("no reservation recorded", kind=request.kind)
+    try:
+        charge = state.platform.charge(
+            request.kind, request.object.get("spec"), namespace=request.namespace
+        )
+    except EvaluationError:
+        return skipped("cannot be evaluated; validation decides", kind=request.kind)
+    value = charge_annotation(charge.resources, charge.digest)
+    if _annotation(request.object) == value:
+        return skipped("charge already recorded", kind=request.kind)
+    metadata = request.object.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    if isinstance(annotations, Mapping):
+        key = CHARGE_ANNOTATION.replace("~", "~0").replace("/", "~1")
+        operation: dict[str, object] = {
+            "op": "add",
+            "path": f"/metadata/annotations/{key}",
+            "value": value,
+        }
+    else:
+        operation = {
+            "op": "add",
+            "path": "/metadata/annotations",
+            "value": {CHARGE_ANNOTATION: value},
+        }
+    return Decision(
+        allowed=True,
+        outcome="allowed",
+        reason="recorded",
+        kind=request.kind,
+        charge=charge.resources,
+        digest=charge.digest,
+        patch=(operation,),
     )

@@ -118,7 +118,7 @@ def evaluate(
 
 
 def _digest(contract_digest: str, fingerprints: list[str]) -> str:
-    text = json.dumps([contract_digest, sorted(set(fingerprints))], separators=(",", ":"))
+    text = "\n".join([contract_digest, *sorted(set(fingerprints))])
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

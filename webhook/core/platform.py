@@ -8,11 +8,13 @@ manifests in, a frozen :class:`Platform` out, every rejected manifest named with
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+from cachetools import LRUCache
 
 from webhook.core.catalog import (
     CLUSTER_INSTANCETYPE,
@@ -38,6 +40,8 @@ __all__ = [
 ]
 
 APPLICATION_DEFINITION = ("cozystack.io/v1alpha1", "ApplicationDefinition")
+CHARGE_CACHE_SIZE = 4096
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
 INSTANCETYPE_GROUP = "instancetype.kubevirt.io/"
 # A ConfigMap with this name replaces the built-in preset table (data key PRESETS_KEY holds the
 # table in the shape of Cozystack's resource-presets.yaml).
@@ -47,10 +51,21 @@ PRESETS_KEY = "presets.yaml"
 
 @dataclass(frozen=True)
 class Platform:
-    """Kinds by name and the catalog their contracts resolve against."""
+    """Kinds by name and the catalog their contracts resolve against.
+
+    A platform never changes once built (a new cluster state builds a new one), so the charges
+    it computes are cached by kind, namespace and canonical values: a cluster holds few distinct
+    specs next to the number of writes, and an UPDATE re-evaluates its old object.
+    """
 
     kinds: Mapping[str, ApplicationKind] = field(default_factory=dict)
     catalog: StaticCatalog = field(default_factory=StaticCatalog)
+    _charges: LRUCache[tuple[str, str, str], Charge] = field(
+        default_factory=lambda: LRUCache(maxsize=CHARGE_CACHE_SIZE),
+        init=False,
+        repr=False,
+        compare=False,
+    )
 
     def kind(self, name: str) -> ApplicationKind | None:
         return self.kinds.get(name)
@@ -66,7 +81,12 @@ class Platform:
         found = self.kinds.get(kind)
         if found is None:
             raise EvaluationError("", f"unknown application kind {kind!r}", kind=kind)
-        return found.charge(spec, self.catalog, namespace=namespace)
+        key = (kind, namespace, _CANONICAL.encode(spec))
+        cached = self._charges.get(key)
+        if cached is None:
+            cached = found.charge(spec, self.catalog, namespace=namespace)
+            self._charges[key] = cached
+        return cached
 
 
 @dataclass

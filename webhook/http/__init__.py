@@ -1,0 +1,1 @@
+"""The HTTP adapter: aiohttp application, admission endpoints, health and metrics."""

@@ -1,0 +1,183 @@
+"""The aiohttp application: AdmissionReview endpoints, health and metrics.
+
+``POST /validate`` and ``POST /mutate`` take an ``admission.k8s.io/v1`` AdmissionReview and
+answer one, always echoing the request's uid. Hostile input is answered at the edge: a missing
+or empty body, a wrong content type, JSON that does not decode or is not an AdmissionReview get
+HTTP 400 with a short reason; a body over 7 MiB gets 413 and is read no further. Past parsing,
+every failure is a denial: an unexpected exception (logged with its stack trace and a request
+id) and an answer not ready a second before the API server's timeout (fail closed, so the API
+server never has to time out on us).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from webhook.admission import Admission, internal_error
+from webhook.core.decisions import Decision, errored
+from webhook.core.reviews import AdmissionRequest, ReviewError, parse_review, review_response
+from webhook.http.metrics import Metrics
+from webhook.settings import MAX_REQUEST_BYTES, Settings
+
+__all__ = [
+    "Readiness",
+    "admission_key",
+    "create_app",
+    "metrics_key",
+    "readiness_key",
+    "settings_key",
+]
+
+log = logging.getLogger("webhook.requests")
+
+
+@dataclass
+class Readiness:
+    """What ``/readyz`` needs besides a synced state: the TLS listener is up."""
+
+    serving: bool = False
+
+
+admission_key = web.AppKey("admission", Admission)
+settings_key = web.AppKey("settings", Settings)
+metrics_key = web.AppKey("metrics", Metrics)
+readiness_key = web.AppKey("readiness", Readiness)
+
+
+def create_app(admission: Admission, settings: Settings) -> web.Application:
+    app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+    app[admission_key] = admission
+    app[settings_key] = settings
+    app[metrics_key] = Metrics(lambda: admission.state)
+    app[readiness_key] = Readiness()
+    app.router.add_post("/validate", validate)
+    app.router.add_post("/mutate", mutate)
+    app.router.add_get("/livez", livez)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def validate(request: web.Request) -> web.Response:
+    admission = request.app[admission_key]
+    return await _review(request, "validate", admission.validate)
+
+
+async def mutate(request: web.Request) -> web.Response:
+    admission = request.app[admission_key]
+    return await _review(request, "mutate", admission.mutate)
+
+
+async def livez(request: web.Request) -> web.Response:
+    return web.Response(text="ok\n")
+
+
+async def readyz(request: web.Request) -> web.Response:
+    problems = []
+    if not request.app[admission_key].state.synced:
+        problems.append("state not synced")
+    if not request.app[readiness_key].serving:
+        problems.append("TLS listener not serving")
+    if problems:
+        return web.Response(status=503, text="; ".join(problems) + "\n")
+    return web.Response(text="ok\n")
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[metrics_key].expose()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
+async def _review(
+    request: web.Request,
+    endpoint: str,
+    decide: Callable[[AdmissionRequest], Awaitable[Decision]],
+) -> web.Response:
+    started = time.perf_counter()
+    review = await _read_review(request)
+    settings = request.app[settings_key]
+    try:
+        async with asyncio.timeout(settings.deadline_seconds):
+            decision = await decide(review)
+    except TimeoutError:
+        decision = errored(
+            500,
+            "InternalError",
+            "deadline",
+            f"tenant reservations: no decision within {settings.deadline_seconds:g}s; "
+            "denied to be safe, try again",
+        )
+    except Exception:
+        decision = internal_error(review)
+    elapsed = time.perf_counter() - started
+    _observe(request.app[metrics_key], endpoint, review, decision, elapsed)
+    body = review_response(review.uid, decision.response())
+    return web.json_response(body, dumps=_compact)
+
+
+async def _read_review(request: web.Request) -> AdmissionRequest:
+    """The AdmissionReview's request, or an HTTP error for hostile input."""
+    if request.content_length is not None and request.content_length > MAX_REQUEST_BYTES:
+        raise web.HTTPRequestEntityTooLarge(
+            max_size=MAX_REQUEST_BYTES, actual_size=request.content_length
+        )
+    if request.content_type != "application/json":
+        raise web.HTTPBadRequest(
+            text=f"content type must be application/json, not {request.content_type or 'missing'}\n"
+        )
+    raw = await request.read()  # enforces client_max_size for chunked bodies too (413)
+    if not raw:
+        raise web.HTTPBadRequest(text="empty body\n")
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise web.HTTPBadRequest(text="the body is not JSON\n") from None
+    try:
+        return parse_review(body)
+    except ReviewError as exc:
+        raise web.HTTPBadRequest(text=f"{exc}\n") from None
+
+
+def _observe(
+    metrics: Metrics, endpoint: str, review: AdmissionRequest, decision: Decision, elapsed: float
+) -> None:
+    metrics.latency.labels(endpoint, decision.outcome).observe(elapsed)
+    if endpoint == "validate":
+        metrics.decisions.labels(
+            review.kind, decision.outcome, decision.reason, decision.mode
+        ).inc()
+    if not log.isEnabledFor(logging.INFO):
+        return
+    log.info(
+        "%s %s",
+        endpoint,
+        decision.outcome,
+        extra={
+            "uid": review.uid,
+            "kind": review.kind,
+            "namespace": review.namespace,
+            "name": review.name,
+            "user": review.user,
+            "operation": review.operation,
+            "dry_run": review.dry_run,
+            "endpoint": endpoint,
+            "decision": decision.outcome,
+            "reason": decision.reason,
+            "pool": decision.pool,
+            "latency_ms": round(elapsed * 1000, 3),
+        },
+    )
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
+def _compact(value: object) -> str:
+    return _ENCODER.encode(value)

@@ -1,0 +1,73 @@
+"""Prometheus metrics, in a registry of the application's own (no process-wide globals).
+
+Request latency by endpoint and decision; decisions by kind, reason and mode; pool budget and
+reserved figures, read from the state at scrape time; state readiness; certificate expiry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from webhook.core.state import ReservationState
+
+__all__ = ["Metrics"]
+
+# Admission is on every tenant write: most answers take well under 10 ms; the tail buckets show
+# time spent waiting (locks, ledger writes) up to the API server's 30 s ceiling.
+_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class _PoolCollector(Collector):
+    def __init__(self, state: Callable[[], ReservationState]) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        budget = GaugeMetricFamily(
+            "reservation_pool_budget", "A pool's declared quota.", labels=["pool", "resource"]
+        )
+        reserved = GaugeMetricFamily(
+            "reservation_pool_reserved",
+            "What a pool's applications and carve-outs reserve.",
+            labels=["pool", "resource"],
+        )
+        for pool in self._state().tree.pools():
+            for key, value in pool.budget.items():
+                budget.add_metric([pool.namespace, key], float(value))
+                reserved.add_metric([pool.namespace, key], float(pool.reserved.get(key, 0)))
+        yield budget
+        yield reserved
+
+
+class Metrics:
+    def __init__(self, state: Callable[[], ReservationState]) -> None:
+        self.registry = CollectorRegistry()
+        self.latency = Histogram(
+            "reservation_admission_duration_seconds",
+            "Time to answer an AdmissionReview.",
+            ["endpoint", "decision"],
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self.decisions = Counter(
+            "reservation_decisions",
+            "Admission decisions.",
+            ["kind", "decision", "reason", "mode"],
+            registry=self.registry,
+        )
+        self.state_ready = Gauge(
+            "reservation_state_ready", "1 when the state is synced.", registry=self.registry
+        )
+        self.state_ready.set_function(lambda: 1.0 if state().synced else 0.0)
+        self.certificate_expiry = Gauge(
+            "reservation_certificate_expiry_timestamp_seconds",
+            "When the serving certificate expires (Unix time).",
+            registry=self.registry,
+        )
+        self.registry.register(_PoolCollector(state))
+
+    def expose(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,193 @@
+"""Server settings: one frozen value, from flags, environment variables and a settings file.
+
+Precedence, highest first: command-line flags, ``WEBHOOK_*`` environment variables, the YAML
+settings file (``--config``), built-in defaults. Every setting has all three spellings: flag
+``--timeout-seconds``, variable ``WEBHOOK_TIMEOUT_SECONDS``, file key ``timeoutSeconds``.
+Invalid values are refused at start with the setting's name.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, cast
+
+import yaml
+
+from webhook.core.decisions import MODES, Mode, Policy
+
+__all__ = ["Settings", "SettingsError", "load_settings"]
+
+# controller-runtime's bound: two 1.5 MB etcd objects (object and oldObject) plus envelope.
+MAX_REQUEST_BYTES: Final = 7 * 1024 * 1024
+
+
+class SettingsError(ValueError):
+    """A setting has a value the server cannot run with."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    state: tuple[str, ...] = ()
+    kubeconfig: str = ""
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 8443
+    cert_dir: str = "certs"
+    client_ca: str = ""
+    timeout_seconds: int = 10
+    mode: Mode = "enforce"
+    mode_for: Mapping[str, Mode] = field(default_factory=dict)
+    cert_reload_seconds: float = 10.0
+    shutdown_seconds: float = 20.0
+    log_level: str = "INFO"
+
+    @property
+    def policy(self) -> Policy:
+        return Policy(self.mode, dict(self.mode_for))
+
+    @property
+    def deadline_seconds(self) -> float:
+        """A second below the webhook timeout, so the API server never times out on us."""
+        return max(self.timeout_seconds - 1.0, 0.5)
+
+    @property
+    def cert_file(self) -> Path:
+        return Path(self.cert_dir) / "tls.crt"
+
+    @property
+    def key_file(self) -> Path:
+        return Path(self.cert_dir) / "tls.key"
+
+
+# name -> (environment variable, file key)
+_SPELLINGS: Final = {
+    "state": ("WEBHOOK_STATE", "state"),
+    "kubeconfig": ("WEBHOOK_KUBECONFIG", "kubeconfig"),
+    "listen": ("WEBHOOK_LISTEN", "listen"),
+    "cert_dir": ("WEBHOOK_CERT_DIR", "certDir"),
+    "client_ca": ("WEBHOOK_CLIENT_CA", "clientCA"),
+    "timeout_seconds": ("WEBHOOK_TIMEOUT_SECONDS", "timeoutSeconds"),
+    "mode": ("WEBHOOK_MODE", "mode"),
+    "mode_for": ("WEBHOOK_MODE_FOR", "modeFor"),
+    "cert_reload_seconds": ("WEBHOOK_CERT_RELOAD_SECONDS", "certReloadSeconds"),
+    "shutdown_seconds": ("WEBHOOK_SHUTDOWN_SECONDS", "shutdownSeconds"),
+    "log_level": ("WEBHOOK_LOG_LEVEL", "logLevel"),
+}
+
+
+def load_settings(
+    flags: Mapping[str, Any],
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Resolve settings; ``flags`` holds the command-line values (``None`` when not given)."""
+    environ = os.environ if environ is None else environ
+    config_path = flags.get("config") or environ.get("WEBHOOK_CONFIG")
+    from_file = _read_file(config_path) if config_path else {}
+    raw: dict[str, Any] = {}
+    for name, (variable, key) in _SPELLINGS.items():
+        if flags.get(name) not in (None, [], ()):
+            raw[name] = flags[name]
+        elif variable in environ:
+            raw[name] = _from_environment(name, environ[variable])
+        elif key in from_file:
+            raw[name] = from_file[key]
+    return _build(raw)
+
+
+def _read_file(path: str) -> Mapping[str, Any]:
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise SettingsError(f"{path}: cannot read settings: {exc}") from None
+    if not isinstance(data, Mapping):
+        raise SettingsError(f"{path}: settings must be a mapping")
+    unknown = sorted(set(data) - {key for _, key in _SPELLINGS.values()})
+    if unknown:
+        raise SettingsError(f"{path}: unknown settings: {', '.join(unknown)}")
+    return data
+
+
+def _from_environment(name: str, value: str) -> Any:
+    if name in ("state", "mode_for"):
+        return [item for item in value.replace(",", " ").split() if item]
+    return value
+
+
+def _build(raw: Mapping[str, Any]) -> Settings:
+    values: dict[str, Any] = {}
+    if "state" in raw:
+        state = raw["state"]
+        values["state"] = tuple([state] if isinstance(state, str) else [str(s) for s in state])
+    if "kubeconfig" in raw:
+        values["kubeconfig"] = str(raw["kubeconfig"])
+    if "listen" in raw:
+        values["listen_host"], values["listen_port"] = _listen(str(raw["listen"]))
+    for name in ("cert_dir", "client_ca", "log_level"):
+        if name in raw:
+            values[name] = str(raw[name])
+    if "timeout_seconds" in raw:
+        timeout = _number("timeout-seconds", raw["timeout_seconds"], integer=True)
+        if not 1 <= timeout <= 30:
+            # admissionregistration.k8s.io/v1: timeoutSeconds must be between 1 and 30.
+            raise SettingsError("timeout-seconds: must be between 1 and 30")
+        values["timeout_seconds"] = int(timeout)
+    for name in ("cert_reload_seconds", "shutdown_seconds"):
+        if name in raw:
+            number = _number(name.replace("_", "-"), raw[name], integer=False)
+            if number <= 0:
+                raise SettingsError(f"{name.replace('_', '-')}: must be positive")
+            values[name] = number
+    if "mode" in raw:
+        values["mode"] = _mode("mode", raw["mode"])
+    if "mode_for" in raw:
+        values["mode_for"] = _mode_for(raw["mode_for"])
+    settings = Settings(**values)
+    if settings.state and settings.kubeconfig:
+        raise SettingsError("state and kubeconfig: give one source of cluster state, not both")
+    return settings
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise SettingsError(f"listen: {text!r} is not HOST:PORT")
+    try:
+        number = int(port)
+    except ValueError:
+        raise SettingsError(f"listen: {port!r} is not a port") from None
+    if not 0 <= number <= 65535:
+        raise SettingsError(f"listen: {number} is not a port")
+    return host.strip("[]"), number
+
+
+def _number(name: str, value: Any, *, integer: bool) -> float:
+    try:
+        number = int(value) if integer else float(value)
+    except (TypeError, ValueError):
+        raise SettingsError(f"{name}: {value!r} is not a number") from None
+    return number
+
+
+def _mode(name: str, value: Any) -> Mode:
+    if value not in MODES:
+        raise SettingsError(f"{name}: {value!r} is not one of {', '.join(MODES)}")
+    return cast(Mode, value)
+
+
+def _mode_for(value: Any) -> dict[str, Mode]:
+    items: Sequence[Any]
+    if isinstance(value, Mapping):
+        items = [f"{k}={v}" for k, v in value.items()]
+    elif isinstance(value, str):
+        items = [value]
+    else:
+        items = list(value)
+    result: dict[str, Mode] = {}
+    for item in items:
+        kind, _, mode = str(item).partition("=")
+        if not kind:
+            raise SettingsError(f"mode-for: {item!r} is not KIND=MODE")
+        result[kind] = _mode(f"mode-for {kind}", mode)
+    return result
