@@ -3,9 +3,9 @@
 Starts each server in its own process (the webhook with `webhook serve` on the fixtures state,
 the baseline with benchmarks.bare_server), then drives both with the same client: the same
 number of dry-run VMInstance CREATE reviews over six instance types (the full decision,
-nothing reserved, so every request costs the same), over keep-alive TLS connections with a fixed concurrency. Prints
-requests per second and p50/p99 latency side by side, and the webhook's share of the baseline's
-throughput (the target is at least 60%).
+nothing reserved, so every request costs the same), over keep-alive TLS connections with a
+fixed concurrency. Prints requests per second and p50/p99 latency side by side, and the
+webhook's share of the baseline's throughput (the target is at least 60%).
 
 Run: .venv/bin/python -m benchmarks.server [--requests N] [--concurrency C]
 """
