@@ -2,7 +2,8 @@
 
 Admission logs carry the request's identity and outcome (uid, kind, namespace, name, user,
 operation, dry-run, decision, reason, pool, latency), never values or secrets: the fields are
-passed explicitly through ``extra`` and nothing else from the request reaches a log line.
+passed explicitly as ``extra={"fields": {...}}`` (a dict, so names such as ``name`` cannot
+collide with the log record's own attributes) and nothing else from the request is logged.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
         }
         for key, value in vars(record).items():
-            if key not in _STANDARD and not key.startswith("_"):
+            if key == "fields" and isinstance(value, dict):
+                entry.update(value)
+            elif key not in _STANDARD and not key.startswith("_"):
                 entry[key] = value
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import io
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ from webhook.core.applications import CHARGE_ANNOTATION
 from webhook.core.decisions import Decision, Policy
 from webhook.core.reviews import AdmissionRequest
 from webhook.http.app import create_app, readiness_key
+from webhook.logs import JsonFormatter
 from webhook.settings import Settings
 
 Client = TestClient[web.Request, web.Application]
@@ -221,3 +223,24 @@ async def test_metrics_expose_latency_decisions_pools_and_readiness(client: Clie
     ]
     for line in expected:
         assert line in lines
+
+
+async def test_one_json_log_line_per_request_without_values(
+    client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="webhook.requests")
+    secret = {"instanceType": "u1.micro", "cloudInit": "password: hunter2"}
+    await post(client, "/validate", review("VMInstance", "tenant-acme", "vm", secret, uid="u7"))
+    (record,) = [r for r in caplog.records if r.name == "webhook.requests"]
+    line = json.loads(JsonFormatter().format(record))
+    assert {k: line[k] for k in ("uid", "kind", "namespace", "name", "user", "operation")} == {
+        "uid": "u7",
+        "kind": "VMInstance",
+        "namespace": "tenant-acme",
+        "name": "vm",
+        "user": "alice",
+        "operation": "CREATE",
+    }
+    assert line["decision"] == "allowed"
+    assert line["pool"] == "tenant-acme"
+    assert "hunter2" not in json.dumps(line)

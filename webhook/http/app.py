@@ -117,7 +117,10 @@ async def _review(
     except Exception:
         decision = internal_error(review)
     elapsed = time.perf_counter() - started
-    _observe(request.app[metrics_key], endpoint, review, decision, elapsed)
+    try:
+        _observe(request.app[metrics_key], endpoint, review, decision, elapsed)
+    except Exception:  # reporting must never change or lose an answer
+        logging.getLogger(__name__).exception("recording a decision failed")
     body = review_response(review.uid, decision.response())
     return web.json_response(body, dumps=_compact)
 
@@ -160,18 +163,20 @@ def _observe(
         endpoint,
         decision.outcome,
         extra={
-            "uid": review.uid,
-            "kind": review.kind,
-            "namespace": review.namespace,
-            "name": review.name,
-            "user": review.user,
-            "operation": review.operation,
-            "dry_run": review.dry_run,
-            "endpoint": endpoint,
-            "decision": decision.outcome,
-            "reason": decision.reason,
-            "pool": decision.pool,
-            "latency_ms": round(elapsed * 1000, 3),
+            "fields": {
+                "uid": review.uid,
+                "kind": review.kind,
+                "namespace": review.namespace,
+                "name": review.name,
+                "user": review.user,
+                "operation": review.operation,
+                "dry_run": review.dry_run,
+                "endpoint": endpoint,
+                "decision": decision.outcome,
+                "reason": decision.reason,
+                "pool": decision.pool,
+                "latency_ms": round(elapsed * 1000, 3),
+            }
         },
     )
 
