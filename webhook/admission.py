@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from webhook.core.decisions import Decision, Policy, decide, errored, mutate
 from webhook.core.reviews import AdmissionRequest, parse_review, review_response
@@ -33,20 +34,41 @@ class Outcome:
         return review_response(self.request.uid, self.decision.response())
 
 
+class Reserver(Protocol):
+    """Admits through a ledger shared with other replicas (see ``webhook.ledger``)."""
+
+    async def admit(self, request: AdmissionRequest, policy: Policy) -> Decision: ...
+
+
 class Admission:
-    """Decides validating and mutating reviews against one state."""
+    """Decides validating and mutating reviews against one state.
+
+    ``state`` is the state, or a function returning the current one (a live state is replaced
+    when the platform changes). Without a ``reserver``, what is admitted is applied to the state
+    at once (manifest directories: nothing else would ever show it); with one, admitted charges
+    are held as pending until the cluster shows the object.
+    """
 
     def __init__(
-        self, state: ReservationState, policy: Policy, *, apply_admitted: bool = True
+        self,
+        state: ReservationState | Callable[[], ReservationState],
+        policy: Policy,
+        *,
+        reserver: Reserver | None = None,
     ) -> None:
-        self.state = state
+        self._state = state if callable(state) else (lambda: state)
         self.policy = policy
-        self.apply_admitted = apply_admitted
+        self.reserver = reserver
+
+    @property
+    def state(self) -> ReservationState:
+        return self._state()
 
     async def validate(self, request: AdmissionRequest) -> Decision:
+        if self.reserver is not None:
+            return await self.reserver.admit(request, self.policy)
         decision = decide(request, self.state, self.policy)
-        if self.apply_admitted:
-            apply_admitted(self.state, request, decision)
+        apply_admitted(self.state, request, decision)
         return decision
 
     async def mutate(self, request: AdmissionRequest) -> Decision:

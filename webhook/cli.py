@@ -87,7 +87,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--state", action="append", metavar="DIR", help="directory of manifests (repeatable)"
     )
-    serve.add_argument("--kubeconfig", metavar="FILE", help="read the state from a cluster")
+    serve.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="read the state from this cluster (default without --state: in-cluster)",
+    )
     serve.add_argument("--listen", metavar="HOST:PORT", help="default 127.0.0.1:8443")
     serve.add_argument(
         "--cert-dir",
@@ -211,11 +215,8 @@ def _serve(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         raise CommandError(str(exc)) from None
     configure_logs(settings.log_level)
-    if settings.kubeconfig:
-        raise CommandError("--kubeconfig: the live cluster state is not available yet")
-    if not settings.state:
-        raise CommandError("give --state DIR (a directory of manifests)")
-    state = load_state(settings.state)
+    # Manifest directories, or the cluster (--kubeconfig, else the pod's service account).
+    state = load_state(settings.state) if settings.state else None
     try:
         asyncio.run(serve(state, settings))
     except CertificateError as exc:

@@ -1,4 +1,4 @@
-"""Running the webhook: TLS listener, certificate reloading, graceful shutdown.
+"""Running the webhook: TLS listener, certificate reloading, live services, graceful shutdown.
 
 :class:`WebhookServer` wires the HTTP application to a TLS listener whose certificate pair is
 reloaded when the files change on disk, marks the server ready once it serves, and on SIGTERM
@@ -8,37 +8,116 @@ stops accepting, lets in-flight requests finish (bounded by ``shutdown_seconds``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
+import time
 from pathlib import Path
 
 from aiohttp import web
 
 from webhook.admission import Admission
-from webhook.core.state import ReservationState
+from webhook.core.state import ReservationState, recount
 from webhook.http.app import create_app, metrics_key, readiness_key
+from webhook.kube.client import KubeClient
+from webhook.kube.lease import LeaderElector
+from webhook.ledger import Ledger, LedgerSettings
 from webhook.settings import Settings
+from webhook.state.live import LiveSettings, LiveState
 from webhook.tls.contexts import CertificateReloader
 
-__all__ = ["WebhookServer", "serve"]
+__all__ = ["LiveServices", "WebhookServer", "serve"]
 
 log = logging.getLogger(__name__)
 
 
-class WebhookServer:
-    """One webhook process: the application, its TLS listener and its reloader."""
+class LiveServices:
+    """The live side of a replica: cluster state, ledger, leader election, and the leader's
+    duties (pool statuses, expiry of pending charges, the drift check)."""
 
-    def __init__(self, state: ReservationState, settings: Settings) -> None:
+    def __init__(self, client: KubeClient, settings: Settings) -> None:
+        self.client = client
         self.settings = settings
-        self.admission = Admission(state, settings.policy)
+        self.live = LiveState(
+            client,
+            LiveSettings(namespace=settings.namespace, read_timeout=settings.watch_read_timeout),
+        )
+        self.ledger = Ledger(
+            client,
+            self.live,
+            LedgerSettings(
+                replica=settings.replica,
+                grace_seconds=settings.grace_seconds,
+                read_timeout=settings.watch_read_timeout,
+            ),
+        )
+        self.live.required.append(lambda: self.ledger.synced)
+        self.elector = LeaderElector(
+            client,
+            namespace=settings.namespace,
+            name=settings.lease_name,
+            identity=settings.replica,
+        )
+        self.drift = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await asyncio.gather(
+            self.live.run(stop),
+            self.ledger.reflector.run(stop),
+            self.elector.run(stop),
+            self._duties(stop),
+        )
+        await self.client.close()
+
+    async def _duties(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            state = self.live.state
+            state.pending.expire(time.time())
+            if state.synced:
+                self.drift = len(recount(state))
+                if self.elector.is_leader:
+                    await self.ledger.reconcile()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.ledger.settings.reconcile_seconds)
+
+
+class WebhookServer:
+    """One webhook process: the application, its TLS listener and its reloader.
+
+    ``state`` is a fixed state (manifest directories); ``services`` the live cluster instead.
+    """
+
+    def __init__(
+        self,
+        state: ReservationState | None,
+        settings: Settings,
+        *,
+        services: LiveServices | None = None,
+    ) -> None:
+        self.settings = settings
+        self.services = services
+        if services is not None:
+            self.admission = Admission(
+                lambda: services.live.state, settings.policy, reserver=services.ledger
+            )
+        elif state is not None:
+            self.admission = Admission(state, settings.policy)
+        else:
+            raise ValueError("a webhook server needs a state or live services")
         self.app = create_app(self.admission, settings)
         client_ca = Path(settings.client_ca) if settings.client_ca else None
         self.reloader = CertificateReloader(
             settings.cert_file, settings.key_file, client_ca=client_ca
         )
-        self.app[metrics_key].certificate_expiry.set_function(
-            lambda: self.reloader.not_after.timestamp()
-        )
+        metrics = self.app[metrics_key]
+        metrics.certificate_expiry.set_function(lambda: self.reloader.not_after.timestamp())
+        if services is not None:
+            metrics.watch_live(
+                first_sync=lambda: services.live.first_sync_seconds or 0.0,
+                drift=lambda: float(services.drift),
+                conflicts=lambda: float(services.ledger.conflicts),
+                leader=lambda: services.elector.is_leader,
+            )
         self._runner = web.AppRunner(
             self.app,
             handle_signals=False,
@@ -46,10 +125,12 @@ class WebhookServer:
             shutdown_timeout=settings.shutdown_seconds,
         )
         self._stop = asyncio.Event()
-        self._reloading: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         self.port = 0
 
     async def start(self) -> None:
+        if self.services is not None:
+            self._tasks.append(asyncio.create_task(self.services.run(self._stop)))
         await self._runner.setup()
         site = web.TCPSite(
             self._runner,
@@ -62,15 +143,17 @@ class WebhookServer:
         sockets = getattr(server, "sockets", None) or ()
         self.port = sockets[0].getsockname()[1] if sockets else self.settings.listen_port
         self.app[readiness_key].serving = True
-        self._reloading = asyncio.create_task(
-            self.reloader.run(self.settings.cert_reload_seconds, self._stop)
+        self._tasks.append(
+            asyncio.create_task(self.reloader.run(self.settings.cert_reload_seconds, self._stop))
         )
         log.info(
             "serving",
             extra={
-                "host": self.settings.listen_host,
-                "port": self.port,
-                "serial": f"{self.reloader.serial:x}",
+                "fields": {
+                    "host": self.settings.listen_host,
+                    "port": self.port,
+                    "serial": f"{self.reloader.serial:x}",
+                }
             },
         )
 
@@ -82,16 +165,25 @@ class WebhookServer:
         """Serve until :meth:`stop`, then shut down gracefully."""
         await self._stop.wait()
         self.app[readiness_key].serving = False
-        log.info("shutting down", extra={"grace_seconds": self.settings.shutdown_seconds})
+        log.info(
+            "shutting down", extra={"fields": {"grace_seconds": self.settings.shutdown_seconds}}
+        )
         await self._runner.cleanup()
-        if self._reloading is not None:
-            await self._reloading
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         log.info("stopped")
 
 
-async def serve(state: ReservationState, settings: Settings) -> None:
-    """Serve until SIGTERM or SIGINT."""
-    server = WebhookServer(state, settings)
+async def serve(state: ReservationState | None, settings: Settings) -> None:
+    """Serve until SIGTERM or SIGINT: on ``state``, or on the cluster when it is ``None``."""
+    services = None
+    if state is None:
+        client = (
+            KubeClient.from_kubeconfig(settings.kubeconfig)
+            if settings.kubeconfig
+            else KubeClient.in_cluster()
+        )
+        services = LiveServices(client, settings)
+    server = WebhookServer(state, settings, services=services)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, server.stop)

@@ -9,6 +9,7 @@ Invalid values are refused at start with the setting's name.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,17 @@ class Settings:
     cert_reload_seconds: float = 10.0
     shutdown_seconds: float = 20.0
     log_level: str = "INFO"
+    # Live cluster state (no --state): who we are and where our objects live.
+    namespace: str = "cozy-reservation"
+    replica: str = field(default_factory=socket.gethostname)
+    lease_name: str = "reservation-webhook"
+    pending_grace_seconds: float = 0.0  # 0: twice the webhook timeout plus five seconds
+    watch_read_timeout: float = 90.0
+
+    @property
+    def grace_seconds(self) -> float:
+        """How long an admitted charge is held before it is released unobserved."""
+        return self.pending_grace_seconds or 2.0 * self.timeout_seconds + 5.0
 
     @property
     def policy(self) -> Policy:
@@ -74,6 +86,11 @@ _SPELLINGS: Final = {
     "cert_reload_seconds": ("WEBHOOK_CERT_RELOAD_SECONDS", "certReloadSeconds"),
     "shutdown_seconds": ("WEBHOOK_SHUTDOWN_SECONDS", "shutdownSeconds"),
     "log_level": ("WEBHOOK_LOG_LEVEL", "logLevel"),
+    "namespace": ("POD_NAMESPACE", "namespace"),
+    "replica": ("POD_NAME", "replica"),
+    "lease_name": ("WEBHOOK_LEASE_NAME", "leaseName"),
+    "pending_grace_seconds": ("WEBHOOK_PENDING_GRACE_SECONDS", "pendingGraceSeconds"),
+    "watch_read_timeout": ("WEBHOOK_WATCH_READ_TIMEOUT", "watchReadTimeout"),
 }
 
 
@@ -124,7 +141,7 @@ def _build(raw: Mapping[str, Any]) -> Settings:
         values["kubeconfig"] = str(raw["kubeconfig"])
     if "listen" in raw:
         values["listen_host"], values["listen_port"] = _listen(str(raw["listen"]))
-    for name in ("cert_dir", "client_ca", "log_level"):
+    for name in ("cert_dir", "client_ca", "log_level", "namespace", "replica", "lease_name"):
         if name in raw:
             values[name] = str(raw[name])
     if "timeout_seconds" in raw:
@@ -133,7 +150,12 @@ def _build(raw: Mapping[str, Any]) -> Settings:
             # admissionregistration.k8s.io/v1: timeoutSeconds must be between 1 and 30.
             raise SettingsError("timeout-seconds: must be between 1 and 30")
         values["timeout_seconds"] = int(timeout)
-    for name in ("cert_reload_seconds", "shutdown_seconds"):
+    for name in (
+        "cert_reload_seconds",
+        "shutdown_seconds",
+        "pending_grace_seconds",
+        "watch_read_timeout",
+    ):
         if name in raw:
             number = _number(name.replace("_", "-"), raw[name], integer=False)
             if number <= 0:

@@ -84,6 +84,10 @@ class Decision:
     digest: str = ""
     admitted: Application | None = None  # what the state holds once the object is stored
     patch: tuple[Mapping[str, object], ...] = ()  # JSONPatch operations (mutating side)
+    # For the ledger: the increases this request adds to each pool (by pool namespace), and
+    # what the stored object will show once observed (its charge; a Tenant's budget).
+    charged_pools: Mapping[str, Mapping[str, Decimal]] = field(default_factory=dict)
+    expected: Mapping[str, Decimal] | None = None
 
     def with_warnings(self, *warnings: str) -> Decision:
         return replace(self, warnings=self.warnings + tuple(_fit(w) for w in warnings))
@@ -187,8 +191,9 @@ def _decide_application(request: AdmissionRequest, state: ReservationState) -> D
         tenant = _tenant_change(request, state, app, facts)
         if isinstance(tenant, Decision):
             return tenant
-        contribution, extra_warnings = tenant
+        contribution, extra_warnings, budget = tenant
         facts.warnings.extend(extra_warnings)
+        facts.expected = budget
     return _check(namespace, contribution, state, facts)
 
 
@@ -200,6 +205,7 @@ class _Facts:
     digest: str
     admitted: Application
     warnings: list[str] = field(default_factory=list)
+    expected: Mapping[str, Decimal] | None = None
 
 
 def _check(
@@ -249,12 +255,16 @@ def _check(
                 return _denied_quota(
                     message, facts, pool_name, after, budget, reason="unknown-usage"
                 )
-    return _allowed(facts, pool_name, after, budget)
+    charged: dict[str, dict[str, Decimal]] = {}
+    for key, value in increases.items():
+        if key in pools:
+            charged.setdefault(pools[key].namespace, {})[key] = value
+    return _allowed(facts, pool_name, after, budget, charged)
 
 
 def _tenant_change(
     request: AdmissionRequest, state: ReservationState, app: Application, facts: _Facts
-) -> tuple[dict[str, Decimal], list[str]] | Decision:
+) -> tuple[dict[str, Decimal], list[str], dict[str, Decimal]] | Decision:
     """How a Tenant write changes its parent pool, and warnings about its own budget."""
     if not TENANT_NAME.fullmatch(app.name):
         return invalid("metadata.name", f"Tenant name {app.name!r} must match ^[a-z][a-z0-9]*$")
@@ -279,7 +289,7 @@ def _tenant_change(
                 )
     else:
         change = rl.add(change, budget)
-    return {k: v for k, v in change.items() if v != 0}, warnings
+    return {k: v for k, v in change.items() if v != 0}, warnings, budget
 
 
 def _forged_annotation(
@@ -455,7 +465,11 @@ def invalid(path: str, message: str) -> Decision:
 
 
 def _allowed(
-    facts: _Facts, pool: str, after: Mapping[str, Decimal], budget: Mapping[str, Decimal]
+    facts: _Facts,
+    pool: str,
+    after: Mapping[str, Decimal],
+    budget: Mapping[str, Decimal],
+    charged: Mapping[str, Mapping[str, Decimal]],
 ) -> Decision:
     warning = _usage_warning(facts.charge, facts.delta, pool, after, budget)
     return Decision(
@@ -471,6 +485,8 @@ def _allowed(
         digest=facts.digest,
         admitted=facts.admitted,
         warnings=tuple(_fit(w) for w in (warning, *facts.warnings)),
+        charged_pools=charged,
+        expected=facts.charge if facts.expected is None else facts.expected,
     )
 
 

@@ -20,11 +20,12 @@ from decimal import Decimal
 from webhook.core import resources as rl
 from webhook.core.applications import AppKey, Application
 from webhook.core.errors import EvaluationError
+from webhook.core.pending import PendingCharges
 from webhook.core.platform import Platform
 from webhook.core.pools import TenantTree
 from webhook.core.tenants import TENANT_KIND, owned_namespace, parse_budget
 
-__all__ = ["AppRecord", "ReservationState"]
+__all__ = ["AppRecord", "ReservationState", "recount"]
 
 
 @dataclass(slots=True)
@@ -48,6 +49,7 @@ class ReservationState:
     def __init__(self, platform: Platform, *, synced: bool = True) -> None:
         self.platform = platform
         self.tree = TenantTree()
+        self.pending = PendingCharges(self.tree)
         self.synced = synced
         self._apps: dict[AppKey, AppRecord] = {}
         self._unknown: dict[AppKey, str] = {}  # key -> why it has no charge
@@ -62,8 +64,7 @@ class ReservationState:
         """Apply an application as stored: created or updated."""
         key = _interned(app.key)
         namespace = key[1]
-        if app.kind == TENANT_KIND:
-            self._observe_tenant(key, app)
+        budget = self._observe_tenant(key, app) if app.kind == TENANT_KIND else None
         record = self._price(app, namespace)
         previous = self._apps.pop(key, None)
         self._unknown.pop(key, None)
@@ -74,6 +75,9 @@ class ReservationState:
         before = previous.resources if previous else {}
         after = record.resources if record else {}
         self.tree.add_usage(namespace, rl.subtract(after, before))
+        if self.pending and (record is not None or budget is not None):
+            observed = budget if budget is not None else record.resources if record else {}
+            self.pending.settle(key, observed)
 
     def forget(self, key: AppKey) -> None:
         """Apply the deletion of an application."""
@@ -81,12 +85,23 @@ class ReservationState:
         self._unknown.pop(key, None)
         if previous is not None:
             self.tree.add_usage(key[1], rl.scale(previous.resources, Decimal(-1)))
+        if self.pending:
+            self.pending.settle(key, None)
         owned = self._owned.pop(key, None)
         if owned is not None:
             self.tree.set_budget(owned, {})
             self.tree.declare(owned, declared=False)
 
-    def _observe_tenant(self, key: AppKey, app: Application) -> None:
+    def replace_kind(self, kind: str, apps: list[Application]) -> None:
+        """Make ``kind``'s applications exactly ``apps`` (after a full list)."""
+        present = {app.key for app in apps}
+        stale = [k for k in [*self._apps, *self._unknown] if k[0] == kind and k not in present]
+        for key in stale:
+            self.forget(key)
+        for app in apps:
+            self.observe(app)
+
+    def _observe_tenant(self, key: AppKey, app: Application) -> dict[str, Decimal]:
         owned = owned_namespace(key[1], key[2])
         self._owned[key] = owned
         kind = self.platform.kind(TENANT_KIND)
@@ -100,6 +115,7 @@ class ReservationState:
             budget = node.budget if node is not None else {}
         self.tree.declare(owned, declared=True)
         self.tree.set_budget(owned, budget)
+        return dict(budget)
 
     def _price(self, app: Application, namespace: str) -> AppRecord | None:
         try:
@@ -149,6 +165,36 @@ class ReservationState:
             if bounder is not None and bounder.namespace == pool_namespace:
                 found.append(app_key)
         return sorted(found)
+
+
+def recount(state: ReservationState) -> dict[tuple[str, str], tuple[Decimal, Decimal]]:
+    """Pool usage recomputed from scratch, compared with the incremental figures.
+
+    Returns every (namespace, key) whose two figures differ: empty when the incremental
+    bookkeeping is right. Costs a walk over every application: for a periodic check only.
+    """
+    fresh = TenantTree()
+    for node in state.tree.nodes():
+        if node.budget:
+            fresh.set_budget(node.namespace, node.budget)
+    for app_key, record in state.records():
+        fresh.add_usage(app_key[1], record.resources)
+    for hold in state.pending.holds():
+        fresh.add_usage(hold.namespace, hold.increase)
+    for node in state.tree.nodes():
+        remote = state.pending.remote(node.namespace)
+        if remote:
+            fresh.add_usage(node.namespace, remote)
+    differences: dict[tuple[str, str], tuple[Decimal, Decimal]] = {}
+    for node in state.tree.nodes():
+        other = fresh.get(node.namespace)
+        recounted = other.usage if other is not None else {}
+        for resource in set(node.usage) | set(recounted):
+            kept = node.usage.get(resource, Decimal(0))
+            counted = recounted.get(resource, Decimal(0))
+            if kept != counted:
+                differences[(node.namespace, resource)] = (kept, counted)
+    return differences
 
 
 def _interned(key: AppKey) -> AppKey:

@@ -69,5 +69,39 @@ class Metrics:
         )
         self.registry.register(_PoolCollector(state))
 
+    def watch_live(
+        self,
+        *,
+        first_sync: Callable[[], float],
+        drift: Callable[[], float],
+        conflicts: Callable[[], float],
+        leader: Callable[[], bool],
+    ) -> None:
+        """Expose the live side: time to first sync, drift, ledger conflicts, leadership."""
+        gauges = [
+            (
+                "reservation_state_first_sync_seconds",
+                "Seconds from start to the first complete sync of the cluster state.",
+                first_sync,
+            ),
+            (
+                "reservation_pool_drift",
+                "Pool figures whose incremental value differs from a full recount (should be 0).",
+                drift,
+            ),
+            (
+                "reservation_ledger_conflicts",
+                "Ledger writes that lost a race and were retried, since start.",
+                conflicts,
+            ),
+            (
+                "reservation_leader",
+                "1 while this replica holds the Lease.",
+                lambda: 1.0 if leader() else 0.0,
+            ),
+        ]
+        for name, description, read in gauges:
+            Gauge(name, description, registry=self.registry).set_function(read)
+
     def expose(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,0 +1,175 @@
+"""The reflector against the emulated API server: list, watch, resume, relist, stay honest."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.apiserver.server import EmulatedAPIServer
+from tests.cluster import kube_client
+from webhook.kube.client import KubeClient, ResourceRef
+from webhook.kube.reflector import Reflector
+
+THINGS = ResourceRef("example.io", "v1", "things")
+
+
+def thing(name: str, value: int = 0) -> dict[str, Any]:
+    return {
+        "apiVersion": "example.io/v1",
+        "kind": "Thing",
+        "metadata": {"name": name, "namespace": "ns"},
+        "spec": {"value": value},
+    }
+
+
+class Mirror:
+    """What a consumer sees: name -> spec.value."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, int] = {}
+        self.replaces = 0
+
+    def replace(self, items: list[dict[str, Any]]) -> None:
+        self.replaces += 1
+        self.items = {i["metadata"]["name"]: i["spec"]["value"] for i in items}
+
+    def event(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            self.items.pop(obj["metadata"]["name"], None)
+        else:
+            self.items[obj["metadata"]["name"]] = obj["spec"]["value"]
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[EmulatedAPIServer]:
+    emulated = EmulatedAPIServer(bookmark_interval=0.1)
+    emulated.resource("example.io", "v1", "things", "Thing")
+    async with emulated:
+        yield emulated
+
+
+@pytest.fixture
+async def client(server: EmulatedAPIServer, tmp_path: Path) -> AsyncIterator[KubeClient]:
+    async with kube_client(server.kubeconfig(tmp_path / "kubeconfig")) as kube:
+        yield kube
+
+
+async def eventually(condition: Any, timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.02)
+
+
+def reflector(client: KubeClient, mirror: Mirror, **kwargs: Any) -> Reflector:
+    options: dict[str, Any] = {"read_timeout": 0.5, "watch_timeout": 2, "backoff": (0.02, 0.1)}
+    return Reflector(
+        client, THINGS, on_replace=mirror.replace, on_event=mirror.event, **{**options, **kwargs}
+    )
+
+
+async def run(reflector: Reflector) -> tuple[asyncio.Event, asyncio.Task[None]]:
+    stop = asyncio.Event()
+    return stop, asyncio.create_task(reflector.run(stop))
+
+
+async def test_lists_then_follows_changes(server: EmulatedAPIServer, client: KubeClient) -> None:
+    for index in range(1200):  # more than two pages
+        server.create(thing(f"t{index:04d}", index))
+    mirror = Mirror()
+    watcher = reflector(client, mirror)
+    stop, task = await run(watcher)
+    await eventually(lambda: watcher.synced)
+    assert len(mirror.items) == 1200
+    server.update({**thing("t0001", 42), "metadata": {"name": "t0001", "namespace": "ns"}})
+    server.delete("example.io", "things", "ns", "t0002")
+    server.create(thing("new", 7))
+    await eventually(
+        lambda: (
+            mirror.items.get("t0001") == 42
+            and "t0002" not in mirror.items
+            and mirror.items.get("new") == 7
+        )
+    )
+    assert watcher.first_sync_seconds is not None
+    stop.set()
+    await task
+
+
+async def test_a_dropped_watch_resumes_without_losing_events(
+    server: EmulatedAPIServer, client: KubeClient
+) -> None:
+    mirror = Mirror()
+    watcher = reflector(client, mirror)
+    stop, task = await run(watcher)
+    await eventually(lambda: watcher.synced)
+    server.drop_watches()
+    server.create(thing("during", 1))
+    await eventually(lambda: mirror.items.get("during") == 1)
+    assert mirror.replaces == 1  # resumed from its resourceVersion, no relist
+    stop.set()
+    await task
+
+
+async def test_410_on_resume_relists(server: EmulatedAPIServer, client: KubeClient) -> None:
+    server.create(thing("old", 1))
+    mirror = Mirror()
+    watcher = reflector(client, mirror)
+    stop, task = await run(watcher)
+    await eventually(lambda: watcher.synced)
+    server.drop_watches()
+    server.create(thing("fresh", 2))
+    server.delete("example.io", "things", "ns", "old")
+    server.compact()
+    await eventually(lambda: mirror.items == {"fresh": 2})
+    assert watcher.relists >= 1 or mirror.replaces >= 2
+    stop.set()
+    await task
+
+
+async def test_a_silent_watch_is_dead_and_the_state_stale(
+    server: EmulatedAPIServer, client: KubeClient
+) -> None:
+    mirror = Mirror()
+    watcher = reflector(client, mirror)
+    stop, task = await run(watcher)
+    await eventually(lambda: watcher.synced)
+    server.pause()  # no bookmarks, no answers
+    await eventually(lambda: not watcher.synced, timeout=3)
+    server.resume()
+    await eventually(lambda: watcher.synced, timeout=5)
+    stop.set()
+    await task
+
+
+async def test_an_unreachable_server_at_start_is_never_synced(tmp_path: Path) -> None:
+    server = EmulatedAPIServer()
+    server.resource("example.io", "v1", "things", "Thing")
+    async with server:
+        kubeconfig = server.kubeconfig(tmp_path / "kubeconfig")
+    # the server is gone now: the reflector keeps trying, with backoff, and never claims sync
+    async with kube_client(kubeconfig) as client:
+        mirror = Mirror()
+        watcher = reflector(client, mirror)
+        stop, task = await run(watcher)
+        await asyncio.sleep(0.5)
+        assert not watcher.synced
+        assert watcher.last_error
+        stop.set()
+        await task
+
+
+async def test_server_errors_back_off_and_recover(
+    server: EmulatedAPIServer, client: KubeClient
+) -> None:
+    server.fail_next(3, 503, method="GET")
+    mirror = Mirror()
+    watcher = reflector(client, mirror)
+    stop, task = await run(watcher)
+    await eventually(lambda: watcher.synced)
+    assert "503" in watcher.last_error
+    stop.set()
+    await task

@@ -1,0 +1,364 @@
+"""The webhook on live cluster state: an emulated API server, one or two replicas, races,
+leaks and faults. Every loop is bounded in count and time; servers bind 127.0.0.1 only."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import ssl
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import IO, Any
+
+import aiohttp
+import pytest
+
+from tests.apiserver.server import EmulatedAPIServer
+from tests.builders import ROOT, review
+from tests.cluster import app, cluster, tenant
+from webhook.kube.client import KubeClient
+from webhook.server import LiveServices, WebhookServer
+from webhook.settings import Settings
+from webhook.tls.certificates import generate
+
+MICRO = {"instanceType": "u1.micro"}  # 1 vCPU, 1Gi
+LIVE = {"watch_read_timeout": 1.0, "namespace": "cozy-reservation", "listen_port": 0}
+
+
+async def eventually(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+def certs(tmp_path: Path) -> Path:
+    out = tmp_path / "certs"
+    generate(out, dns_names=["localhost"], ip_addresses=["127.0.0.1"])
+    return out
+
+
+@asynccontextmanager
+async def replica(
+    kubeconfig: Path, certs: Path, name: str = "replica-a", **overrides: Any
+) -> AsyncIterator[WebhookServer]:
+    settings = Settings(cert_dir=str(certs), replica=name, **{**LIVE, **overrides})
+    services = LiveServices(KubeClient.from_kubeconfig(str(kubeconfig)), settings)
+    server = WebhookServer(None, settings, services=services)
+    await server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        await server.wait()
+
+
+class Caller:
+    """Posts AdmissionReviews to one or more webhook endpoints over TLS."""
+
+    def __init__(self, certs: Path) -> None:
+        self.context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self.context))
+
+    async def validate(self, port: int, body: dict[str, Any]) -> dict[str, Any]:
+        async with self.session.post(f"https://localhost:{port}/validate", json=body) as r:
+            answer: dict[str, Any] = (await r.json())["response"]
+            return answer
+
+    async def ready(self, port: int) -> bool:
+        try:
+            async with self.session.get(f"https://localhost:{port}/readyz") as r:
+                return r.status == 200
+        except aiohttp.ClientError:
+            return False
+
+    async def close(self) -> None:
+        await self.session.close()
+
+
+@pytest.fixture
+async def caller(certs: Path) -> AsyncIterator[Caller]:
+    client = Caller(certs)
+    yield client
+    await client.close()
+
+
+async def wait_ready(caller: Caller, port: int, timeout: float = 15.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not await caller.ready(port):
+            await asyncio.sleep(0.05)
+
+
+def store(server: EmulatedAPIServer, body: dict[str, Any]) -> None:
+    """Do what the API server does after admission: store the object."""
+    request = body["request"]
+    server.create(
+        app(
+            request["kind"]["kind"],
+            request["namespace"],
+            request["name"],
+            request["object"]["spec"],
+        )
+    )
+
+
+async def test_serves_against_live_state(tmp_path: Path, certs: Path, caller: Caller) -> None:
+    async with cluster(tmp_path) as (server, kubeconfig):
+        server.create(tenant("tenant-root", "acme", {"memory": "2Gi"}))
+        server.create(app("VMInstance", "tenant-acme", "existing", MICRO))
+        async with replica(kubeconfig, certs) as webhook:
+            await wait_ready(caller, webhook.port)
+            allowed = await caller.validate(
+                webhook.port, review("VMInstance", "tenant-acme", "second", MICRO)
+            )
+            assert allowed["allowed"], allowed
+            denied = await caller.validate(
+                webhook.port, review("VMInstance", "tenant-acme", "third", MICRO, uid="u3")
+            )
+            assert not denied["allowed"]
+            assert "used: memory=2Gi, limited: memory=2Gi" in denied["status"]["message"]
+
+
+async def test_not_ready_and_denying_while_the_api_server_is_unreachable(
+    tmp_path: Path, certs: Path, caller: Caller
+) -> None:
+    async with cluster(tmp_path) as (_, kubeconfig):
+        pass  # stopped: nothing listens at the kubeconfig's address any more
+    async with replica(kubeconfig, certs) as webhook:
+        await asyncio.sleep(0.5)
+        assert not await caller.ready(webhook.port)
+        answer = await caller.validate(
+            webhook.port, review("VMInstance", "tenant-acme", "v", MICRO)
+        )
+        assert not answer["allowed"]
+        assert answer["status"]["code"] == 503
+        assert "not synced" in answer["status"]["message"]
+
+
+async def test_stale_after_the_api_server_goes_silent(
+    tmp_path: Path, certs: Path, caller: Caller
+) -> None:
+    async with cluster(tmp_path) as (server, kubeconfig), replica(kubeconfig, certs) as webhook:
+        await wait_ready(caller, webhook.port)
+        server.pause()
+        try:
+            await eventually(lambda: not webhook.admission.state.synced, timeout=5)
+            answer = await caller.validate(
+                webhook.port, review("VMInstance", "tenant-x", "v", MICRO)
+            )
+            assert not answer["allowed"]
+        finally:
+            server.resume()
+        await wait_ready(caller, webhook.port)
+
+
+async def test_dropped_watches_and_410_keep_the_state_exact(
+    tmp_path: Path, certs: Path, caller: Caller
+) -> None:
+    async with cluster(tmp_path) as (server, kubeconfig):
+        server.create(tenant("tenant-root", "acme", {"memory": "4Gi"}))
+        async with replica(kubeconfig, certs) as webhook:
+            await wait_ready(caller, webhook.port)
+            server.drop_watches()
+            server.create(app("VMInstance", "tenant-acme", "a", MICRO))
+            server.drop_watches()
+            server.create(app("VMInstance", "tenant-acme", "b", MICRO))
+            server.compact()
+            server.drop_watches()
+            server.create(app("VMInstance", "tenant-acme", "c", MICRO))
+
+            def reserved() -> Any:
+                node = webhook.admission.state.tree.get("tenant-acme")
+                return node.usage.get("memory") if node else None
+
+            await eventually(lambda: reserved() == 3 * 1024**3)
+            await wait_ready(caller, webhook.port)
+
+
+async def test_two_hundred_concurrent_creates_admit_exactly_what_fits(
+    tmp_path: Path, certs: Path, caller: Caller
+) -> None:
+    room = 17
+    async with cluster(tmp_path) as (server, kubeconfig):
+        server.create(tenant("tenant-root", "acme", {"memory": f"{room}Gi"}))
+        async with replica(kubeconfig, certs) as webhook:
+            await wait_ready(caller, webhook.port)
+            bodies = [
+                review("VMInstance", "tenant-acme", f"vm{i}", MICRO, uid=f"u{i}")
+                for i in range(200)
+            ]
+            answers = await asyncio.gather(*(caller.validate(webhook.port, b) for b in bodies))
+            assert sum(a["allowed"] for a in answers) == room
+            tres = server.get(
+                "reservation.cozystack.io", "tenantreservations", "tenant-acme", "tenant-acme"
+            )
+            assert tres is not None
+            assert len(tres["status"]["pending"]) == room
+
+
+async def test_an_admitted_object_that_never_appears_is_released(
+    tmp_path: Path, certs: Path, caller: Caller
+) -> None:
+    async with cluster(tmp_path) as (server, kubeconfig):
+        server.create(tenant("tenant-root", "acme", {"memory": "1Gi"}))
+        async with replica(kubeconfig, certs, pending_grace_seconds=1.0) as webhook:
+            await wait_ready(caller, webhook.port)
+            first = await caller.validate(
+                webhook.port, review("VMInstance", "tenant-acme", "ghost", MICRO)
+            )
+            assert first["allowed"]
+            blocked = await caller.validate(
+                webhook.port, review("VMInstance", "tenant-acme", "next", MICRO, uid="u2")
+            )
+            assert not blocked["allowed"]
+            await asyncio.sleep(1.2)  # the grace period passes; the ghost never appeared
+            again = await caller.validate(
+                webhook.port, review("VMInstance", "tenant-acme", "next", MICRO, uid="u3")
+            )
+            assert again["allowed"], again
+
+
+async def test_a_stored_object_settles_and_a_deleted_one_releases(
+    tmp_path: Path, certs: Path, caller: Caller
+) -> None:
+    async with cluster(tmp_path) as (server, kubeconfig):
+        server.create(tenant("tenant-root", "acme", {"memory": "1Gi"}))
+        async with replica(kubeconfig, certs) as webhook:
+            await wait_ready(caller, webhook.port)
+            body = review("VMInstance", "tenant-acme", "real", MICRO)
+            assert (await caller.validate(webhook.port, body))["allowed"]
+            store(server, body)
+            state = webhook.admission.state
+            await eventually(
+                lambda: (
+                    len(state.pending) == 0
+                    and state.record(("VMInstance", "tenant-acme", "real")) is not None
+                )
+            )
+            assert not (
+                await caller.validate(
+                    webhook.port, review("VMInstance", "tenant-acme", "more", MICRO, uid="u2")
+                )
+            )["allowed"]
+            server.delete("apps.cozystack.io", "vminstances", "tenant-acme", "real")
+            await eventually(lambda: state.record(("VMInstance", "tenant-acme", "real")) is None)
+            assert (
+                await caller.validate(
+                    webhook.port, review("VMInstance", "tenant-acme", "more", MICRO, uid="u3")
+                )
+            )["allowed"]
+
+
+async def test_a_conflict_storm_ends_in_a_clear_denial_never_an_overshoot(
+    tmp_path: Path, certs: Path, caller: Caller
+) -> None:
+    async with cluster(tmp_path) as (server, kubeconfig):
+        server.create(tenant("tenant-root", "acme", {"memory": "4Gi"}))
+        async with replica(kubeconfig, certs) as webhook:
+            await wait_ready(caller, webhook.port)
+            server.fail_next(50, 409, method="PUT")
+            answer = await caller.validate(
+                webhook.port, review("VMInstance", "tenant-acme", "vm", MICRO)
+            )
+            assert not answer["allowed"]
+            assert "try again" in answer["status"]["message"]
+            assert len(webhook.admission.state.pending) == 0
+
+
+def spawn(
+    kubeconfig: Path, certs: Path, name: str, port: int, log: IO[bytes]
+) -> subprocess.Popen[bytes]:
+    environment = {
+        **os.environ,
+        "POD_NAME": name,
+        "POD_NAMESPACE": "cozy-reservation",
+        "WEBHOOK_WATCH_READ_TIMEOUT": "1.0",
+        "WEBHOOK_LOG_LEVEL": "WARNING",
+    }
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "webhook",
+            "serve",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--cert-dir",
+            str(certs),
+            "--listen",
+            f"127.0.0.1:{port}",
+        ],
+        cwd=ROOT,
+        env=environment,
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def test_two_replicas_admit_exactly_what_fits_and_the_ledger_settles(
+    tmp_path: Path, certs: Path, caller: Caller
+) -> None:
+    room = 23
+    async with cluster(tmp_path) as (server, kubeconfig):
+        server.create(tenant("tenant-root", "acme", {"memory": f"{room}Gi"}))
+        ports = [free_port(), free_port()]
+        logs = [(tmp_path / f"replica-{i}.log").open("wb") for i in range(2)]
+        processes = [
+            spawn(kubeconfig, certs, f"replica-{i}", p, logs[i]) for i, p in enumerate(ports)
+        ]
+        try:
+            for port in ports:
+                await wait_ready(caller, port, timeout=30)
+            bodies = [
+                review("VMInstance", "tenant-acme", f"vm{i}", MICRO, uid=f"u{i}")
+                for i in range(200)
+            ]
+            answers = await asyncio.gather(
+                *(caller.validate(ports[i % 2], b) for i, b in enumerate(bodies))
+            )
+            allowed = [b for b, a in zip(bodies, answers, strict=True) if a["allowed"]]
+            assert len(allowed) == room
+            assert {a["status"]["reason"] for a in answers if not a["allowed"]} <= {
+                "Forbidden",
+                "Conflict",
+            }
+            for body in allowed:
+                store(server, body)
+
+            def settled() -> bool:
+                tres = server.get(
+                    "reservation.cozystack.io", "tenantreservations", "tenant-acme", "tenant-acme"
+                )
+                status = (tres or {}).get("status") or {}
+                return (
+                    not status.get("pending")
+                    and status.get("reserved", {}).get("memory") == f"{room}Gi"
+                )
+
+            try:
+                await eventually(settled, timeout=20)
+            except TimeoutError:
+                tres = server.get(
+                    "reservation.cozystack.io", "tenantreservations", "tenant-acme", "tenant-acme"
+                )
+                pytest.fail(f"the ledger did not settle: {json.dumps((tres or {}).get('status'))}")
+        finally:
+            for process in processes:
+                process.terminate()
+            for process in processes:
+                process.wait(timeout=30)
+            for log in logs:
+                log.close()

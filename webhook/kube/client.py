@@ -1,0 +1,226 @@
+"""A small async client for the Kubernetes API, on aiohttp.
+
+Configuration (kubeconfig or in-cluster service account, bearer tokens that rotate, client
+certificates, the cluster CA) is loaded with the official ``kubernetes`` package, which does that
+well; requests and watches go through aiohttp, which this project already runs on. The official
+async clients were not used: kubernetes_asyncio retries a ``410 Gone`` once and then raises, and
+a watch without a client-side read timeout can hang silently, both of which the reflector must
+control itself.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+from collections.abc import AsyncGenerator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+from urllib.parse import quote
+
+import aiohttp
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+
+__all__ = ["ApiError", "KubeClient", "ResourceRef", "WatchTimeout"]
+
+Obj = dict[str, Any]
+# Request deadlines: an API call that takes longer than this is treated as failed (and retried
+# by whoever called it); a watch is bounded by its own server timeout and read timeout instead.
+REQUEST_TIMEOUT: Final = 10.0
+
+
+class ApiError(Exception):
+    """The API server answered with an error Status (or could not be reached: status 0)."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        self.status = status
+        self.reason = reason
+        self.message = message
+        super().__init__(f"{status} {reason}: {message}")
+
+
+class WatchTimeout(Exception):
+    """A watch stayed silent longer than its read timeout: treated as dead."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceRef:
+    """Where a resource type lives in the API."""
+
+    group: str
+    version: str
+    plural: str
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str = "", name: str = "", subresource: str = "") -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if namespace and self.namespaced:
+            base += f"/namespaces/{quote(namespace, safe='')}"
+        base += f"/{self.plural}"
+        if name:
+            base += f"/{quote(name, safe='')}"
+        if subresource:
+            base += f"/{subresource}"
+        return base
+
+
+class KubeClient:
+    """Requests and watches against one API server."""
+
+    def __init__(self, configuration: k8s_client.Configuration) -> None:
+        self._configuration = configuration
+        self.host = str(configuration.host).rstrip("/")
+        self._ssl = _ssl_context(configuration)
+        self._session: aiohttp.ClientSession | None = None
+
+    @classmethod
+    def from_kubeconfig(cls, path: str, *, context: str | None = None) -> KubeClient:
+        configuration = k8s_client.Configuration()
+        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=path, context=context, client_configuration=configuration
+        )
+        return cls(configuration)
+
+    @classmethod
+    def in_cluster(cls) -> KubeClient:
+        configuration = k8s_client.Configuration()
+        k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
+            client_configuration=configuration
+        )
+        return cls(configuration)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        # The client keeps the token under "BearerToken" (older releases: "authorization");
+        # asking through the hook-aware getter lets in-cluster tokens rotate.
+        token = self._configuration.get_api_key_with_prefix(
+            "BearerToken"
+        ) or self._configuration.get_api_key_with_prefix("authorization")
+        if token:
+            headers["Authorization"] = token
+        return headers
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else False)
+            self._session = aiohttp.ClientSession(connector=connector)
+        return self._session
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: object = None,
+        content_type: str = "application/json",
+    ) -> Obj:
+        """One API call; the decoded object, or :class:`ApiError`."""
+        headers = self._headers()
+        data = None
+        if body is not None:
+            headers["Content-Type"] = content_type
+            data = json.dumps(body)
+        try:
+            async with self._client().request(
+                method,
+                self.host + path,
+                params=params,
+                data=data,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT),
+            ) as response:
+                text = await response.text()
+                if response.status >= 400:
+                    raise _api_error(response.status, text)
+                result: Obj = json.loads(text) if text else {}
+                return result
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise ApiError(
+                0, "Unreachable", f"{method} {path}: {exc or type(exc).__name__}"
+            ) from None
+
+    async def get(self, ref: ResourceRef, namespace: str, name: str) -> Obj:
+        return await self.request("GET", ref.path(namespace, name))
+
+    async def create(self, ref: ResourceRef, obj: Mapping[str, Any]) -> Obj:
+        namespace = str((obj.get("metadata") or {}).get("namespace") or "")
+        return await self.request("POST", ref.path(namespace), body=obj)
+
+    async def replace(
+        self, ref: ResourceRef, obj: Mapping[str, Any], *, status: bool = False
+    ) -> Obj:
+        metadata = obj.get("metadata") or {}
+        path = ref.path(
+            str(metadata.get("namespace") or ""), str(metadata["name"]), "status" if status else ""
+        )
+        return await self.request("PUT", path, body=obj)
+
+    async def watch(
+        self,
+        path: str,
+        *,
+        resource_version: str,
+        timeout_seconds: int,
+        read_timeout: float,
+        params: Mapping[str, str] | None = None,
+    ) -> AsyncGenerator[Obj, None]:
+        """Watch events from ``resource_version``, with bookmarks, until the server closes.
+
+        Raises :class:`WatchTimeout` when no line arrives within ``read_timeout`` (a dead or
+        silent connection), :class:`ApiError` when the watch cannot be opened or breaks.
+        """
+        query = {
+            **(params or {}),
+            "watch": "true",
+            "allowWatchBookmarks": "true",
+            "resourceVersion": resource_version,
+            "timeoutSeconds": str(timeout_seconds),
+        }
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=REQUEST_TIMEOUT, sock_read=read_timeout
+        )
+        try:
+            async with self._client().get(
+                self.host + path, params=query, headers=self._headers(), timeout=timeout
+            ) as response:
+                if response.status >= 400:
+                    raise _api_error(response.status, await response.text())
+                async for line in response.content:
+                    if line.strip():
+                        yield json.loads(line)
+        except TimeoutError:
+            raise WatchTimeout(f"watch {path}: silent for {read_timeout:g}s") from None
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            raise ApiError(0, "WatchBroken", f"watch {path}: {exc or type(exc).__name__}") from None
+
+
+def _api_error(status: int, text: str) -> ApiError:
+    try:
+        body = json.loads(text)
+    except ValueError:
+        body = {}
+    if not isinstance(body, Mapping):
+        body = {}
+    return ApiError(status, str(body.get("reason") or ""), str(body.get("message") or text[:200]))
+
+
+def _ssl_context(configuration: k8s_client.Configuration) -> ssl.SSLContext | None:
+    if not str(configuration.host).startswith("https"):
+        return None
+    context = ssl.create_default_context(cafile=configuration.ssl_ca_cert or None)
+    if not configuration.verify_ssl:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    if configuration.cert_file:
+        context.load_cert_chain(configuration.cert_file, configuration.key_file)
+    return context

@@ -1,0 +1,188 @@
+"""A reflector: list a resource, then watch it, and keep a consumer in step.
+
+This is what client-go's Reflector does, written small: a paginated list replaces the
+consumer's view, then a watch from the list's resourceVersion streams changes (with bookmarks,
+so the resume point stays fresh). A watch that ends normally is reopened from the last
+resourceVersion; one that breaks, or stays silent past the read timeout, is reopened after a
+backoff with jitter; ``410 Gone`` (the resume point was compacted away) forces a fresh list.
+
+:attr:`Reflector.synced` is true only after the first list was applied and while the watch is
+live: a watch silent for longer than its read timeout is dead, and the state is then stale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from webhook.kube.client import ApiError, KubeClient, ResourceRef, WatchTimeout
+
+__all__ = ["Reflector"]
+
+log = logging.getLogger(__name__)
+Obj = dict[str, Any]
+PAGE_SIZE: Final = 500
+
+
+class _Relist(Exception):
+    """The watch's resume point is gone: list again."""
+
+
+class Reflector:
+    """Lists then watches one resource type, feeding ``on_replace`` and ``on_event``."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        resource: ResourceRef,
+        *,
+        on_replace: Callable[[list[Obj]], None],
+        on_event: Callable[[str, Obj], None],
+        namespace: str = "",
+        params: Mapping[str, str] | None = None,
+        watch_timeout: int = 300,
+        read_timeout: float = 90.0,
+        backoff: tuple[float, float] = (0.2, 30.0),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client = client
+        self.resource = resource
+        self.namespace = namespace
+        self.params = dict(params or {})
+        self.on_replace = on_replace
+        self.on_event = on_event
+        self.watch_timeout = watch_timeout
+        self.read_timeout = read_timeout
+        self.backoff = backoff
+        self.clock = clock
+        self.resource_version = ""
+        self.listed = False
+        self.watching = False
+        self.last_activity = 0.0
+        self.started = clock()
+        self.first_sync_seconds: float | None = None
+        self.relists = 0
+        self.last_error = ""
+
+    @property
+    def synced(self) -> bool:
+        """Listed, watching, and heard from within the read timeout."""
+        return (
+            self.listed and self.watching and self.clock() - self.last_activity < self.read_timeout
+        )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """List and watch until ``stop`` is set."""
+        failures = 0
+        while not stop.is_set():
+            try:
+                if not self.listed:
+                    await self._list()
+                await self._watch(stop)
+                failures = 0
+            except _Relist:
+                self.listed = False
+                self.relists += 1
+                failures = 0
+            except (ApiError, WatchTimeout) as exc:
+                self.watching = False
+                self.last_error = str(exc)
+                failures += 1
+                log.warning(
+                    "watch interrupted",
+                    extra={
+                        "fields": {
+                            "resource": self.resource.plural,
+                            "error": str(exc),
+                            "failures": failures,
+                        }
+                    },
+                )
+                await _sleep(self._delay(failures), stop)
+        self.watching = False
+
+    def _delay(self, failures: int) -> float:
+        low, high = self.backoff
+        ceiling = min(high, low * 2 ** min(failures, 16))
+        return random.uniform(ceiling / 2, ceiling)  # jitter spreads reconnecting replicas
+
+    async def _list(self) -> None:
+        items: list[Obj] = []
+        params = {**self.params, "limit": str(PAGE_SIZE)}
+        path = self.resource.path(self.namespace)
+        while True:
+            try:
+                page = await self.client.request("GET", path, params=params)
+            except ApiError as exc:
+                if exc.status == 410:  # the continue token expired: start the list over
+                    items, params = [], {**self.params, "limit": str(PAGE_SIZE)}
+                    continue
+                raise
+            items.extend(page.get("items") or [])
+            metadata = page.get("metadata") or {}
+            token = metadata.get("continue")
+            if not token:
+                break
+            params = {**self.params, "limit": str(PAGE_SIZE), "continue": token}
+        self.resource_version = str(metadata.get("resourceVersion") or "")
+        self.on_replace(items)
+        self.listed = True
+        self.last_activity = self.clock()
+
+    async def _watch(self, stop: asyncio.Event) -> None:
+        events = self.client.watch(
+            self.resource.path(self.namespace),
+            resource_version=self.resource_version,
+            timeout_seconds=self.watch_timeout,
+            read_timeout=self.read_timeout,
+            params=self.params,
+        )
+
+        async def consume() -> None:
+            async for event in events:
+                self._apply(event)
+
+        self.watching = True  # optimistic: the read timeout unmasks a watch that never opens
+        self.last_activity = self.clock()
+        if self.first_sync_seconds is None:
+            self.first_sync_seconds = self.clock() - self.started
+        consumer = asyncio.create_task(consume())
+        stopping = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait({consumer, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            if not consumer.done():
+                consumer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await consumer
+        if consumer.done() and not consumer.cancelled():
+            consumer.result()  # raise what broke the watch; a normal end reopens it
+
+    def _apply(self, event: Obj) -> None:
+        self.last_activity = self.clock()
+        kind = event.get("type")
+        obj = event.get("object") or {}
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise _Relist()
+            raise ApiError(
+                int(obj.get("code") or 0),
+                str(obj.get("reason") or ""),
+                str(obj.get("message") or "watch error"),
+            )
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if kind in ("ADDED", "MODIFIED", "DELETED"):
+            self.on_event(str(kind), obj)
+        if version:
+            self.resource_version = str(version)
+
+
+async def _sleep(seconds: float, stop: asyncio.Event) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
