@@ -46,6 +46,12 @@ def register(server: EmulatedAPIServer) -> None:
     )
     server.resource("", "v1", "configmaps", "ConfigMap")
     server.resource("coordination.k8s.io", "v1", "leases", "Lease")
+    server.resource("", "v1", "secrets", "Secret")
+    for plural, kind in (
+        ("mutatingwebhookconfigurations", "MutatingWebhookConfiguration"),
+        ("validatingwebhookconfigurations", "ValidatingWebhookConfiguration"),
+    ):
+        server.resource("admissionregistration.k8s.io", "v1", plural, kind, namespaced=False)
     server.resource(
         "reservation.cozystack.io",
         "v1alpha1",

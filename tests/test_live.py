@@ -362,3 +362,79 @@ async def test_two_replicas_admit_exactly_what_fits_and_the_ledger_settles(
                 process.wait(timeout=30)
             for log in logs:
                 log.close()
+
+
+def rbac_call(method: str, path: str, query: dict[str, str]) -> tuple[str, str, str]:
+    """The (apiGroup, resource, verb) an API request needs, as the authorizer sees it."""
+    parts = path.strip("/").split("/")
+    if parts[0] == "api":
+        group, rest = "", parts[2:]
+    else:
+        group, rest = parts[1], parts[3:]
+    if rest and rest[0] == "namespaces" and len(rest) > 2:
+        rest = rest[2:]
+    resource = rest[0]
+    named = len(rest) > 1
+    if len(rest) > 2:
+        resource = f"{resource}/{rest[2]}"
+    if method == "GET":
+        verb = "watch" if query.get("watch") in ("true", "1") else "get" if named else "list"
+    else:
+        verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method]
+    return (
+        ("apps.cozystack.io", "*", verb)
+        if group == "apps.cozystack.io"
+        else (group, resource, verb)
+    )
+
+
+async def test_every_api_call_the_webhook_makes_is_granted_by_its_rbac(
+    tmp_path: Path, certs: Path, caller: Caller
+) -> None:
+    from tests.deploy.test_manifests import EXPECTED_API_CALLS
+
+    async with cluster(tmp_path) as (server, kubeconfig):
+        server.create(tenant("tenant-root", "acme", {"memory": "2Gi"}))
+        async with replica(kubeconfig, certs) as webhook:
+            await wait_ready(caller, webhook.port)
+            body = review("VMInstance", "tenant-acme", "vm", MICRO)
+            assert (await caller.validate(webhook.port, body))["allowed"]
+            services = webhook.services
+            assert services is not None
+            await eventually(lambda: services.elector.is_leader)
+            await eventually(
+                lambda: (
+                    server.get(
+                        "reservation.cozystack.io",
+                        "tenantreservations",
+                        "tenant-acme",
+                        "tenant-acme",
+                    )
+                    is not None
+                )
+            )
+            await asyncio.sleep(2.5)  # a reconcile round as leader
+        calls = {rbac_call(r.method, r.path, dict(r.query)) for r in server.requests}
+    assert ("reservation.cozystack.io", "tenantreservations/status", "update") in calls
+    assert ("coordination.k8s.io", "leases", "update") in calls
+    assert calls <= set(EXPECTED_API_CALLS), calls - set(EXPECTED_API_CALLS)
+
+
+async def test_application_watches_follow_the_definitions(tmp_path: Path, certs: Path) -> None:
+    async with cluster(tmp_path) as (server, kubeconfig), replica(kubeconfig, certs) as webhook:
+        services = webhook.services
+        assert services is not None
+        live = services.live
+        await eventually(lambda: live.synced)
+        assert "buckets" in live._apps
+        definition = server.get("cozystack.io", "applicationdefinitions", None, "bucket")
+        assert definition is not None
+        server.delete("cozystack.io", "applicationdefinitions", None, "bucket")
+        await eventually(lambda: "buckets" not in live._apps and live.synced)
+        assert live.state.platform.kind("Bucket") is None
+        server.create(
+            {key: definition[key] for key in ("apiVersion", "kind", "spec")}
+            | {"metadata": {"name": "bucket"}}
+        )
+        await eventually(lambda: "buckets" in live._apps and live.synced)
+        assert live.state.platform.kind("Bucket") is not None

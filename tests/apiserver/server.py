@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import bisect
 import copy
 import enum
 import json
@@ -510,6 +511,7 @@ class EmulatedAPIServer:
         self._floor = 1
         self._history: deque[_Change] = deque()
         self._watchers: set[_Watcher] = set()
+        self._snapshots: dict[Resource, tuple[int, dict[str, Obj], list[str]]] = {}
         self._faults: list[_Fault] = []
         self._running = asyncio.Event()
         self._running.set()
@@ -669,6 +671,7 @@ class EmulatedAPIServer:
         from before now gets 410 Expired."""
         self._floor = self._revision
         self._history.clear()
+        self._snapshots.clear()
 
     def drop_watches(self) -> None:
         """Abruptly close every open watch: the connection ends without the final chunk."""
@@ -990,6 +993,17 @@ class EmulatedAPIServer:
 
     # --- the read path ---------------------------------------------------------------------
 
+    def _snapshot(self, resource: Resource, revision: int) -> tuple[dict[str, Obj], list[str]]:
+        """The resource at ``revision`` with its keys sorted, kept while pages of one list are
+        served (every page of a paginated list reads the same revision, as from etcd)."""
+        cached = self._snapshots.get(resource)
+        if cached is not None and cached[0] == revision:
+            return cached[1], cached[2]
+        state = self._state_at(resource, revision)
+        ordered = sorted(state)
+        self._snapshots[resource] = (revision, state, ordered)
+        return state, ordered
+
     def _state_at(self, resource: Resource, revision: int) -> dict[str, Obj]:
         """The resource's objects as they were at ``revision``, rebuilt by undoing later
         changes; older than the history floor is 410 Expired."""
@@ -1048,14 +1062,22 @@ class EmulatedAPIServer:
                     raise _too_large_resource_version(requested, self._revision)
                 if match == "Exact":
                     revision = requested
-        state = self._state_at(resource, revision)
-        keys = [k for k in sorted(state) if k >= start and selection.matches(state[k])]
+        state, ordered = self._snapshot(resource, revision)
+        first = bisect.bisect_left(ordered, start)
+        keys: list[str] = []
+        more = False
+        for key in ordered[first:]:
+            if not selection.matches(state[key]):
+                continue
+            if limit > 0 and len(keys) == limit:
+                more = True
+                break
+            keys.append(key)
         metadata: Obj = {"resourceVersion": str(revision)}
-        if limit > 0 and len(keys) > limit:
-            metadata["continue"] = self._encode_continue(revision, keys[limit - 1])
+        if more:
+            metadata["continue"] = self._encode_continue(revision, keys[-1])
             if not selection.selective:
-                metadata["remainingItemCount"] = len(keys) - limit
-            keys = keys[:limit]
+                metadata["remainingItemCount"] = len(ordered) - first - limit
         return {
             "kind": f"{resource.kind}List",
             "apiVersion": resource.api_version,
