@@ -18,15 +18,12 @@ from typing import Any, cast
 import yaml
 
 from webhook.admission import admit, apply_admitted
-from webhook.core import resources as rl
 from webhook.core.contract_schema import CONTRACT_SCHEMA
 from webhook.core.decisions import MODES, Mode, Policy
 from webhook.core.errors import ReservationError
-from webhook.core.evaluation import Charge
-from webhook.core.quantities import format_quantity
 from webhook.core.reviews import ReviewError
 from webhook.logs import configure as configure_logs
-from webhook.report import build_report, render_report
+from webhook.report import build_report, explain_charge, render_report
 from webhook.server import serve
 from webhook.settings import SettingsError, load_settings
 from webhook.state.manifests import load_platform, load_state
@@ -265,29 +262,9 @@ def _evaluate(args: argparse.Namespace) -> int:
             raise CommandError("--values needs --kind")
         kind, spec = args.kind, _read_document(args.values, allow_empty=True)
     charge = platform.charge(kind, spec, namespace=namespace)
-    output = _explanation(charge) if args.explain else charge.as_strings()
+    output = explain_charge(charge) if args.explain else charge.as_strings()
     print(json.dumps(output, sort_keys=not args.explain))
     return 0
-
-
-def _explanation(charge: Charge) -> dict[str, Any]:
-    return {
-        "kind": charge.kind,
-        "charge": charge.as_strings(),
-        "digest": charge.digest,
-        "contractDigest": charge.contract_digest,
-        **({"exempt": charge.exempt_reason} if charge.exempt_reason else {}),
-        "terms": [
-            {
-                "term": term.term,
-                **({"path": term.path} if term.path else {}),
-                "count": format_quantity(term.count),
-                **({"source": term.source} if term.source else {}),
-                "resources": rl.to_strings(term.resources),
-            }
-            for term in charge.terms
-        ],
-    }
 
 
 def _contract_schema(args: argparse.Namespace) -> int:

@@ -10,9 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 from webhook.core import resources as rl
+from webhook.core.evaluation import Charge
+from webhook.core.quantities import format_quantity
 from webhook.core.state import ReservationState
 
-__all__ = ["build_report", "render_report"]
+__all__ = ["build_report", "explain_charge", "render_explanation", "render_report"]
 
 
 def build_report(state: ReservationState) -> dict[str, Any]:
@@ -83,3 +85,59 @@ def render_report(report: dict[str, Any]) -> str:
 
 def _pairs(resources: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in resources.items())
+
+
+def explain_charge(charge: Charge) -> dict[str, Any]:
+    """A charge term by term: which path, which instance type or preset, which count."""
+    return {
+        "kind": charge.kind,
+        "charge": charge.as_strings(),
+        "digest": charge.digest,
+        "contractDigest": charge.contract_digest,
+        **({"exempt": charge.exempt_reason} if charge.exempt_reason else {}),
+        "terms": [
+            {
+                "term": term.term,
+                **({"path": term.path} if term.path else {}),
+                "count": format_quantity(term.count),
+                **({"source": term.source} if term.source else {}),
+                "resources": rl.to_strings(term.resources),
+            }
+            for term in charge.terms
+        ],
+    }
+
+
+def render_explanation(explained: dict[str, Any], *, recorded: dict[str, Any] | None) -> str:
+    """The explanation as a table, with the recorded charge when it differs (drift)."""
+    rows = [("TERM", "PATH", "COUNT", "SOURCE", "RESERVES")]
+    for term in explained["terms"]:
+        rows.append(
+            (
+                term["term"],
+                term.get("path", "-"),
+                term["count"],
+                term.get("source", "-"),
+                _pairs(term["resources"]) or "-",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [f"{explained['kind']} reserves {_pairs(explained['charge']) or 'nothing'}"]
+    if explained.get("exempt"):
+        lines.append(f"exempt: {explained['exempt']}")
+    else:
+        lines += [
+            "",
+            *("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows),
+        ]
+    lines += ["", f"digest {explained['digest']} (contract {explained['contractDigest']})"]
+    if recorded is not None:
+        if recorded["digest"] == explained["digest"]:
+            lines.append("recorded at admission: the same charge")
+        else:
+            lines.append(
+                f"recorded at admission: {_pairs(recorded['charge']) or 'nothing'} "
+                f"(digest {recorded['digest']}): contract drift; the recorded charge stands "
+                "until the application is next written"
+            )
+    return "\n".join(lines)

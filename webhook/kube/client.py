@@ -78,7 +78,8 @@ class KubeClient:
         self._session: aiohttp.ClientSession | None = None
 
     @classmethod
-    def from_kubeconfig(cls, path: str, *, context: str | None = None) -> KubeClient:
+    def from_kubeconfig(cls, path: str | None, *, context: str | None = None) -> KubeClient:
+        """From a kubeconfig file; ``None``: $KUBECONFIG or ~/.kube/config, as kubectl does."""
         configuration = k8s_client.Configuration()
         k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
             config_file=path, context=context, client_configuration=configuration

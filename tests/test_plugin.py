@@ -1,0 +1,91 @@
+"""kubectl reservation: report and explain, from manifest directories and from a cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.builders import FIXTURES
+from tests.cluster import app, cluster, tenant
+from webhook.plugin import main
+
+STATE = [
+    "--state",
+    str(FIXTURES / "cozystack"),
+    "--state",
+    str(FIXTURES / "tenants"),
+    "--state",
+    str(FIXTURES / "applications"),
+]
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_report_from_manifests_adds_carve_outs_and_charges(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status, out, _ = run(capsys, "report", "--json", *STATE)
+    acme = json.loads(out)["pools"][0]
+    assert status == 0
+    # ci carves 4 cpu / 4Gi; web1's recorded 2 / 8Gi; db is 3 x t1.micro (500m, 256Mi)
+    assert acme["reserved"]["cpu"] == "7500m"
+    assert acme["reserved"]["memory"] == "13056Mi"
+
+
+def test_report_for_a_namespace_shows_only_its_pool(capsys: pytest.CaptureFixture[str]) -> None:
+    _, out, _ = run(capsys, "report", "--json", "-n", "tenant-acme-dev", *STATE)
+    assert [p["pool"] for p in json.loads(out)["pools"]] == ["tenant-acme"]
+
+
+def test_explain_shows_terms_and_the_drift_from_the_recorded_charge(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status, out, _ = run(capsys, "explain", "vminstance/web1", "-n", "tenant-acme", *STATE)
+    assert status == 0
+    assert "vm    -     1      instance type u1.large  cpu=2,memory=8Gi" in out
+    assert "contract drift" in out
+
+
+def test_explain_names_what_it_cannot_find(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run(capsys, "explain", "vminstance/nope", "-n", "tenant-acme", *STATE)
+    assert status == 1
+    assert "VMInstance/nope not found in namespace tenant-acme" in err
+    status, _, err = run(capsys, "explain", "widget/x", "-n", "tenant-acme", *STATE)
+    assert "widget: no ApplicationDefinition declares this kind" in err
+
+
+async def test_report_and_explain_against_a_cluster(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with cluster(tmp_path) as (server, kubeconfig):
+        server.create(tenant("tenant-root", "acme", {"memory": "16Gi"}))
+        server.create(app("Postgres", "tenant-acme", "db", {"replicas": 3}))
+        status = await asyncio.to_thread(
+            main, ["report", "--json", "--kubeconfig", str(kubeconfig)]
+        )
+        report = json.loads(capsys.readouterr().out)
+        assert status == 0
+        assert report["pools"][0]["reserved"] == {"memory": "768Mi"}
+        status = await asyncio.to_thread(
+            main,
+            [
+                "explain",
+                "postgreses/db",
+                "-n",
+                "tenant-acme",
+                "--json",
+                "--kubeconfig",
+                str(kubeconfig),
+            ],
+        )
+        explained = json.loads(capsys.readouterr().out)
+        assert status == 0
+        assert explained["terms"][0]["source"] == "preset t1.micro"
+        assert explained["recorded"] is None
