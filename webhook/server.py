@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import time
 from pathlib import Path
+from typing import Final
 
 from aiohttp import web
 
@@ -25,10 +27,15 @@ from webhook.ledger import Ledger, LedgerSettings
 from webhook.settings import Settings
 from webhook.state.live import LiveSettings, LiveState
 from webhook.tls.contexts import CertificateReloader
+from webhook.tls.rotation import MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS, CertificateRotator
 
 __all__ = ["LiveServices", "WebhookServer", "serve"]
 
 log = logging.getLogger(__name__)
+
+# How often a replica copies the TLS Secret into its certificate directory. The kubelet
+# refreshes a mounted Secret within about a minute; copying more often only adds API reads.
+FILE_SYNC_SECONDS: Final = 30.0
 
 
 class LiveServices:
@@ -59,6 +66,20 @@ class LiveServices:
             identity=settings.replica,
         )
         self.drift = 0
+        # Self-managed certificates unless cert-manager issues them (the cert-manager overlay).
+        self.rotator: CertificateRotator | None = None
+        if os.environ.get("WEBHOOK_CERTS", "self") != "cert-manager":
+            self.rotator = CertificateRotator(
+                client,
+                namespace=settings.namespace,
+                secret=os.environ.get("WEBHOOK_TLS_SECRET", "reservation-webhook-tls"),
+                service="reservation-webhook",
+                webhooks=[
+                    (MUTATING_WEBHOOKS, "reservation-webhook"),
+                    (VALIDATING_WEBHOOKS, "reservation-webhook"),
+                ],
+            )
+        self._files_synced_at: float | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         await asyncio.gather(
@@ -71,6 +92,7 @@ class LiveServices:
 
     async def _duties(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
+            await self._certificates()
             state = self.live.state
             state.pending.expire(time.time())
             if state.synced:
@@ -79,6 +101,17 @@ class LiveServices:
                     await self.ledger.reconcile()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.ledger.settings.reconcile_seconds)
+
+    async def _certificates(self) -> None:
+        """The leader rotates; every replica copies the Secret into its certificate directory."""
+        if self.rotator is None:
+            return
+        if self.elector.is_leader:
+            await self.rotator.reconcile()
+        now = time.monotonic()
+        if self._files_synced_at is None or now - self._files_synced_at >= FILE_SYNC_SECONDS:
+            self._files_synced_at = now
+            await self.rotator.sync_files(Path(self.settings.cert_dir))
 
 
 class WebhookServer:

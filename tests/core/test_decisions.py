@@ -375,3 +375,10 @@ def test_warnings_and_audit_annotations_respect_the_api_server_limits(mode: str)
     for key in decision.audit:
         assert len(key) <= 63
         assert QUALIFIED_NAME.match(key), key
+
+
+def test_an_allowed_request_says_what_it_reserves_and_where_the_pool_stands() -> None:
+    decision = create_vm(acme(thing("tenant-acme", "other", memory="7Gi")), "vm")
+    assert decision.warnings == (
+        "reserves cpu=1, memory=1Gi; pool tenant-acme at memory 8Gi/16Gi (50%)",
+    )

@@ -426,9 +426,11 @@ def _usage_warning(
         return f"{what}; no tenant quota applies"
     shares = {k: int(after.get(k, _ZERO) * 100 / v) if v else 100 for k, v in budget.items()}
     key = max(shares, key=lambda k: (shares[k], k))
-    text = f"{what}; pool {pool} now at {shares[key]}% {key}"
+    used = f"{format_quantity(after.get(key, _ZERO))}/{format_quantity(budget[key])}"
+    where = f"pool {pool} at {key} {used} ({shares[key]}%)"
+    text = f"{what}; {where}"
     if len(text) > WARNING_TARGET:
-        text = f"{what[: WARNING_TARGET - 40]}...; pool {pool} now at {shares[key]}% {key}"
+        text = f"{what[: max(WARNING_TARGET - len(where) - 5, 20)]}...; {where}"
     return text
 
 
