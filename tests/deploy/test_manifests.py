@@ -656,7 +656,9 @@ def test_the_server_serves_on_the_container_port_with_the_mounted_certificates(
     (port,) = container(default)["ports"]
     assert (port["name"], port["containerPort"]) == ("https", 8443)
     assert arg(default, "--listen") == "0.0.0.0:8443"
-    assert arg(default, "--mode") == "warn"
+    assert "--mode" not in container(default)["args"]  # the mode is an env variable
+    variables = {e["name"]: e.get("value") for e in container(default)["env"]}
+    assert variables["WEBHOOK_MODE"] == "warn"
     assert "--state" not in container(default)["args"]
     assert container(default)["args"][0] == "serve"
     certs = volume_mounted_at(default, arg(default, "--cert-dir"))
