@@ -1,0 +1,651 @@
+"""Self-managed certificates: one Secret holds the CA and the serving pair, and rotating either
+never fails a handshake.
+
+Without cert-manager the webhook is its own certificate authority. The API server trusts the
+webhook through the ``caBundle`` of its webhook configurations, the replicas serve whatever pair
+their certificate directory holds, and the two sides learn of a change at different times (the
+API server through an informer within seconds, a replica through the kubelet's refresh of the
+mounted Secret within about a minute, or :meth:`CertificateRotator.sync_files`). Every step of
+a rotation therefore keeps this true: any pair a replica may still serve verifies against any
+``caBundle`` the API server may still hold.
+
+- A serving pair is renewed from the same CA, so ``caBundle`` does not change.
+- A new CA is first published next to the old one (bundle ``[new, old]``) while the pair signed
+  by the old CA keeps serving. A pair from the new CA is issued only on a later reconcile that
+  finds the configurations already showing that bundle. The old CA leaves the bundle once the
+  new pair has been in the Secret for :data:`PROPAGATION`, long enough for every replica to
+  serve it.
+
+Only the leader writes (:meth:`CertificateRotator.reconcile`), with the resourceVersion it read,
+so two leaders in a hand-over cannot interleave half-rotations. Every replica copies the Secret
+into its certificate directory when that directory is writable. API errors are logged and
+retried on the next round, never raised: certificates are renewed weeks ahead, and a webhook
+whose duty loop died would stop renewing them altogether.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import copy
+import errno
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Final
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from webhook.kube.client import ApiError, KubeClient, ResourceRef
+from webhook.tls.certificates import (
+    _CLOCK_SKEW,
+    _MAX_COMMON_NAME,
+    CA_CERT,
+    CA_KEY,
+    TLS_CERT,
+    TLS_KEY,
+    CertificateError,
+    _authority_key_identifier,
+    _key_pem,
+    _key_usage,
+    _parse_pair,
+    _subject,
+    _write_atomically,
+)
+
+__all__ = [
+    "MUTATING_WEBHOOKS",
+    "PROPAGATION",
+    "SECRETS",
+    "VALIDATING_WEBHOOKS",
+    "CertificateRotator",
+    "KeyPair",
+    "issue_serving",
+    "new_ca",
+    "service_dns_names",
+]
+
+log = logging.getLogger(__name__)
+Obj = dict[str, Any]
+
+SECRETS: Final = ResourceRef("", "v1", "secrets")
+MUTATING_WEBHOOKS: Final = ResourceRef(
+    "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations", namespaced=False
+)
+VALIDATING_WEBHOOKS: Final = ResourceRef(
+    "admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations", namespaced=False
+)
+
+# How long a pair written to the Secret may take to be served by every replica: the kubelet
+# syncs a pod about once a minute and serves Secret volumes from a cache with a TTL of about a
+# minute, and the reloader polls every few seconds. Ten minutes leaves room for a slow node.
+PROPAGATION: Final = timedelta(minutes=10)
+# Retries after a 409 on a webhook configuration, which others (kubectl apply, a cainjector)
+# may write too; each retry reads the configuration again.
+CONFLICT_RETRIES: Final = 3
+# What a write into a mounted Secret volume (read-only) or a directory we may not write gets.
+_UNWRITABLE: Final = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
+_SECRET_TYPE: Final = "kubernetes.io/tls"
+
+_IssuerKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
+
+
+@dataclass(frozen=True, slots=True)
+class KeyPair:
+    """A certificate and its private key, in memory."""
+
+    cert: x509.Certificate
+    key: _IssuerKey
+
+    @property
+    def cert_pem(self) -> bytes:
+        return self.cert.public_bytes(serialization.Encoding.PEM)
+
+    @property
+    def key_pem(self) -> bytes:
+        return _key_pem(self.key)
+
+
+def service_dns_names(service: str, namespace: str) -> tuple[str, ...]:
+    """The names the API server and in-cluster clients may use for a Service, most specific
+    first (the API server dials ``{service}.{namespace}.svc``)."""
+    return (
+        f"{service}.{namespace}.svc",
+        f"{service}.{namespace}.svc.cluster.local",
+        service,
+        f"{service}.{namespace}",
+    )
+
+
+def new_ca(common_name: str, *, now: datetime, days: int) -> KeyPair:
+    """A self-signed ECDSA P-256 CA valid for ``days`` from ``now``, issuing end entities only."""
+    if days < 1:
+        raise CertificateError("validity must be at least one day")
+    start = _whole_seconds(now)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = _subject(common_name) or x509.Name(
+        [x509.NameAttribute(NameOID.COMMON_NAME, "webhook CA")]
+    )
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start - _CLOCK_SKEW)
+        .not_valid_after(start + timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(_key_usage(key_cert_sign=True, crl_sign=True), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return KeyPair(cert, key)
+
+
+def issue_serving(ca: KeyPair, *, dns_names: Sequence[str], now: datetime, days: int) -> KeyPair:
+    """An ECDSA P-256 serving pair for ``dns_names`` signed by ``ca``; it never outlives ``ca``."""
+    if not dns_names:
+        raise CertificateError("a serving certificate needs at least one DNS name")
+    if days < 1:
+        raise CertificateError("validity must be at least one day")
+    start = _whole_seconds(now)
+    if ca.cert.not_valid_after_utc <= start:
+        raise CertificateError(f"the CA expired on {ca.cert.not_valid_after_utc:%Y-%m-%d}")
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = _subject(dns_names[0])
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca.cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start - _CLOCK_SKEW)
+        .not_valid_after(min(start + timedelta(days=days), ca.cert.not_valid_after_utc))
+        # RFC 5280 4.2.1.6: with an empty subject the SAN extension must be critical.
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName(name) for name in dns_names]),
+            critical=not subject,
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(_key_usage(digital_signature=True), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(_authority_key_identifier(ca.cert), critical=False)
+        .sign(ca.key, hashes.SHA256())
+    )
+    return KeyPair(cert, key)
+
+
+class CertificateRotator:
+    """Keeps the TLS Secret and the webhook configurations' ``caBundle`` current.
+
+    ``webhooks`` names the configurations (resource and name) whose every webhook must trust
+    the Secret's ``ca.crt``. :meth:`reconcile` is for the leader, :meth:`sync_files` for every
+    replica; neither raises.
+    """
+
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        namespace: str,
+        secret: str,
+        service: str,
+        webhooks: Sequence[tuple[ResourceRef, str]],
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        ca_days: int = 3650,
+        serving_days: int = 90,
+        rotate_before: timedelta = timedelta(days=30),
+        ca_rotate_before: timedelta = timedelta(days=365),
+    ) -> None:
+        # A validity no longer than its renewal margin would renew on every round.
+        if timedelta(days=serving_days) <= rotate_before:
+            raise ValueError("serving_days must be longer than rotate_before")
+        if timedelta(days=ca_days) <= ca_rotate_before:
+            raise ValueError("ca_days must be longer than ca_rotate_before")
+        self.client = client
+        self.namespace = namespace
+        self.secret = secret
+        self.service = service
+        self.webhooks = tuple(webhooks)
+        self.clock = clock
+        self.ca_days = ca_days
+        self.serving_days = serving_days
+        self.rotate_before = rotate_before
+        self.ca_rotate_before = ca_rotate_before
+        self.dns_names = service_dns_names(service, namespace)
+        self._unwritable: set[Path] = set()
+
+    # --- the leader ---------------------------------------------------------------------------
+
+    async def reconcile(self) -> bool:
+        """Create, renew or rotate what is due and publish the CA bundle; True if it wrote."""
+        written = _Written()
+        try:
+            await self._reconcile(_whole_seconds(self.clock()), written)
+        except ApiError as exc:
+            self._warn("certificate reconcile failed", exc)
+        except Exception:
+            log.exception("certificate reconcile failed", extra={"fields": self._fields()})
+        return written.anything
+
+    async def _reconcile(self, now: datetime, written: _Written) -> None:
+        secret = await self._get_secret()
+        configurations = [await self._get_configuration(ref, name) for ref, name in self.webhooks]
+        if secret is None:
+            data = self._fresh(now)
+            try:
+                secret = await self.client.create(SECRETS, self._new_secret(data))
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
+                log.info(
+                    "the TLS secret was created meanwhile; reconciling next round",
+                    extra={"fields": self._fields()},
+                )
+                return
+            written.anything = True
+            self._created(data)
+        else:
+            data = _secret_data(secret)
+            bundle = data.get(CA_CERT, b"")
+            published = all(c.shows(bundle) for c in configurations)
+            plan = self._plan(data, now, published=published)
+            if plan.data != data:
+                try:
+                    secret = await self.client.replace(SECRETS, _with_data(secret, plan.data))
+                except ApiError as exc:
+                    if exc.status != 409:
+                        raise
+                    log.info(
+                        "the TLS secret changed meanwhile; reconciling next round",
+                        extra={"fields": self._fields()},
+                    )
+                    return
+                written.anything = True
+                self._updated(plan)
+        bundle = _secret_data(secret).get(CA_CERT, b"")
+        for configuration in configurations:
+            if await self._publish(configuration, bundle):
+                written.anything = True
+
+    def _fresh(self, now: datetime) -> dict[str, bytes]:
+        ca = new_ca(self._ca_name(now), now=now, days=self.ca_days)
+        serving = issue_serving(ca, dns_names=self.dns_names, now=now, days=self.serving_days)
+        return {
+            TLS_CERT: serving.cert_pem,
+            TLS_KEY: serving.key_pem,
+            CA_CERT: ca.cert_pem,
+            CA_KEY: ca.key_pem,
+        }
+
+    def _plan(self, data: Mapping[str, bytes], now: datetime, *, published: bool) -> _Plan:
+        """What the Secret should hold at ``now``; ``published``: the configurations already
+        show its current bundle, so the API server trusts every CA in it."""
+        changes: list[str] = []
+        found = _parse_bundle(data.get(CA_CERT, b""))
+        bundle = [ca for ca in found if ca.not_valid_after_utc > now]
+        if len(bundle) < len(found):
+            changes.append("dropped expired CAs")
+        ca = _load_ca(found[0] if found else None, data.get(CA_KEY))
+        ca_key_pem = data.get(CA_KEY, b"")
+        pair = (data.get(TLS_CERT, b""), data.get(TLS_KEY, b""))
+        serving = _load_serving(*pair)
+        signer = self._signer(serving, bundle, now)
+
+        if ca is None or ca.cert.not_valid_after_utc - now <= self.ca_rotate_before:
+            # Published next to the CAs already trusted; the pair they signed keeps serving.
+            ca = new_ca(self._ca_name(now), now=now, days=self.ca_days)
+            ca_key_pem = ca.key_pem
+            bundle = [ca.cert, *bundle]
+            changes.append("new CA, published next to the previous one")
+            renew = signer is None
+        elif signer is None:
+            renew = True
+        elif signer != ca.cert:
+            # The pair is from the previous CA: switch once the API server trusts the new one.
+            renew = published
+        else:
+            renew = serving is not None and serving.not_valid_after_utc - now <= self.rotate_before
+        if renew:
+            issued = issue_serving(ca, dns_names=self.dns_names, now=now, days=self.serving_days)
+            pair, serving = (issued.cert_pem, issued.key_pem), issued.cert
+            changes.append("new serving pair")
+
+        if (
+            len(bundle) > 1
+            and serving is not None
+            and _issued_by(serving, ca.cert)
+            and serving.not_valid_before_utc + _CLOCK_SKEW + PROPAGATION <= now
+        ):
+            bundle = bundle[:1]
+            changes.append("dropped the previous CA")
+        planned = {
+            **data,
+            TLS_CERT: pair[0],
+            TLS_KEY: pair[1],
+            CA_CERT: b"".join(c.public_bytes(serialization.Encoding.PEM) for c in bundle),
+            CA_KEY: ca_key_pem,
+        }
+        return _Plan(planned, tuple(changes), serving)
+
+    def _signer(
+        self, serving: x509.Certificate | None, bundle: Sequence[x509.Certificate], now: datetime
+    ) -> x509.Certificate | None:
+        """The CA in ``bundle`` that signed a current pair for our names, or None."""
+        if serving is None or serving.not_valid_after_utc <= now:
+            return None
+        try:
+            san = serving.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        except x509.ExtensionNotFound:
+            return None
+        if set(san.get_values_for_type(x509.DNSName)) != set(self.dns_names):
+            return None
+        return next((ca for ca in bundle if _issued_by(serving, ca)), None)
+
+    def _ca_name(self, now: datetime) -> str:
+        # A timestamp keeps two CAs of one bundle apart by subject as well as by key.
+        stamp = f"{now:%Y%m%dT%H%M%SZ}"
+        for name in (f"{self.service}.{self.namespace} CA {stamp}", f"{self.service} CA {stamp}"):
+            if len(name) <= _MAX_COMMON_NAME:
+                return name
+        return f"webhook CA {stamp}"
+
+    # --- the webhook configurations -----------------------------------------------------------
+
+    async def _get_configuration(self, ref: ResourceRef, name: str) -> _Configuration:
+        try:
+            return _Configuration(ref, name, await self.client.get(ref, "", name))
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            self._warn("webhook configuration not found", exc, configuration=f"{ref.plural}/{name}")
+            return _Configuration(ref, name, None)
+
+    async def _publish(self, configuration: _Configuration, bundle: bytes) -> bool:
+        """Make every webhook of ``configuration`` trust ``bundle``; True if it wrote."""
+        where = f"{configuration.ref.plural}/{configuration.name}"
+        try:
+            for attempt in range(CONFLICT_RETRIES + 1):
+                if configuration.obj is None or configuration.shows(bundle):
+                    return False
+                try:
+                    await self.client.replace(
+                        configuration.ref, _with_ca_bundle(configuration.obj, bundle)
+                    )
+                except ApiError as exc:
+                    if exc.status != 409 or attempt == CONFLICT_RETRIES:
+                        raise
+                    configuration = await self._get_configuration(
+                        configuration.ref, configuration.name
+                    )
+                    continue
+                log.info(
+                    "published the CA bundle",
+                    extra={"fields": {**self._fields(), "configuration": where}},
+                )
+                return True
+        except ApiError as exc:
+            self._warn("CA bundle not published", exc, configuration=where)
+        return False
+
+    # --- every replica ------------------------------------------------------------------------
+
+    async def sync_files(self, cert_dir: Path) -> bool:
+        """Copy ``tls.crt``, ``tls.key`` and ``ca.crt`` from the Secret into ``cert_dir`` where
+        they differ; True if it wrote.
+
+        Each file is replaced atomically. A directory that cannot be written (a mounted Secret
+        volume is read-only) is left to the kubelet's refresh from then on.
+        """
+        if cert_dir in self._unwritable:
+            return False
+        try:
+            secret = await self._get_secret()
+        except ApiError as exc:
+            self._warn("TLS secret not read", exc)
+            return False
+        except Exception:
+            log.exception("TLS secret not read", extra={"fields": self._fields()})
+            return False
+        if secret is None:
+            log.warning("TLS secret not created yet", extra={"fields": self._fields()})
+            return False
+        data = _secret_data(secret)
+        # ca.crt first: whoever reads the directory finds the CA before a pair it signed.
+        files = {name: data[name] for name in (CA_CERT, TLS_KEY, TLS_CERT) if name in data}
+        try:
+            _parse_pair(
+                files.get(TLS_CERT, b""),
+                files.get(TLS_KEY, b""),
+                cert_source=f"{self._where()} {TLS_CERT}",
+                key_source=f"{self._where()} {TLS_KEY}",
+            )
+        except CertificateError as exc:
+            # The reloader would refuse the pair anyway; the leader repairs the Secret.
+            log.warning(
+                "TLS secret holds no usable pair",
+                extra={"fields": {**self._fields(), "error": str(exc)}},
+            )
+            return False
+        changed = [name for name, content in files.items() if _read(cert_dir / name) != content]
+        try:
+            cert_dir.mkdir(parents=True, exist_ok=True)
+            for name in changed:
+                _write_atomically(
+                    cert_dir / name, files[name], mode=0o600 if name == TLS_KEY else 0o644
+                )
+        except OSError as exc:
+            if exc.errno in _UNWRITABLE:
+                self._unwritable.add(cert_dir)
+                log.info(
+                    "certificate directory is not writable; the kubelet refreshes it instead",
+                    extra={"fields": {**self._fields(), "dir": str(cert_dir), "error": str(exc)}},
+                )
+            else:
+                log.warning(
+                    "certificate files not written",
+                    extra={"fields": {**self._fields(), "dir": str(cert_dir), "error": str(exc)}},
+                )
+            return False
+        if changed:
+            log.info(
+                "certificate files updated from the TLS secret",
+                extra={"fields": {**self._fields(), "dir": str(cert_dir), "files": changed}},
+            )
+        return bool(changed)
+
+    # --- the Secret ---------------------------------------------------------------------------
+
+    async def _get_secret(self) -> Obj | None:
+        try:
+            return await self.client.get(SECRETS, self.namespace, self.secret)
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def _new_secret(self, data: Mapping[str, bytes]) -> Obj:
+        return {
+            "apiVersion": SECRETS.api_version,
+            "kind": "Secret",
+            "metadata": {"name": self.secret, "namespace": self.namespace},
+            "type": _SECRET_TYPE,
+            "data": _encode(data),
+        }
+
+    # --- logs ---------------------------------------------------------------------------------
+
+    def _created(self, data: Mapping[str, bytes]) -> None:
+        serving = _load_serving(data[TLS_CERT], data[TLS_KEY])
+        fields = self._fields()
+        if serving is not None:
+            fields["serial"] = f"{serving.serial_number:x}"
+            fields["not_after"] = serving.not_valid_after_utc.isoformat()
+        log.info("created the TLS secret with a new CA", extra={"fields": fields})
+
+    def _updated(self, plan: _Plan) -> None:
+        fields: dict[str, object] = {**self._fields(), "changes": list(plan.changes)}
+        if plan.serving is not None:
+            fields["serial"] = f"{plan.serving.serial_number:x}"
+            fields["not_after"] = plan.serving.not_valid_after_utc.isoformat()
+        log.info("updated the TLS secret", extra={"fields": fields})
+
+    def _where(self) -> str:
+        return f"{self.namespace}/{self.secret}"
+
+    def _fields(self) -> dict[str, object]:
+        return {"secret": self._where()}
+
+    def _warn(self, message: str, exc: ApiError, **fields: object) -> None:
+        log.warning(
+            message,
+            extra={"fields": {**self._fields(), **fields, "status": exc.status, "error": str(exc)}},
+        )
+
+
+@dataclass(slots=True)
+class _Written:
+    """Whether a reconcile wrote anything, also when an error ended it halfway."""
+
+    anything: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    data: dict[str, bytes]
+    changes: tuple[str, ...]
+    serving: x509.Certificate | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Configuration:
+    """A webhook configuration as read; ``obj`` is None when it does not exist."""
+
+    ref: ResourceRef
+    name: str
+    obj: Obj | None
+
+    def shows(self, bundle: bytes) -> bool:
+        """Every webhook trusts exactly ``bundle`` (a missing configuration trusts nothing that
+        could break)."""
+        if self.obj is None:
+            return True
+        return all(_ca_bundle(webhook) == bundle for webhook in _webhooks(self.obj))
+
+
+def _whole_seconds(now: datetime) -> datetime:
+    if now.tzinfo is None:
+        raise CertificateError(f"now={now.isoformat()} has no timezone")
+    # X.509 times have whole seconds; dropping the fraction keeps comparisons exact.
+    return now.astimezone(UTC).replace(microsecond=0)
+
+
+def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
+def _parse_bundle(pem: bytes) -> list[x509.Certificate]:
+    try:
+        return x509.load_pem_x509_certificates(pem)
+    except ValueError:
+        return []
+
+
+def _load_ca(cert: x509.Certificate | None, key_pem: bytes | None) -> KeyPair | None:
+    """The current CA when ``key_pem`` is its key and it may issue certificates."""
+    if cert is None or key_pem is None:
+        return None
+    try:
+        if not cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca:
+            return None
+        _, key = _parse_pair(
+            cert.public_bytes(serialization.Encoding.PEM),
+            key_pem,
+            cert_source=CA_CERT,
+            key_source=CA_KEY,
+        )
+    except (x509.ExtensionNotFound, CertificateError):
+        return None
+    return KeyPair(cert, key) if isinstance(key, _IssuerKey) else None
+
+
+def _load_serving(cert_pem: bytes, key_pem: bytes) -> x509.Certificate | None:
+    """The serving certificate when ``key_pem`` is its key."""
+    try:
+        cert, _ = _parse_pair(cert_pem, key_pem, cert_source=TLS_CERT, key_source=TLS_KEY)
+    except CertificateError:
+        return None
+    return cert
+
+
+def _secret_data(secret: Mapping[str, Any]) -> dict[str, bytes]:
+    data = secret.get("data")
+    decoded: dict[str, bytes] = {}
+    if not isinstance(data, Mapping):
+        return decoded
+    for name, value in data.items():
+        if isinstance(value, str):
+            try:
+                decoded[str(name)] = base64.b64decode(value, validate=True)
+            except binascii.Error:
+                continue
+    return decoded
+
+
+def _encode(data: Mapping[str, bytes]) -> dict[str, str]:
+    return {name: base64.b64encode(value).decode("ascii") for name, value in data.items()}
+
+
+def _with_data(secret: Obj, data: Mapping[str, bytes]) -> Obj:
+    """``secret`` with new data; metadata (and its resourceVersion) and type as read."""
+    updated = copy.deepcopy(secret)
+    updated["data"] = _encode(data)
+    return updated
+
+
+def _webhooks(configuration: Obj) -> list[Obj]:
+    webhooks = configuration.get("webhooks")
+    if not isinstance(webhooks, list):
+        return []
+    return [webhook for webhook in webhooks if isinstance(webhook, dict)]
+
+
+def _ca_bundle(webhook: Obj) -> bytes | None:
+    client_config = webhook.get("clientConfig")
+    value = client_config.get("caBundle") if isinstance(client_config, dict) else None
+    if not isinstance(value, str):
+        return None
+    try:
+        return base64.b64decode(value, validate=True)
+    except binascii.Error:
+        return None
+
+
+def _with_ca_bundle(configuration: Obj, bundle: bytes) -> Obj:
+    """``configuration`` with every webhook trusting ``bundle``; resourceVersion as read."""
+    updated = copy.deepcopy(configuration)
+    encoded = base64.b64encode(bundle).decode("ascii")
+    for webhook in _webhooks(updated):
+        client_config = webhook.get("clientConfig")
+        if not isinstance(client_config, dict):
+            client_config = webhook["clientConfig"] = {}
+        client_config["caBundle"] = encoded
+    return updated
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
