@@ -60,8 +60,9 @@ async def replica(
 class Caller:
     """Posts AdmissionReviews to one or more webhook endpoints over TLS."""
 
-    def __init__(self, certs: Path) -> None:
+    def __init__(self, certs: Path, *, check_hostname: bool = True) -> None:
         self.context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+        self.context.check_hostname = check_hostname  # the CA is verified either way
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self.context))
 
     async def validate(self, port: int, body: dict[str, Any]) -> dict[str, Any]:
@@ -359,7 +360,7 @@ async def test_two_replicas_admit_exactly_what_fits_and_the_ledger_settles(
             for process in processes:
                 process.terminate()
             for process in processes:
-                process.wait(timeout=30)
+                await asyncio.to_thread(process.wait, 30)
             for log in logs:
                 log.close()
 
@@ -438,3 +439,43 @@ async def test_application_watches_follow_the_definitions(tmp_path: Path, certs:
         )
         await eventually(lambda: "buckets" in live._apps and live.synced)
         assert live.state.platform.kind("Bucket") is not None
+
+
+async def test_a_fresh_install_starts_without_certificates_and_makes_its_own(
+    tmp_path: Path,
+) -> None:
+    empty = tmp_path / "certs-empty"
+    async with cluster(tmp_path) as (server, kubeconfig):
+        port = free_port()
+        with (tmp_path / "replica.log").open("wb") as log:
+            process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "webhook",
+                    "serve",
+                    "--kubeconfig",
+                    str(kubeconfig),
+                    "--cert-dir",
+                    str(empty),
+                    "--listen",
+                    f"127.0.0.1:{port}",
+                ],
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                env={**os.environ, "POD_NAME": "fresh", "WEBHOOK_WATCH_READ_TIMEOUT": "1.0"},
+            )
+            try:
+                await eventually(lambda: (empty / "ca.crt").exists(), timeout=20)
+                caller = Caller(empty, check_hostname=False)  # issued for the Service's names
+                try:
+                    await wait_ready(caller, port, timeout=30)
+                finally:
+                    await caller.close()
+                secret = server.get("", "secrets", "cozy-reservation", "reservation-webhook-tls")
+                assert secret is not None
+                assert set(secret["data"]) == {"tls.crt", "tls.key", "ca.crt", "ca.key"}
+            finally:
+                process.terminate()
+                assert await asyncio.to_thread(process.wait, 30) == 0

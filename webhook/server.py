@@ -216,6 +216,8 @@ async def serve(state: ReservationState | None, settings: Settings) -> None:
             else KubeClient.in_cluster()
         )
         services = LiveServices(client, settings)
+        if services.rotator is not None:
+            await services.rotator.bootstrap(Path(settings.cert_dir))
     server = WebhookServer(state, settings, services=services)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

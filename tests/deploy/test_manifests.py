@@ -661,9 +661,10 @@ def test_the_server_serves_on_the_container_port_with_the_mounted_certificates(
     assert variables["WEBHOOK_MODE"] == "warn"
     assert "--state" not in container(default)["args"]
     assert container(default)["args"][0] == "serve"
+    # Self-managed: a writable directory the server fills from the Secret before it listens.
     certs = volume_mounted_at(default, arg(default, "--cert-dir"))
-    assert certs["secret"]["secretName"] == TLS_SECRET
-    assert certs["secret"]["optional"] is True
+    assert "emptyDir" in certs
+    assert "secret" not in certs
     assert "emptyDir" in volume_mounted_at(default, "/tmp")
 
 
@@ -869,7 +870,11 @@ def test_the_overlay_changes_nothing_else(
             webhook["env"] = [e for e in webhook["env"] if e["name"] != "WEBHOOK_CERTS"]
             for volume in pod["volumes"]:
                 if volume["name"] == "certs":
-                    volume["secret"]["optional"] = True
+                    del volume["secret"]
+                    volume["emptyDir"] = {"medium": "Memory", "sizeLimit": "1Mi"}
+            for mount in webhook["volumeMounts"]:
+                if mount["name"] == "certs":
+                    del mount["readOnly"]
 
     def key(m: Manifest) -> tuple[str, str]:
         return m["kind"], m["metadata"]["name"]

@@ -706,3 +706,40 @@ async def test_a_replica_manages_certificates_unless_cert_manager_does(
         )
         assert rotator.webhooks == ((MUTATING_WEBHOOKS, SERVICE), (VALIDATING_WEBHOOKS, SERVICE))
         assert rotator.dns_names[0] == HOSTNAME
+
+
+async def test_bootstrap_creates_the_secret_and_writes_a_pair_before_serving(
+    tmp_path: Path,
+) -> None:
+    server = EmulatedAPIServer()
+    server.resource("", "v1", "secrets", "Secret")
+    async with server:
+        client = KubeClient.from_kubeconfig(str(server.kubeconfig(tmp_path / "k")))
+        try:
+            first = CertificateRotator(
+                client,
+                namespace="cozy-reservation",
+                secret="reservation-webhook-tls",
+                service="reservation-webhook",
+                webhooks=(),
+            )
+            second = CertificateRotator(
+                client,
+                namespace="cozy-reservation",
+                secret="reservation-webhook-tls",
+                service="reservation-webhook",
+                webhooks=(),
+            )
+            async with asyncio.timeout(10):
+                await asyncio.gather(
+                    first.bootstrap(tmp_path / "a"), second.bootstrap(tmp_path / "b")
+                )
+        finally:
+            await client.close()
+        secrets = server.objects("", "secrets")
+    assert len(secrets) == 1  # two replicas racing create one Secret
+    for directory in ("a", "b"):
+        assert (tmp_path / directory / "tls.crt").read_bytes() == (
+            tmp_path / "a" / "tls.crt"
+        ).read_bytes()
+        assert not (tmp_path / directory / "ca.key").exists()  # the CA key stays in the Secret

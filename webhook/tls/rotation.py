@@ -25,6 +25,7 @@ whose duty loop died would stop renewing them altogether.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import copy
@@ -396,6 +397,30 @@ class CertificateRotator:
         return False
 
     # --- every replica ------------------------------------------------------------------------
+
+    async def bootstrap(self, cert_dir: Path, *, retry_seconds: float = 2.0) -> None:
+        """Before the server listens: make sure ``cert_dir`` holds a pair.
+
+        Creates the Secret when it does not exist (a create is atomic, so any replica may do it;
+        one that loses the race reads the winner's), then copies it into ``cert_dir``. Retries
+        until the API server answers: a replica without a pair cannot serve anyway. The leader
+        publishes the CA bundle on its next round.
+        """
+        while not ((cert_dir / TLS_CERT).exists() and (cert_dir / TLS_KEY).exists()):
+            try:
+                if await self._get_secret() is None:
+                    data = self._fresh(_whole_seconds(self.clock()))
+                    try:
+                        await self.client.create(SECRETS, self._new_secret(data))
+                        self._created(data)
+                    except ApiError as exc:
+                        if exc.status != 409:
+                            raise
+            except ApiError as exc:
+                self._warn("TLS secret not ready", exc)
+            if await self.sync_files(cert_dir):
+                return
+            await asyncio.sleep(retry_seconds)
 
     async def sync_files(self, cert_dir: Path) -> bool:
         """Copy ``tls.crt``, ``tls.key`` and ``ca.crt`` from the Secret into ``cert_dir`` where
