@@ -33,15 +33,13 @@ from tests.apiserver.server import EmulatedAPIServer
 from webhook.kube.client import KubeClient
 from webhook.server import LiveServices
 from webhook.settings import Settings
+from webhook.tls.certificates import KeyPair, issue_serving, new_ca
 from webhook.tls.contexts import CertificateReloader, server_context
 from webhook.tls.rotation import (
     MUTATING_WEBHOOKS,
     PROPAGATION,
     VALIDATING_WEBHOOKS,
     CertificateRotator,
-    KeyPair,
-    issue_serving,
-    new_ca,
 )
 
 NAMESPACE = "cozy-reservation"

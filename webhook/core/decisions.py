@@ -20,7 +20,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from webhook.core import resources as rl
 from webhook.core.applications import (
@@ -478,17 +478,10 @@ def _allowed(
         allowed=True,
         outcome="allowed",
         reason="fits",
-        kind=facts.kind,
-        pool=pool,
-        charge=facts.charge,
-        delta=facts.delta,
-        reserved_after=after,
-        budget=budget,
-        digest=facts.digest,
-        admitted=facts.admitted,
         warnings=tuple(_fit(w) for w in (warning, *facts.warnings)),
         charged_pools=charged,
         expected=facts.charge if facts.expected is None else facts.expected,
+        **_figures(facts, pool, after, budget),
     )
 
 
@@ -508,58 +501,21 @@ def _denied_quota(
         code=403,
         status_reason="Forbidden",
         message=message,
-        kind=facts.kind,
-        pool=pool,
-        charge=facts.charge,
-        delta=facts.delta,
-        reserved_after=after,
-        budget=budget,
-        digest=facts.digest,
-        admitted=facts.admitted,
+        **_figures(facts, pool, after, budget),
     )
 
 
-def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -> Decision:
-    """The mutating side: record the object's charge on it as an annotation, idempotently.
-
-    It never denies; the validating side decides. An object that cannot be evaluated gets no
-    patch (validation then denies it with the reason), and a second call on an object that
-    already carries the right annotation patches nothing.
-    """
-    if request.operation not in ("CREATE", "UPDATE") or request.object is None:
-        return skipped(f"{request.operation} needs no reservation")
-    if request.group != APPS_GROUP or policy.mode_for(request.kind) == "off":
-        return skipped("no reservation recorded", kind=request.kind)
-    try:
-        charge = state.platform.charge(
-            request.kind, request.object.get("spec"), namespace=request.namespace
-        )
-    except EvaluationError:
-        return skipped("cannot be evaluated; validation decides", kind=request.kind)
-    value = charge_annotation(charge.resources, charge.digest)
-    if _annotation(request.object) == value:
-        return skipped("charge already recorded", kind=request.kind)
-    metadata = request.object.get("metadata")
-    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
-    if isinstance(annotations, Mapping):
-        key = CHARGE_ANNOTATION.replace("~", "~0").replace("/", "~1")
-        operation: dict[str, object] = {
-            "op": "add",
-            "path": f"/metadata/annotations/{key}",
-            "value": value,
-        }
-    else:
-        operation = {
-            "op": "add",
-            "path": "/metadata/annotations",
-            "value": {CHARGE_ANNOTATION: value},
-        }
-    return Decision(
-        allowed=True,
-        outcome="allowed",
-        reason="recorded",
-        kind=request.kind,
-        charge=charge.resources,
-        digest=charge.digest,
-        patch=(operation,),
-    )
+def _figures(
+    facts: _Facts, pool: str, after: Mapping[str, Decimal], budget: Mapping[str, Decimal]
+) -> dict[str, Any]:
+    """What every quota decision reports, allowed or not."""
+    return {
+        "kind": facts.kind,
+        "pool": pool,
+        "charge": facts.charge,
+        "delta": facts.delta,
+        "reserved_after": after,
+        "budget": budget,
+        "digest": facts.digest,
+        "admitted": facts.admitted,
+    }

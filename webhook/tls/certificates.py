@@ -34,9 +34,12 @@ __all__ = [
     "Bundle",
     "CertificateError",
     "CertificateInfo",
+    "KeyPair",
     "certificate_info",
     "check_pair",
     "generate",
+    "issue_serving",
+    "new_ca",
     "read_certificate",
 ]
 
@@ -78,6 +81,95 @@ class CertificateInfo:
     dns_names: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class KeyPair:
+    """A certificate and its private key, in memory."""
+
+    cert: x509.Certificate
+    key: _IssuerKey
+
+    @property
+    def cert_pem(self) -> bytes:
+        return self.cert.public_bytes(serialization.Encoding.PEM)
+
+    @property
+    def key_pem(self) -> bytes:
+        return _key_pem(self.key)
+
+
+def new_ca(common_name: str, *, now: datetime, days: int) -> KeyPair:
+    """A self-signed ECDSA P-256 CA valid for ``days`` from ``now``, issuing end entities only."""
+    if days < 1:
+        raise CertificateError("validity must be at least one day")
+    start = _whole_seconds(now)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = _subject(common_name) or x509.Name(
+        [x509.NameAttribute(NameOID.COMMON_NAME, "webhook CA")]
+    )
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start - _CLOCK_SKEW)
+        .not_valid_after(start + timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(_key_usage(key_cert_sign=True, crl_sign=True), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return KeyPair(cert, key)
+
+
+def issue_serving(
+    ca: KeyPair,
+    *,
+    dns_names: Sequence[str],
+    ip_addresses: Sequence[ipaddress.IPv4Address | ipaddress.IPv6Address] = (),
+    now: datetime,
+    days: int,
+) -> KeyPair:
+    """An ECDSA P-256 serving pair for ``dns_names`` and ``ip_addresses`` signed by ``ca``; it
+    never outlives ``ca``."""
+    if not dns_names and not ip_addresses:
+        raise CertificateError("a serving certificate needs at least one DNS name or IP address")
+    if days < 1:
+        raise CertificateError("validity must be at least one day")
+    start = _whole_seconds(now)
+    if ca.cert.not_valid_after_utc <= start:
+        raise CertificateError(f"the CA expired on {ca.cert.not_valid_after_utc:%Y-%m-%d}")
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = _subject(dns_names[0] if dns_names else str(ip_addresses[0]))
+    sans: list[x509.GeneralName] = [x509.DNSName(name) for name in dns_names]
+    sans += [x509.IPAddress(address) for address in ip_addresses]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca.cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start - _CLOCK_SKEW)
+        .not_valid_after(min(start + timedelta(days=days), ca.cert.not_valid_after_utc))
+        # RFC 5280 4.2.1.6: with an empty subject the SAN extension must be critical.
+        .add_extension(x509.SubjectAlternativeName(sans), critical=not subject)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(_key_usage(digital_signature=True), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(_authority_key_identifier(ca.cert), critical=False)
+        .sign(ca.key, hashes.SHA256())
+    )
+    return KeyPair(cert, key)
+
+
+def _whole_seconds(now: datetime) -> datetime:
+    if now.tzinfo is None:
+        raise CertificateError(f"now={now.isoformat()} has no timezone")
+    # X.509 times have whole seconds; dropping the fraction keeps comparisons exact.
+    return now.astimezone(UTC).replace(microsecond=0)
+
+
 def generate(
     out_dir: Path,
     *,
@@ -101,41 +193,19 @@ def generate(
     start = _utc_now(now)
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    ca_cert, ca_key = _load_or_create_ca(
+    ca = _load_or_create_ca(
         out_dir, common_name=f"{(names or addresses)[0]} CA", start=start, days=ca_valid_days
     )
-    if ca_cert.not_valid_after_utc <= start:
+    if ca.cert.not_valid_after_utc <= start:
         raise CertificateError(
-            f"{out_dir / CA_CERT}: the CA expired on {ca_cert.not_valid_after_utc:%Y-%m-%d}; "
+            f"{out_dir / CA_CERT}: the CA expired on {ca.cert.not_valid_after_utc:%Y-%m-%d}; "
             f"remove {CA_CERT} and {CA_KEY} to create a new one"
         )
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    not_after = min(start + timedelta(days=valid_days), ca_cert.not_valid_after_utc)
-    sans: list[x509.GeneralName] = [x509.DNSName(name) for name in names]
-    sans += [x509.IPAddress(address) for address in addresses]
-    subject = _subject((names or [str(addresses[0])])[0])
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start - _CLOCK_SKEW)
-        .not_valid_after(not_after)
-        # RFC 5280 4.2.1.6: with an empty subject the SAN extension must be critical.
-        .add_extension(x509.SubjectAlternativeName(sans), critical=not subject)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(_key_usage(digital_signature=True), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .add_extension(_authority_key_identifier(ca_cert), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-
+    serving = issue_serving(ca, dns_names=names, ip_addresses=addresses, now=start, days=valid_days)
+    cert = serving.cert
     key_file, cert_file = out_dir / TLS_KEY, out_dir / TLS_CERT
-    _write_atomically(key_file, _key_pem(key), mode=0o600)
-    _write_atomically(cert_file, cert.public_bytes(serialization.Encoding.PEM), mode=0o644)
+    _write_atomically(key_file, serving.key_pem, mode=0o600)
+    _write_atomically(cert_file, serving.cert_pem, mode=0o644)
     return Bundle(
         cert_file=cert_file,
         key_file=key_file,
@@ -163,33 +233,15 @@ def check_pair(
     return _info(cert)
 
 
-def _load_or_create_ca(
-    out_dir: Path, *, common_name: str, start: datetime, days: int
-) -> tuple[x509.Certificate, _IssuerKey]:
+def _load_or_create_ca(out_dir: Path, *, common_name: str, start: datetime, days: int) -> KeyPair:
     cert_file, key_file = out_dir / CA_CERT, out_dir / CA_KEY
     if cert_file.exists() or key_file.exists():
-        return _load_ca(cert_file, key_file)
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = _subject(common_name) or x509.Name(
-        [x509.NameAttribute(NameOID.COMMON_NAME, "webhook CA")]
-    )
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start - _CLOCK_SKEW)
-        .not_valid_after(start + timedelta(days=days))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(_key_usage(key_cert_sign=True, crl_sign=True), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
-    )
+        return KeyPair(*_load_ca(cert_file, key_file))
+    ca = new_ca(common_name, now=start, days=days)
     # The key first: a ca.crt without its ca.key could never issue again.
-    _write_atomically(key_file, _key_pem(key), mode=0o600)
-    _write_atomically(cert_file, cert.public_bytes(serialization.Encoding.PEM), mode=0o644)
-    return cert, key
+    _write_atomically(key_file, ca.key_pem, mode=0o600)
+    _write_atomically(cert_file, ca.cert_pem, mode=0o644)
+    return ca
 
 
 def _load_ca(cert_file: Path, key_file: Path) -> tuple[x509.Certificate, _IssuerKey]:

@@ -39,9 +39,8 @@ from typing import Any, Final
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from webhook.kube.client import ApiError, KubeClient, ResourceRef
 from webhook.tls.certificates import (
@@ -52,12 +51,12 @@ from webhook.tls.certificates import (
     TLS_CERT,
     TLS_KEY,
     CertificateError,
-    _authority_key_identifier,
-    _key_pem,
-    _key_usage,
+    KeyPair,
     _parse_pair,
-    _subject,
+    _whole_seconds,
     _write_atomically,
+    issue_serving,
+    new_ca,
 )
 
 __all__ = [
@@ -66,9 +65,6 @@ __all__ = [
     "SECRETS",
     "VALIDATING_WEBHOOKS",
     "CertificateRotator",
-    "KeyPair",
-    "issue_serving",
-    "new_ca",
     "service_dns_names",
 ]
 
@@ -97,22 +93,6 @@ _SECRET_TYPE: Final = "kubernetes.io/tls"
 _IssuerKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
 
 
-@dataclass(frozen=True, slots=True)
-class KeyPair:
-    """A certificate and its private key, in memory."""
-
-    cert: x509.Certificate
-    key: _IssuerKey
-
-    @property
-    def cert_pem(self) -> bytes:
-        return self.cert.public_bytes(serialization.Encoding.PEM)
-
-    @property
-    def key_pem(self) -> bytes:
-        return _key_pem(self.key)
-
-
 def service_dns_names(service: str, namespace: str) -> tuple[str, ...]:
     """The names the API server and in-cluster clients may use for a Service, most specific
     first (the API server dials ``{service}.{namespace}.svc``)."""
@@ -122,65 +102,6 @@ def service_dns_names(service: str, namespace: str) -> tuple[str, ...]:
         service,
         f"{service}.{namespace}",
     )
-
-
-def new_ca(common_name: str, *, now: datetime, days: int) -> KeyPair:
-    """A self-signed ECDSA P-256 CA valid for ``days`` from ``now``, issuing end entities only."""
-    if days < 1:
-        raise CertificateError("validity must be at least one day")
-    start = _whole_seconds(now)
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = _subject(common_name) or x509.Name(
-        [x509.NameAttribute(NameOID.COMMON_NAME, "webhook CA")]
-    )
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start - _CLOCK_SKEW)
-        .not_valid_after(start + timedelta(days=days))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(_key_usage(key_cert_sign=True, crl_sign=True), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    return KeyPair(cert, key)
-
-
-def issue_serving(ca: KeyPair, *, dns_names: Sequence[str], now: datetime, days: int) -> KeyPair:
-    """An ECDSA P-256 serving pair for ``dns_names`` signed by ``ca``; it never outlives ``ca``."""
-    if not dns_names:
-        raise CertificateError("a serving certificate needs at least one DNS name")
-    if days < 1:
-        raise CertificateError("validity must be at least one day")
-    start = _whole_seconds(now)
-    if ca.cert.not_valid_after_utc <= start:
-        raise CertificateError(f"the CA expired on {ca.cert.not_valid_after_utc:%Y-%m-%d}")
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = _subject(dns_names[0])
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(ca.cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start - _CLOCK_SKEW)
-        .not_valid_after(min(start + timedelta(days=days), ca.cert.not_valid_after_utc))
-        # RFC 5280 4.2.1.6: with an empty subject the SAN extension must be critical.
-        .add_extension(
-            x509.SubjectAlternativeName([x509.DNSName(name) for name in dns_names]),
-            critical=not subject,
-        )
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(_key_usage(digital_signature=True), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .add_extension(_authority_key_identifier(ca.cert), critical=False)
-        .sign(ca.key, hashes.SHA256())
-    )
-    return KeyPair(cert, key)
 
 
 class CertificateRotator:
@@ -563,13 +484,6 @@ class _Configuration:
         if self.obj is None:
             return True
         return all(_ca_bundle(webhook) == bundle for webhook in _webhooks(self.obj))
-
-
-def _whole_seconds(now: datetime) -> datetime:
-    if now.tzinfo is None:
-        raise CertificateError(f"now={now.isoformat()} has no timezone")
-    # X.509 times have whole seconds; dropping the fraction keeps comparisons exact.
-    return now.astimezone(UTC).replace(microsecond=0)
 
 
 def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
