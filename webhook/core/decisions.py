@@ -519,3 +519,49 @@ def _figures(
         "digest": facts.digest,
         "admitted": facts.admitted,
     }
+
+
+def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -> Decision:
+    """The mutating side: record the object's charge on it as an annotation, idempotently.
+
+    It never denies; the validating side decides. An object that cannot be evaluated gets no
+    patch (validation then denies it with the reason), and a second call on an object that
+    already carries the right annotation patches nothing.
+    """
+    if request.operation not in ("CREATE", "UPDATE") or request.object is None:
+        return skipped(f"{request.operation} needs no reservation")
+    if request.group != APPS_GROUP or policy.mode_for(request.kind) == "off":
+        return skipped("no reservation recorded", kind=request.kind)
+    try:
+        charge = state.platform.charge(
+            request.kind, request.object.get("spec"), namespace=request.namespace
+        )
+    except EvaluationError:
+        return skipped("cannot be evaluated; validation decides", kind=request.kind)
+    value = charge_annotation(charge.resources, charge.digest)
+    if _annotation(request.object) == value:
+        return skipped("charge already recorded", kind=request.kind)
+    metadata = request.object.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    if isinstance(annotations, Mapping):
+        key = CHARGE_ANNOTATION.replace("~", "~0").replace("/", "~1")
+        operation: dict[str, object] = {
+            "op": "add",
+            "path": f"/metadata/annotations/{key}",
+            "value": value,
+        }
+    else:
+        operation = {
+            "op": "add",
+            "path": "/metadata/annotations",
+            "value": {CHARGE_ANNOTATION: value},
+        }
+    return Decision(
+        allowed=True,
+        outcome="allowed",
+        reason="recorded",
+        kind=request.kind,
+        charge=charge.resources,
+        digest=charge.digest,
+        patch=(operation,),
+    )
