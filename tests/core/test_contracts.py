@@ -95,6 +95,22 @@ def test_equal_contracts_have_equal_digests_and_a_change_changes_it() -> None:
             id="item-path-outside-for-each",
         ),
         pytest.param(
+            {
+                "terms": [
+                    {"name": "a", "storage": "1Gi", "when": {"path": "$.x", "equals": 1, "in": [2]}}
+                ]
+            },
+            "terms[0].when",
+            "",
+            id="a-comparison-with-both-equals-and-in",
+        ),
+        pytest.param(
+            {"terms": [{"name": "a", "storage": "1Gi", "when": ["$.x", "@.y"]}]},
+            "terms[0].when[1]",
+            "outside forEach",
+            id="an-item-path-in-a-condition-outside-for-each",
+        ),
+        pytest.param(
             {"terms": [{"name": "a", "storage": "1Gi", "ifNone": {"x": {}}}]},
             "terms[0].ifNone",
             "ifNone needs forEach",

@@ -271,3 +271,27 @@ def test_plain_paths_resolve_like_jsonpath(plain: str, bracketed: str) -> None:
         terms = [{"name": "disk", "storage": {"path": path, "default": "1"}}]
         results.append(charge(terms, values))
     assert results[0] == results[1]
+
+
+def test_conditions_compare_values_and_combine() -> None:
+    terms: list[dict[str, Any]] = [
+        {
+            "name": "mongos",
+            "when": ["$.external", "$.sharding"],
+            "objects": {"services.loadbalancers": 1},
+        },
+        {"name": "zones", "when": {"path": "$.topology", "equals": "MultiZone"}, "storage": "1Gi"},
+        {
+            "name": "default",
+            "unless": {"path": "$.topology", "in": ["MultiZone", "Client"]},
+            "storage": "10Gi",
+        },
+    ]
+    assert charge(terms, {"external": True, "sharding": False, "topology": "Simple"}) == {
+        "storage": "10Gi"
+    }
+    assert charge(terms, {"external": True, "sharding": True, "topology": "MultiZone"}) == {
+        "services.loadbalancers": "1",
+        "storage": "1Gi",
+    }
+    assert charge(terms, {"topology": "Client"}) == {}

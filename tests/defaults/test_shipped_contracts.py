@@ -461,11 +461,35 @@ VARIANTS = [
             "cpu": "3",
             "ephemeral-storage": "6Gi",
             "memory": "1536Mi",
-            # one per replica-set member (3) + the mongos one, charged whenever external
-            "services.loadbalancers": "4",
+            # one per replica-set member (3); the mongos one only when sharded
+            "services.loadbalancers": "3",
             "storage": "30Gi",
         },
-        id="mongodb-external-replica-set-charges-a-load-balancer-per-member-plus-one",
+        id="mongodb-external-replica-set-charges-a-load-balancer-per-member",
+    ),
+    pytest.param(
+        "OpenSearch",
+        {"external": True},
+        {
+            "cpu": "6",  # 3 x c1.medium (2 / 2Gi / 2Gi ephemeral); dashboards off
+            "ephemeral-storage": "6Gi",
+            "memory": "6Gi",
+            "services.loadbalancers": "1",  # the nodes' Service; no dashboards, no second one
+            "storage": "30Gi",
+        },
+        id="opensearch-external-without-dashboards-charges-one-load-balancer",
+    ),
+    pytest.param(
+        "OpenSearch",
+        {"external": True, "dashboards": {"enabled": True}},
+        {
+            "cpu": "7",  # + 1 x c1.small dashboards pod (1 / 1Gi / 2Gi ephemeral)
+            "ephemeral-storage": "8Gi",
+            "memory": "7Gi",
+            "services.loadbalancers": "2",  # nodes and dashboards
+            "storage": "30Gi",
+        },
+        id="opensearch-external-with-dashboards-charges-two-load-balancers",
     ),
     pytest.param(
         "ClickHouse",

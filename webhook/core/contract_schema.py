@@ -22,6 +22,21 @@ _PATH_WITH_DEFAULT = {
     "additionalProperties": False,
     "properties": {"path": _PATH, "default": {}},
 }
+_TEST = {
+    "description": "A path that must be truthy, or a comparison of the value at a path.",
+    "oneOf": [
+        _PATH,
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["path"],
+            "minProperties": 2,
+            "maxProperties": 2,
+            "properties": {"path": _PATH, "equals": {}, "in": {"type": "array", "minItems": 1}},
+        },
+    ],
+}
+_CONDITION = {"oneOf": [_TEST, {"type": "array", "minItems": 1, "items": _TEST}]}
 _LITERAL_QUANTITY = {
     "oneOf": [
         {"type": "number", "minimum": 0},
@@ -150,8 +165,8 @@ _DEFINITIONS: dict[str, Any] = {
             "description": {"type": "string"},
             "forEach": _PATH,
             "ifNone": {"type": "object", "additionalProperties": {"type": "object"}},
-            "when": _PATH,
-            "unless": _PATH,
+            "when": _CONDITION,
+            "unless": _CONDITION,
             "count": {"$ref": "#/$defs/count"},
             "size": {"$ref": "#/$defs/size"},
             "storage": {"$ref": "#/$defs/quantity"},

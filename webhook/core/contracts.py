@@ -11,8 +11,10 @@ The language, in the order evaluation applies it::
       - name: worker
         forEach: $.nodeGroups.*     # optional: one unit per list item / map value; `@` is the item
         ifNone: {md0: {...}}        # optional: items to use when forEach finds none
-        when: $.external            # optional: the term counts only if this is truthy
-        unless: $.sharding          # optional: ... and only if this is falsy
+        when: $.external            # optional: the term counts only if this is truthy; also
+                                    # {path: $.topology, equals: Simple}, {path: ..., in: [...]},
+                                    # or a list of those, which must all hold
+        unless: $.sharding          # optional: ... and only if none of these holds
         count: {product: [$.shards, $.replicas]}   # integer, path, product or sum; default 1
         size:                       # CPU and memory of one unit; the first source present wins
           first:
@@ -50,6 +52,7 @@ from webhook.core.errors import ContractError, QuantityError
 from webhook.core.quantities import parse_quantity
 
 __all__ = [
+    "Condition",
     "Contract",
     "CountExpr",
     "FirstOf",
@@ -87,6 +90,14 @@ class ValuePath:
     relative: bool
     expression: JSONPath = field(compare=False, repr=False)
     fields: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """A path that must be truthy, or whose value must equal one of ``values``."""
+
+    path: ValuePath
+    values: tuple[object, ...] | None = None  # None: truthiness
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,8 +169,8 @@ class Term:
     count: CountExpr
     for_each: ValuePath | None = None
     if_none: tuple[tuple[str, Mapping[str, Any]], ...] = ()
-    when: ValuePath | None = None
-    unless: ValuePath | None = None
+    when: tuple[Condition, ...] = ()  # all must hold
+    unless: tuple[Condition, ...] = ()  # none may hold
     size: SizeSource | None = None
     storage: QuantityExpr | None = None
     devices: ValuePath | None = None
@@ -248,8 +259,8 @@ class _Compiler:
             count=count,
             for_each=for_each,
             if_none=tuple((str(k), v) for k, v in (data.get("ifNone") or {}).items()),
-            when=self.path(data["when"], f"{where}.when") if "when" in data else None,
-            unless=self.path(data["unless"], f"{where}.unless") if "unless" in data else None,
+            when=self.conditions(data.get("when"), f"{where}.when"),
+            unless=self.conditions(data.get("unless"), f"{where}.unless"),
             size=self.size(data["size"], f"{where}.size") if "size" in data else None,
             storage=(
                 self.expression(data["storage"], f"{where}.storage", integer=False)
@@ -262,6 +273,20 @@ class _Compiler:
                 for key, value in (data.get("objects") or {}).items()
             ),
         )
+
+    def conditions(self, data: object, where: str) -> tuple[Condition, ...]:
+        if data is None:
+            return ()
+        items = data if isinstance(data, list) else [data]
+        result = []
+        for index, item in enumerate(items):
+            at = f"{where}[{index}]" if isinstance(data, list) else where
+            if isinstance(item, Mapping):
+                values = (item["equals"],) if "equals" in item else tuple(item["in"])
+                result.append(Condition(self.path(item["path"], f"{at}.path"), values))
+            else:
+                result.append(Condition(self.path(item, at)))
+        return tuple(result)
 
     def size(self, data: Mapping[str, Any], where: str) -> SizeSource:
         if "instanceType" in data:

@@ -22,6 +22,7 @@ from typing import Any
 from webhook.core import resources as rl
 from webhook.core.catalog import Catalog
 from webhook.core.contracts import (
+    Condition,
     Contract,
     CountExpr,
     FirstOf,
@@ -152,9 +153,9 @@ class _Run:
 
     def term(self, term: Term) -> Iterator[TermCharge]:
         for scope in self.items(term):
-            if term.when is not None and not _truthy(self.lookup(term.when, scope)):
+            if not all(self.holds(c, scope) for c in term.when):
                 continue
-            if term.unless is not None and _truthy(self.lookup(term.unless, scope)):
+            if any(self.holds(c, scope) for c in term.unless):
                 continue
             count = self.required(term.count, scope, integer=True, where=f"{term.name}.count")
             unit: dict[str, Decimal] = {}
@@ -174,6 +175,12 @@ class _Run:
                     unit, {key: self.required(expression, scope, integer=True, where=key)}
                 )
             yield TermCharge(term.name, scope.prefix, count, source, rl.scale(unit, count))
+
+    def holds(self, condition: Condition, scope: _Scope) -> bool:
+        value = self.lookup(condition.path, scope)
+        if condition.values is None:
+            return _truthy(value)
+        return value is not _ABSENT and value in condition.values
 
     def items(self, term: Term) -> Iterator[_Scope]:
         if term.for_each is None:
