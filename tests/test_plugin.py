@@ -39,9 +39,15 @@ def test_report_from_manifests_adds_carve_outs_and_charges(
     assert acme["reserved"]["memory"] == "13056Mi"
 
 
-def test_report_for_a_namespace_shows_only_its_pool(capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_for_a_namespace_shows_only_its_pool_and_its_ceiling(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     _, out, _ = run(capsys, "report", "--json", "-n", "tenant-acme-dev", *STATE)
-    assert [p["pool"] for p in json.loads(out)["pools"]] == ["tenant-acme"]
+    report = json.loads(out)
+    assert [p["pool"] for p in report["pools"]] == ["tenant-acme"]
+    # 16Gi budget minus what the rest of the pool holds (ci's 4Gi carve-out, web1's 8Gi);
+    # db's 768Mi is tenant-acme-dev's own: 16Gi - 12Gi = 4Gi
+    assert report["ceiling"]["resources"]["memory"] == "4Gi"
 
 
 def test_explain_shows_terms_and_the_drift_from_the_recorded_charge(

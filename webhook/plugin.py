@@ -20,6 +20,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from webhook.core import resources as rl
 from webhook.core.applications import (
     APPS_API_VERSION,
     Application,
@@ -87,7 +88,19 @@ def _report(args: argparse.Namespace) -> int:
                 f"{args.namespace} is in no pool: no tenant above it declares a quota",
                 file=sys.stderr,
             )
-    print(json.dumps(report, indent=2) if args.json else render_report(report))
+        # Cozystack's EnforcedHard: what this namespace's own applications could still hold.
+        report["ceiling"] = {
+            "namespace": args.namespace,
+            "resources": rl.to_strings(state.tree.ceiling(args.namespace)),
+        }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(render_report(report))
+    ceiling = report.get("ceiling") or {}
+    if ceiling.get("resources"):
+        pairs = ", ".join(f"{k}={v}" for k, v in ceiling["resources"].items())
+        print(f"\n{ceiling['namespace']}'s own applications can reserve at most: {pairs}")
     return 0
 
 

@@ -89,9 +89,6 @@ class Decision:
     charged_pools: Mapping[str, Mapping[str, Decimal]] = field(default_factory=dict)
     expected: Mapping[str, Decimal] | None = None
 
-    def with_warnings(self, *warnings: str) -> Decision:
-        return replace(self, warnings=self.warnings + tuple(_fit(w) for w in warnings))
-
     def response(self) -> Response:
         """The AdmissionResponse body (without the uid, added by ``review_response``)."""
         body: Response = {"allowed": self.allowed}

@@ -70,12 +70,6 @@ class Platform:
     def kind(self, name: str) -> ApplicationKind | None:
         return self.kinds.get(name)
 
-    def kind_for_plural(self, plural: str) -> ApplicationKind | None:
-        for candidate in self.kinds.values():
-            if candidate.plural == plural:
-                return candidate
-        return None
-
     def charge(self, kind: str, spec: object, *, namespace: str = "") -> Charge:
         """Charge an application of ``kind``; an unknown kind fails closed."""
         found = self.kinds.get(kind)

@@ -20,7 +20,7 @@ from typing import Final
 
 from webhook.core.errors import QuantityError
 
-__all__ = ["format_quantity", "is_quantity", "parse_quantity"]
+__all__ = ["format_quantity", "parse_quantity"]
 
 # apimachinery pkg/api/resource/quantity.go: <signedNumber><suffix>, where suffix is a binary SI
 # suffix, a decimal SI suffix, or a decimal exponent. The exponent is an integer in practice:
@@ -97,15 +97,6 @@ def parse_quantity(value: object) -> Decimal:
         except InvalidOperation as exc:  # pragma: no cover - the regex admits only digits
             raise QuantityError(f"{_short(value)} is not a quantity") from exc
         return _round_nano(number)
-
-
-def is_quantity(value: object) -> bool:
-    """Whether ``value`` parses as a quantity."""
-    try:
-        parse_quantity(value)
-    except QuantityError:
-        return False
-    return True
 
 
 @lru_cache(maxsize=4096)

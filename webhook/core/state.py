@@ -65,11 +65,11 @@ class ReservationState:
         key = _interned(app.key)
         namespace = key[1]
         budget = self._observe_tenant(key, app) if app.kind == TENANT_KIND else None
-        record = self._price(app, namespace)
+        record, problem = self._price(app, namespace)
         previous = self._apps.pop(key, None)
         self._unknown.pop(key, None)
         if record is None:
-            self._unknown[key] = self._problem(app)
+            self._unknown[key] = problem
         else:
             self._apps[key] = record
         before = previous.resources if previous else {}
@@ -117,31 +117,27 @@ class ReservationState:
         self.tree.set_budget(owned, budget)
         return dict(budget)
 
-    def _price(self, app: Application, namespace: str) -> AppRecord | None:
+    def _price(self, app: Application, namespace: str) -> tuple[AppRecord | None, str]:
+        """The record to keep (``None``: unknown), and why today's evaluation failed."""
         try:
             charge = self.platform.charge(app.kind, app.spec, namespace=namespace)
         except EvaluationError as exc:
             if app.recorded is None:
-                return None
-            return AppRecord(
+                return None, str(exc)
+            record = AppRecord(
                 namespace,
                 dict(app.recorded.resources),
                 sys.intern(app.recorded.digest),
                 problem=str(exc),
             )
+            return record, str(exc)
         if app.recorded is None:
-            return AppRecord(namespace, dict(charge.resources), sys.intern(charge.digest))
+            return AppRecord(namespace, dict(charge.resources), sys.intern(charge.digest)), ""
         drift = "" if app.recorded.digest == charge.digest else sys.intern(charge.digest)
-        return AppRecord(
+        record = AppRecord(
             namespace, dict(app.recorded.resources), sys.intern(app.recorded.digest), drift
         )
-
-    def _problem(self, app: Application) -> str:
-        try:
-            self.platform.charge(app.kind, app.spec, namespace=app.namespace)
-        except EvaluationError as exc:
-            return str(exc)
-        return "no charge"  # pragma: no cover - only called after evaluation failed
+        return record, ""
 
     # -- questions ---------------------------------------------------------------------------
 
