@@ -185,3 +185,33 @@ def test_report_prints_pools_as_a_table_and_as_json(capsys: pytest.CaptureFixtur
     assert acme["reserved"]["memory"] == "4Gi"
     assert acme["carveOuts"] == ["tenant-acme-dev-ci"]
     assert acme["members"] == ["tenant-acme", "tenant-acme-dev"]
+
+
+def test_review_admits_sixteen_u1_micro_vms_in_16gi_and_denies_the_seventeenth(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    tenants = tmp_path / "state"
+    tenants.mkdir()
+    (tenants / "tenant.yaml").write_text(
+        "apiVersion: apps.cozystack.io/v1alpha1\nkind: Tenant\n"
+        "metadata: {name: solo, namespace: tenant-root}\n"
+        "spec: {resourceQuotas: {memory: 16Gi}}\n"
+    )
+    files = [
+        write(
+            tmp_path,
+            f"{i}.json",
+            review(
+                "VMInstance", "tenant-solo", f"vm{i}", {"instanceType": "u1.micro"}, uid=f"u{i}"
+            ),
+        )
+        for i in range(17)
+    ]
+    status, out, _ = run(
+        capsys, "review", "--state", str(FIXTURES / "cozystack"), "--state", str(tenants), *files
+    )
+    answers = responses(out)
+    assert status == 0
+    # declared units: 1Gi per VM, whatever virt-launcher pods would request on top
+    assert [a["allowed"] for a in answers] == [True] * 16 + [False]
+    assert "used: memory=16Gi, limited: memory=16Gi" in answers[-1]["status"]["message"]
