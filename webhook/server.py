@@ -8,7 +8,6 @@ stops accepting, lets in-flight requests finish (bounded by ``shutdown_seconds``
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -28,6 +27,7 @@ from webhook.settings import Settings
 from webhook.state.live import LiveSettings, LiveState
 from webhook.tls.contexts import CertificateReloader
 from webhook.tls.rotation import MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS, CertificateRotator
+from webhook.waits import sleep_unless_stopped
 
 __all__ = ["LiveServices", "WebhookServer", "serve"]
 
@@ -35,7 +35,10 @@ log = logging.getLogger(__name__)
 
 # How often a replica copies the TLS Secret into its certificate directory. The kubelet
 # refreshes a mounted Secret within about a minute; copying more often only adds API reads.
-FILE_SYNC_SECONDS: Final = 30.0
+# How often the periodic duties run. Certificates change rarely; the drift recount walks every
+# application, so it runs seldom and never on the admission path's cadence.
+CERTIFICATE_SECONDS: Final = 30.0
+DRIFT_SECONDS: Final = 300.0
 
 
 class LiveServices:
@@ -79,7 +82,8 @@ class LiveServices:
                     (VALIDATING_WEBHOOKS, "reservation-webhook"),
                 ],
             )
-        self._files_synced_at: float | None = None
+        self._last: dict[str, float] = {}  # duty -> when it last ran (monotonic)
+        self._was_leader = False
 
     async def run(self, stop: asyncio.Event) -> None:
         await asyncio.gather(
@@ -92,25 +96,35 @@ class LiveServices:
 
     async def _duties(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            await self._certificates()
+            leader = self.elector.is_leader
+            became_leader, self._was_leader = leader and not self._was_leader, leader
+            await self._certificates(leader, became_leader)
             state = self.live.state
             state.pending.expire(time.time())
             if state.synced:
-                self.drift = len(recount(state))
-                if self.elector.is_leader:
+                if self._due("drift", DRIFT_SECONDS):
+                    self.drift = len(recount(state))
+                if leader:
                     await self.ledger.reconcile()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self.ledger.settings.reconcile_seconds)
+            await sleep_unless_stopped(self.ledger.settings.reconcile_seconds, stop)
 
-    async def _certificates(self) -> None:
-        """The leader rotates; every replica copies the Secret into its certificate directory."""
+    def _due(self, duty: str, seconds: float, *, now: bool = False) -> bool:
+        """Whether ``duty`` should run (at most every ``seconds``); records that it does."""
+        clock = time.monotonic()
+        last = self._last.get(duty)
+        if now or last is None or clock - last >= seconds:
+            self._last[duty] = clock
+            return True
+        return False
+
+    async def _certificates(self, leader: bool, became_leader: bool) -> None:
+        """The leader rotates (at once when it takes over); every replica copies the Secret
+        into its certificate directory."""
         if self.rotator is None:
             return
-        if self.elector.is_leader:
+        if leader and self._due("rotate", CERTIFICATE_SECONDS, now=became_leader):
             await self.rotator.reconcile()
-        now = time.monotonic()
-        if self._files_synced_at is None or now - self._files_synced_at >= FILE_SYNC_SECONDS:
-            self._files_synced_at = now
+        if self._due("files", CERTIFICATE_SECONDS):
             await self.rotator.sync_files(Path(self.settings.cert_dir))
 
 

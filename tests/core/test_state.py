@@ -2,7 +2,7 @@
 
 from decimal import Decimal
 
-from tests.builders import platform, state, tenant
+from tests.builders import platform, state, tenant, thing
 from webhook.core.applications import (
     Application,
     RecordedCharge,
@@ -10,6 +10,7 @@ from webhook.core.applications import (
     charge_annotation,
     parse_recorded_charge,
 )
+from webhook.core.state import recount
 
 
 def test_observing_and_forgetting_an_application_moves_pool_usage() -> None:
@@ -66,3 +67,16 @@ def test_helmreleases_are_read_as_the_applications_they_store() -> None:
     }
     app = application_from_helmrelease(release)
     assert app == Application("VMInstance", "tenant-acme", "web1", {"instanceType": "u1.large"})
+
+
+def test_a_recount_agrees_with_the_incremental_figures_and_finds_a_difference() -> None:
+    current = state(
+        {"tenant-foo": {"cpu": "10"}, "tenant-foo-bar": None, "tenant-foo-bar-baz": {"cpu": "4"}},
+        thing("tenant-foo-bar", cpu="3"),
+        thing("tenant-foo-bar-baz", "b", cpu="1"),
+    )
+    assert recount(current) == {}
+    node = current.tree.get("tenant-foo")
+    assert node is not None
+    node.usage["cpu"] += 1  # an incremental update gone wrong
+    assert recount(current) == {("tenant-foo", "cpu"): (Decimal(8), Decimal(7))}

@@ -169,18 +169,24 @@ def recount(state: ReservationState) -> dict[tuple[str, str], tuple[Decimal, Dec
     Returns every (namespace, key) whose two figures differ: empty when the incremental
     bookkeeping is right. Costs a walk over every application: for a periodic check only.
     """
+    # Sum per namespace first (plain additions), then walk the tree once per namespace.
+    own: dict[str, dict[str, Decimal]] = {}
+    for app_key, record in state.records():
+        totals = own.setdefault(app_key[1], {})
+        for key, value in record.resources.items():
+            totals[key] = totals.get(key, Decimal(0)) + value
+    for hold in state.pending.holds():
+        own[hold.namespace] = rl.add(own.get(hold.namespace, {}), hold.increase)
+    for node in state.tree.nodes():
+        remote = state.pending.remote(node.namespace)
+        if remote:
+            own[node.namespace] = rl.add(own.get(node.namespace, {}), remote)
     fresh = TenantTree()
     for node in state.tree.nodes():
         if node.budget:
             fresh.set_budget(node.namespace, node.budget)
-    for app_key, record in state.records():
-        fresh.add_usage(app_key[1], record.resources)
-    for hold in state.pending.holds():
-        fresh.add_usage(hold.namespace, hold.increase)
-    for node in state.tree.nodes():
-        remote = state.pending.remote(node.namespace)
-        if remote:
-            fresh.add_usage(node.namespace, remote)
+    for namespace, totals in own.items():
+        fresh.add_usage(namespace, totals)
     differences: dict[tuple[str, str], tuple[Decimal, Decimal]] = {}
     for node in state.tree.nodes():
         other = fresh.get(node.namespace)

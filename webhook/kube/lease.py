@@ -24,7 +24,6 @@ to "nobody leads for a while", never to an exception in the caller.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import logging
 import math
@@ -35,6 +34,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from webhook.kube.client import ApiError, KubeClient, ResourceRef
+from webhook.waits import sleep_unless_stopped
 
 __all__ = ["JITTER_FACTOR", "LEASES", "MICROTIME_FORMAT", "LeaderElector"]
 
@@ -119,7 +119,7 @@ class LeaderElector:
         try:
             while not stop.is_set():
                 await self._attempt()
-                await _sleep(self._delay(), stop)
+                await sleep_unless_stopped(self._delay(), stop)
             await self._release()
         finally:
             self._set_leading(False)
@@ -310,9 +310,3 @@ def _spec(lease: Obj) -> Obj:
 
 def _microtime() -> str:
     return datetime.now(UTC).strftime(MICROTIME_FORMAT)
-
-
-async def _sleep(seconds: float, stop: asyncio.Event) -> None:
-    """Sleep, but wake up as soon as ``stop`` is set."""
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), seconds)

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from webhook.kube.client import ApiError, KubeClient, ResourceRef, WatchTimeout
+from webhook.waits import sleep_unless_stopped
 
 __all__ = ["Reflector"]
 
@@ -103,7 +104,7 @@ class Reflector:
                         }
                     },
                 )
-                await _sleep(self._delay(failures), stop)
+                await sleep_unless_stopped(self._delay(failures), stop)
         self.watching = False
 
     def _delay(self, failures: int) -> float:
@@ -181,8 +182,3 @@ class Reflector:
             self.on_event(str(kind), obj)
         if version:
             self.resource_version = str(version)
-
-
-async def _sleep(seconds: float, stop: asyncio.Event) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), timeout=seconds)

@@ -14,7 +14,6 @@ Only charges, digests, budgets and the tree are kept, never whole application ob
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from webhook.core.state import ReservationState
 from webhook.defaults import default_contracts, default_presets
 from webhook.kube.client import KubeClient, ResourceRef
 from webhook.kube.reflector import Reflector
+from webhook.waits import sleep_unless_stopped
 
 __all__ = ["LiveSettings", "LiveState"]
 
@@ -125,8 +125,7 @@ class LiveState:
                 if self.platform_generation == 0:
                     self._schedule_rebuild()  # the first build, once every list is in
                 self._refresh_synced()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=0.05)
+                await sleep_unless_stopped(0.05, stop)
         finally:
             for _, task, app_stop in list(self._apps.values()):
                 app_stop.set()

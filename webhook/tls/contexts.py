@@ -25,6 +25,7 @@ from datetime import datetime
 from pathlib import Path
 
 from webhook.tls.certificates import CertificateError, CertificateInfo, check_pair
+from webhook.waits import sleep_unless_stopped
 
 __all__ = ["CertificateReloader", "client_context", "server_context"]
 
@@ -118,22 +119,24 @@ class CertificateReloader:
             "loaded serving certificate serial %x, valid until %s",
             pair.info.serial,
             pair.info.not_after.isoformat(),
-            extra={"serial": f"{pair.info.serial:x}", "not_after": pair.info.not_after.isoformat()},
+            extra={
+                "fields": {
+                    "serial": f"{pair.info.serial:x}",
+                    "not_after": pair.info.not_after.isoformat(),
+                }
+            },
         )
         return True
 
     async def run(self, interval: float, stop: asyncio.Event) -> None:
         """Call :meth:`check` every ``interval`` seconds until ``stop`` is set."""
-        while not stop.is_set():
+        while not await sleep_unless_stopped(interval, stop):
             try:
-                await asyncio.wait_for(stop.wait(), timeout=interval)
-            except TimeoutError:
-                try:
-                    self.check()
-                except Exception:
-                    # The loop must outlive a surprise: if it died, the pod would serve the old
-                    # certificate until it expired and then fail every admission.
-                    log.exception("certificate check failed")
+                self.check()
+            except Exception:
+                # The loop must outlive a surprise: if it died, the pod would serve the old
+                # certificate until it expired and then fail every admission.
+                log.exception("certificate check failed")
 
     def _failed(self, error: str) -> None:
         if error != self._last_error:
@@ -141,7 +144,7 @@ class CertificateReloader:
                 "not reloading the serving certificate, still serving serial %x: %s",
                 self.serial,
                 error,
-                extra={"serial": f"{self.serial:x}", "error": error},
+                extra={"fields": {"serial": f"{self.serial:x}", "error": error}},
             )
         self._last_error = error
 

@@ -1,0 +1,15 @@
+"""Waiting that a shutdown cuts short: every background loop sleeps through here."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+__all__ = ["sleep_unless_stopped"]
+
+
+async def sleep_unless_stopped(seconds: float, stop: asyncio.Event) -> bool:
+    """Sleep ``seconds``, or less when ``stop`` is set meanwhile; returns whether it is set."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+    return stop.is_set()
