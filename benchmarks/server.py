@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import ssl
 import subprocess
 import sys
@@ -25,17 +24,12 @@ from pathlib import Path
 
 import aiohttp
 
+from tests.builders import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 # Instance types that fit tenant-acme's free 12Gi: the requests vary like a real cluster's.
 TYPES = ("u1.micro", "u1.small", "u1.medium", "u1.large", "cx1.medium", "o1.small")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def review(index: int) -> bytes:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
@@ -129,3 +130,11 @@ def request(*args: Any, **kwargs: Any) -> AdmissionRequest:
 
 def dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a server started in another process."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port

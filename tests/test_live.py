@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 
 from tests.apiserver.server import EmulatedAPIServer
-from tests.builders import ROOT, review
+from tests.builders import ROOT, free_port, review
 from tests.cluster import app, cluster, tenant
 from webhook.kube.client import KubeClient
 from webhook.server import LiveServices, WebhookServer
@@ -298,15 +298,6 @@ def spawn(
         stdout=subprocess.DEVNULL,
         stderr=log,
     )
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 async def test_two_replicas_admit_exactly_what_fits_and_the_ledger_settles(

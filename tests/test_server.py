@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import aiohttp
 import pytest
 from cryptography import x509
 
-from tests.builders import FIXTURES, ROOT
+from tests.builders import FIXTURES, ROOT, free_port
 from webhook.cli import main as cli
 from webhook.server import WebhookServer
 from webhook.settings import Settings
@@ -114,13 +113,6 @@ async def test_client_certificates_are_required_with_a_client_ca(
     finally:
         running.stop()
         await running.wait()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def test_sigterm_stops_the_server_and_exits_zero(certs: Path) -> None:

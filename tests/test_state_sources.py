@@ -126,7 +126,7 @@ async def from_cluster(
             task = asyncio.create_task(live.run(stop))
             try:
                 async with asyncio.timeout(15):
-                    while not live.state.synced:  # what decide() reads
+                    while not live.synced:
                         await asyncio.sleep(0.02)
                 check(live.state)
             finally:

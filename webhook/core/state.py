@@ -13,7 +13,7 @@ charge is *unknown*, and a pool holding an unknown application cannot grant more
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -46,17 +46,33 @@ class AppRecord:
 class ReservationState:
     """Applications' charges and the tenant tree, for one platform."""
 
-    def __init__(self, platform: Platform, *, synced: bool = True) -> None:
+    def __init__(
+        self,
+        platform: Platform,
+        *,
+        synced: bool = True,
+        readiness: Callable[[], bool] | None = None,
+    ) -> None:
         self.platform = platform
         self.tree = TenantTree()
         self.pending = PendingCharges(self.tree)
-        self.synced = synced
+        self._synced = synced
+        self._readiness = readiness  # a live source's own check, asked on every read
         self._apps: dict[AppKey, AppRecord] = {}
         self._unknown: dict[AppKey, str] = {}  # key -> why it has no charge
         self._owned: dict[AppKey, str] = {}  # Tenant application -> namespace it owns
 
     def __len__(self) -> int:
         return len(self._apps) + len(self._unknown)
+
+    @property
+    def synced(self) -> bool:
+        """Whether decisions may trust this state: set, and (live) the source says so now."""
+        return self._synced and (self._readiness is None or self._readiness())
+
+    @synced.setter
+    def synced(self, value: bool) -> None:
+        self._synced = value
 
     # -- observing ---------------------------------------------------------------------------
 

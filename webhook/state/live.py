@@ -85,7 +85,7 @@ class LiveState:
             ),
         ]
         self._apps: dict[str, tuple[Reflector, asyncio.Task[None], asyncio.Event]] = {}
-        self.state = ReservationState(Platform(), synced=False)
+        self.state = ReservationState(Platform(), readiness=lambda: self.synced)
         self._rebuild_due: asyncio.TimerHandle | None = None
         self._stop = asyncio.Event()
         self.platform_generation = 0
@@ -103,9 +103,8 @@ class LiveState:
             and all(check() for check in self.required)
         )
 
-    def _refresh_synced(self) -> None:
-        synced = self.synced
-        if synced and self.first_sync_seconds is None:
+    def _note_first_sync(self) -> None:
+        if self.first_sync_seconds is None and self.synced:
             self.first_sync_seconds = self.clock() - self.started
             log.info(
                 "state synced",
@@ -113,18 +112,17 @@ class LiveState:
                     "fields": {"seconds": self.first_sync_seconds, "applications": len(self.state)}
                 },
             )
-        self.state.synced = synced
 
     # -- running ---------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Run every reflector until ``stop``; keeps ``state.synced`` current."""
+        """Run every reflector until ``stop``. The state asks :attr:`synced` on every read."""
         tasks = [asyncio.create_task(r.run(stop)) for r in self._platform_reflectors]
         try:
             while not stop.is_set():
                 if self.platform_generation == 0:
                     self._schedule_rebuild()  # the first build, once every list is in
-                self._refresh_synced()
+                self._note_first_sync()
                 await sleep_unless_stopped(0.05, stop)
         finally:
             for _, task, app_stop in list(self._apps.values()):
@@ -198,7 +196,7 @@ class LiveState:
             log.warning("platform object ignored", extra={"fields": {"reason": problem}})
         self.problems = problems
         previous = self.state
-        self.state = ReservationState(platform, synced=False)
+        self.state = ReservationState(platform, readiness=lambda: self.synced)
         self.state.pending.carry_over(previous.pending)
         self.platform_generation += 1
         self._restart_applications(platform)
