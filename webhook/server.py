@@ -12,15 +12,18 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
 from aiohttp import web
 
 from webhook.admission import Admission
+from webhook.core.platform import Platform
 from webhook.core.state import ReservationState, recount
 from webhook.http.app import create_app, metrics_key, readiness_key
 from webhook.kube.client import KubeClient
+from webhook.kube.config import connect, in_cluster
 from webhook.kube.lease import LeaderElector
 from webhook.ledger import Ledger, LedgerSettings
 from webhook.settings import Settings
@@ -29,7 +32,7 @@ from webhook.tls.contexts import CertificateReloader
 from webhook.tls.rotation import MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS, CertificateRotator
 from webhook.waits import sleep_unless_stopped
 
-__all__ = ["LiveServices", "WebhookServer", "serve"]
+__all__ = ["ListenError", "LiveServices", "WebhookServer", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +139,7 @@ class WebhookServer:
 
     def __init__(
         self,
-        state: ReservationState | None,
+        state: ReservationState | Callable[[], ReservationState] | None,
         settings: Settings,
         *,
         services: LiveServices | None = None,
@@ -220,21 +223,57 @@ class WebhookServer:
         log.info("stopped")
 
 
-async def serve(state: ReservationState | None, settings: Settings) -> None:
-    """Serve until SIGTERM or SIGINT: on ``state``, or on the cluster when it is ``None``."""
+async def serve(
+    state: ReservationState | None,
+    settings: Settings,
+    *,
+    load: Callable[[], ReservationState] | None = None,
+) -> None:
+    """Serve until SIGTERM or SIGINT: on ``state``, or on the cluster when it is ``None``.
+
+    With ``load``, the state is loaded in a thread after the listener is up, so ``/livez``
+    answers while a large state loads; until it is loaded ``/readyz`` fails and every request
+    is denied "state not synced" (fail closed). A load that fails stops the server.
+    """
     services = None
-    if state is None:
-        client = (
-            KubeClient.from_kubeconfig(settings.kubeconfig)
-            if settings.kubeconfig
-            else KubeClient.in_cluster()
-        )
+    current = [state if state is not None else ReservationState(Platform(), synced=False)]
+
+    def state_of() -> ReservationState:
+        return current[0]
+
+    if state is None and load is None:
+        client = connect(settings.kubeconfig) if settings.kubeconfig else in_cluster()
         services = LiveServices(client, settings)
-        if services.rotator is not None:
-            await services.rotator.bootstrap(Path(settings.cert_dir))
-    server = WebhookServer(state, settings, services=services)
+        try:
+            if services.rotator is not None:
+                await services.rotator.bootstrap(Path(settings.cert_dir))
+        except BaseException:
+            await client.close()
+            raise
+    server = WebhookServer(
+        state_of if state is not None or load is not None else None, settings, services=services
+    )
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, server.stop)
-    await server.start()
+    try:
+        await server.start()
+    except OSError as exc:
+        if services is not None:
+            await services.client.close()
+        raise ListenError(
+            f"cannot listen on {settings.listen_host}:{settings.listen_port}: "
+            f"{exc.strerror or exc}; pass another --listen HOST:PORT or stop what holds it"
+        ) from None
+    if load is not None:
+        try:
+            current[0] = await asyncio.to_thread(load)
+        except BaseException:
+            server.stop()
+            await server.wait()
+            raise
     await server.wait()
+
+
+class ListenError(Exception):
+    """The listener cannot bind (the port is taken, the address is not ours)."""

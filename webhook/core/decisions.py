@@ -37,6 +37,7 @@ from webhook.core.quantities import format_quantity
 from webhook.core.reviews import AdmissionRequest, Response
 from webhook.core.state import ReservationState
 from webhook.core.tenants import TENANT_KIND, TENANT_NAME, owned_namespace, parse_budget
+from webhook.core.unknown_keys import unknown_key_warnings
 
 __all__ = ["MODES", "Decision", "Mode", "Policy", "decide", "errored", "mutate"]
 
@@ -183,6 +184,7 @@ def _decide_application(request: AdmissionRequest, state: ReservationState) -> D
         digest=charge.digest,
         admitted=admitted,
     )
+    facts.warnings.extend(unknown_key_warnings(request.kind, app.spec, kind.schema))
     contribution = dict(delta)
     if request.kind == TENANT_KIND:
         tenant = _tenant_change(request, state, app, facts)

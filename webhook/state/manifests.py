@@ -10,10 +10,10 @@ that silently lost a manifest would admit against the wrong figures.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import yaml
 
@@ -29,9 +29,20 @@ from webhook.core.platform import Platform, PlatformBuilder
 from webhook.core.state import ReservationState
 from webhook.defaults import default_contracts, default_presets
 
-__all__ = ["Manifest", "load_platform", "load_state", "read_manifests"]
+__all__ = ["Manifest", "Progress", "load_platform", "load_state", "read_manifests"]
 
 _SUFFIXES = (".yaml", ".yml", ".json")
+# The kinds a platform is made of (see PlatformBuilder.add). A file that names none of them
+# cannot describe the platform, so reading only the platform skips it without parsing it.
+_PLATFORM_KINDS: Final = (
+    "ApplicationDefinition",
+    "Instancetype",
+    "ReservationContract",
+    "ConfigMap",
+)
+
+# Called as files and documents are read: (files read, files in all, manifests so far).
+Progress = Callable[[int, int, int], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,35 +51,54 @@ class Manifest:
     body: Mapping[str, Any]
 
 
-def read_manifests(paths: Iterable[str | Path]) -> list[Manifest]:
-    """All manifests under ``paths`` (directories or single files), in a stable order."""
-    manifests: list[Manifest] = []
+def read_manifests(
+    paths: Iterable[str | Path],
+    *,
+    platform_only: bool = False,
+    progress: Progress | None = None,
+) -> list[Manifest]:
+    """All manifests under ``paths`` (directories or single files), in a stable order.
+
+    ``platform_only`` skips, unparsed, every file that names no platform kind.
+    """
+    files: list[Path] = []
     for root in paths:
         root_path = Path(root)
         if not root_path.exists():
             raise ManifestError(str(root_path), "", "no such file or directory")
-        files = (
+        files += (
             [root_path]
             if root_path.is_file()
             else sorted(p for p in root_path.rglob("*") if p.is_file() and p.suffix in _SUFFIXES)
         )
-        for file in files:
-            manifests.extend(_read_file(file))
+    manifests: list[Manifest] = []
+    for done, file in enumerate(files, start=1):
+        for manifest in _read_file(file, platform_only=platform_only):
+            manifests.append(manifest)
+            if progress is not None and len(manifests) % 1000 == 0:
+                progress(done - 1, len(files), len(manifests))
+        if progress is not None:
+            progress(done, len(files), len(manifests))
     return manifests
 
 
 def load_platform(paths: Iterable[str | Path]) -> Platform:
-    """The platform (kinds, instance types, presets, contracts) described under ``paths``."""
-    return _platform(read_manifests(paths))
+    """The platform (kinds, instance types, presets, contracts) described under ``paths``.
+
+    Only files that name a platform kind are parsed: applications are not read at all.
+    """
+    return _platform(read_manifests(paths, platform_only=True))
 
 
-def load_state(paths: Iterable[str | Path]) -> ReservationState:
+def load_state(
+    paths: Iterable[str | Path], *, progress: Progress | None = None
+) -> ReservationState:
     """The platform and every application under ``paths``, as a reservation state.
 
     Applications come as ``apps.cozystack.io`` objects or as the HelmReleases Cozystack stores
     them in; other manifests (Namespaces, preferences ...) are ignored.
     """
-    manifests = read_manifests(paths)
+    manifests = read_manifests(paths, progress=progress)
     state = ReservationState(_platform(manifests))
     for manifest in manifests:
         app = _application(manifest)
@@ -95,11 +125,13 @@ def _application(manifest: Manifest) -> Application | None:
     return None
 
 
-def _read_file(file: Path) -> Iterator[Manifest]:
+def _read_file(file: Path, *, platform_only: bool = False) -> Iterator[Manifest]:
     try:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ManifestError(str(file), "", f"cannot read: {exc}") from None
+    if platform_only and not any(kind in text for kind in _PLATFORM_KINDS):
+        return
     try:
         documents = [json.loads(text)] if file.suffix == ".json" else list(yaml.safe_load_all(text))
     except json.JSONDecodeError as exc:
@@ -107,7 +139,7 @@ def _read_file(file: Path) -> Iterator[Manifest]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else ""
-        reason = getattr(exc, "problem", None) or str(exc)
+        reason = " ".join(str(getattr(exc, "problem", None) or exc).split())
         raise ManifestError(str(file), where, f"not YAML: {reason}") from None
     for index, document in enumerate(documents):
         source = str(file) if len(documents) == 1 else f"{file}#{index}"
