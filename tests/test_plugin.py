@@ -39,15 +39,41 @@ def test_report_from_manifests_adds_carve_outs_and_charges(
     assert acme["reserved"]["memory"] == "13056Mi"
 
 
-def test_report_for_a_namespace_shows_only_its_pool_and_its_ceiling(
+def test_report_for_a_namespace_shows_its_pool_the_pools_below_and_its_ceiling(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     _, out, _ = run(capsys, "report", "--json", "-n", "tenant-acme-dev", *STATE)
     report = json.loads(out)
-    assert [p["pool"] for p in report["pools"]] == ["tenant-acme"]
+    # tenant-acme-dev is in tenant-acme's pool; tenant-acme-dev-ci below it has its own
+    assert [p["pool"] for p in report["pools"]] == ["tenant-acme", "tenant-acme-dev-ci"]
+    assert report["namespace"]["pool"] == "tenant-acme"
     # 16Gi budget minus what the rest of the pool holds (ci's 4Gi carve-out, web1's 8Gi);
     # db's 768Mi is tenant-acme-dev's own: 16Gi - 12Gi = 4Gi
-    assert report["ceiling"]["resources"]["memory"] == "4Gi"
+    assert report["namespace"]["ceiling"]["memory"] == "4Gi"
+
+
+def test_report_for_the_root_shows_the_pools_below_it(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(capsys, "report", "-n", "tenant-root", *STATE)
+    assert status == 0
+    assert "tenant-acme " in out
+    assert "tenant-acme-dev-ci" in out
+    assert "no tenant declares a quota" not in out
+
+
+def test_report_for_an_unknown_namespace_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(capsys, "report", "-n", "tenant-nope", *STATE)
+    assert status == 0
+    assert "namespace tenant-nope is unknown" in out
+
+
+def test_report_tables_show_human_quantities_and_json_exact_ones(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _, table, _ = run(capsys, "report", *STATE)
+    _, data, _ = run(capsys, "report", "-o", "yaml", *STATE)
+    assert "memory=12.75Gi" in table
+    assert "13056Mi" not in table
+    assert "memory: 13056Mi" in data
 
 
 def test_explain_shows_terms_and_the_drift_from_the_recorded_charge(
@@ -61,7 +87,7 @@ def test_explain_shows_terms_and_the_drift_from_the_recorded_charge(
 
 def test_explain_names_what_it_cannot_find(capsys: pytest.CaptureFixture[str]) -> None:
     status, _, err = run(capsys, "explain", "vminstance/nope", "-n", "tenant-acme", *STATE)
-    assert status == 1
+    assert status == 2
     assert "VMInstance/nope not found in namespace tenant-acme" in err
     status, _, err = run(capsys, "explain", "widget/x", "-n", "tenant-acme", *STATE)
     assert "widget: no ApplicationDefinition declares this kind" in err
