@@ -21,7 +21,8 @@ from aiohttp import web
 from webhook.admission import Admission
 from webhook.core.platform import Platform
 from webhook.core.state import ReservationState, recount
-from webhook.http.app import create_app, metrics_key, readiness_key
+from webhook.http.app import create_app, edges_key, metrics_key, readiness_key
+from webhook.http.edges import observe_handshakes
 from webhook.kube.client import KubeClient
 from webhook.kube.config import connect, in_cluster
 from webhook.kube.lease import LeaderElector
@@ -159,6 +160,7 @@ class WebhookServer:
         self.reloader = CertificateReloader(
             settings.cert_file, settings.key_file, client_ca=client_ca
         )
+        observe_handshakes(self.reloader.context, self.app[edges_key])
         metrics = self.app[metrics_key]
         metrics.certificate_expiry.set_function(lambda: self.reloader.not_after.timestamp())
         if services is not None:

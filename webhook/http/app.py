@@ -23,6 +23,7 @@ from aiohttp import web
 from webhook.admission import Admission, internal_error
 from webhook.core.decisions import Decision, errored
 from webhook.core.reviews import AdmissionRequest, ReviewError, parse_review, review_response
+from webhook.http.edges import EdgeLog
 from webhook.http.metrics import Metrics
 from webhook.settings import MAX_REQUEST_BYTES, Settings
 
@@ -30,6 +31,7 @@ __all__ = [
     "Readiness",
     "admission_key",
     "create_app",
+    "edges_key",
     "metrics_key",
     "readiness_key",
     "settings_key",
@@ -49,6 +51,7 @@ admission_key = web.AppKey("admission", Admission)
 settings_key = web.AppKey("settings", Settings)
 metrics_key = web.AppKey("metrics", Metrics)
 readiness_key = web.AppKey("readiness", Readiness)
+edges_key = web.AppKey("edges", EdgeLog)
 
 
 def create_app(admission: Admission, settings: Settings) -> web.Application:
@@ -57,6 +60,7 @@ def create_app(admission: Admission, settings: Settings) -> web.Application:
     app[settings_key] = settings
     app[metrics_key] = Metrics(lambda: admission.state)
     app[readiness_key] = Readiness()
+    app[edges_key] = EdgeLog()
     app.router.add_post("/validate", validate)
     app.router.add_post("/mutate", mutate)
     app.router.add_get("/livez", livez)
@@ -101,7 +105,12 @@ async def _review(
     decide: Callable[[AdmissionRequest], Awaitable[Decision]],
 ) -> web.Response:
     started = time.perf_counter()
-    review = await _read_review(request)
+    try:
+        review = await _read_review(request)
+    except web.HTTPException as exc:  # 400, 413: logged (rate-limited), then answered
+        reason = f"{exc.status} {' '.join((exc.text or exc.reason).split())}"
+        request.app[edges_key].rejected("http", str(request.remote or "unknown"), reason)
+        raise
     settings = request.app[settings_key]
     try:
         async with asyncio.timeout(settings.deadline_seconds):
