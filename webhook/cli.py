@@ -294,6 +294,10 @@ def _serve(args: argparse.Namespace) -> int:
         check_mode_kinds(settings.mode_for, list(platform.kinds))
         kinds = sorted(platform.kinds)
     else:
+        # Fail before logging anything when there is no cluster to read.
+        from webhook.kube.config import connect, in_cluster
+
+        connect(settings.kubeconfig) if settings.kubeconfig else in_cluster()
         # A live cluster may declare kinds beyond the bundled platform: warn, don't refuse.
         from webhook.defaults import platform_dir
         from webhook.state.manifests import load_platform

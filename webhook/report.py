@@ -11,6 +11,7 @@ human ones (``12.75Gi``), and ``-o wide`` adds every column.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any, Final
@@ -229,8 +230,9 @@ def explain_charge(
         entry["count"] = format_quantity(term.count)
         if term.source:
             entry["source"] = term.source
-            if any(term.source.endswith(f" {name}") for name in default_names):
-                entry["sourceIsDefault"] = True
+            used = sorted(n for n in default_names if n and _names(term.source, n))
+            if used:
+                entry["schemaDefaults"] = used
         entry["resources"] = rl.to_strings(term.resources)
         terms.append(entry)
     return {
@@ -245,6 +247,11 @@ def explain_charge(
 
 
 MAX_DEFAULTS: Final = 40
+
+
+def _names(text: str, name: str) -> bool:
+    """Whether ``text`` mentions ``name`` as a whole word (``u1.medium``, not ``u1.medium2``)."""
+    return re.search(rf"(?<![\w.-]){re.escape(name)}(?![\w.-])", text) is not None
 
 
 def schema_defaults(written: object, defaulted: object, path: str = "") -> dict[str, Any]:
@@ -277,8 +284,8 @@ def render_explanation(
     rows = [("TERM", "PATH", "COUNT", "SOURCE", "RESERVES")]
     for term in explained["terms"]:
         source = term.get("source", "-")
-        if term.get("sourceIsDefault"):
-            source += " (schema default)"
+        if term.get("schemaDefaults"):
+            source += f" ({', '.join(term['schemaDefaults'])}: schema default, not written)"
         rows.append(
             (
                 term["term"],

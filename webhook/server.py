@@ -277,5 +277,5 @@ async def serve(
     await server.wait()
 
 
-class ListenError(Exception):
+class ListenError(OSError):
     """The listener cannot bind (the port is taken, the address is not ours)."""

@@ -54,9 +54,10 @@ def connect(
     except k8s_config.ConfigException as exc:
         raise KubeConfigError(f"kubeconfig {where}: {_one_line(exc)}") from None
     except Exception as exc:  # YAML errors, wrong shapes: a file that is not a kubeconfig
-        raise KubeConfigError(
-            f"kubeconfig {where}: not a kubeconfig ({type(exc).__name__}: {_one_line(exc)})"
-        ) from None
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        reason = getattr(exc, "problem", None) or type(exc).__name__
+        raise KubeConfigError(f"kubeconfig {where}: not a kubeconfig{at}: {reason}") from None
     return KubeClient(configuration, timeout=timeout) if timeout else KubeClient(configuration)
 
 
