@@ -121,3 +121,70 @@ async def test_report_and_explain_against_a_cluster(
         assert status == 0
         assert explained["terms"][0]["source"] == "preset t1.micro"
         assert explained["recorded"] is None
+
+
+async def test_report_for_a_namespace_reads_only_that_namespace_and_the_pool_record_above(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with cluster(tmp_path) as (server, kubeconfig):
+        server.create(tenant("tenant-root", "acme", {"memory": "16Gi"}))
+        server.create(tenant("tenant-acme", "dev"))
+        server.create(app("Postgres", "tenant-acme-dev", "db", {"replicas": 3}))
+        server.create(tenant("tenant-root", "other", {"memory": "4Gi"}))
+        server.create(app("Postgres", "tenant-other", "db", {"replicas": 1}))
+        record = server.create(
+            {
+                "apiVersion": "reservation.cozystack.io/v1alpha1",
+                "kind": "TenantReservation",
+                "metadata": {"name": "tenant-acme", "namespace": "tenant-acme"},
+                "spec": {},
+            }
+        )
+        record["status"] = {"budget": {"memory": "16Gi"}, "reserved": {"memory": "768Mi"}}
+        server.update_status(record)
+        server.requests.clear()
+        argv = ["report", "-n", "tenant-acme-dev", "-o", "json", "--kubeconfig", str(kubeconfig)]
+        status = await asyncio.to_thread(main, argv)
+        report = json.loads(capsys.readouterr().out)
+    assert status == 0
+    paths = [r.path for r in server.requests]
+    apps = [p for p in paths if p.startswith("/apis/apps.cozystack.io/")]
+    # every application read is namespaced, and none is outside tenant-acme-dev's subtree
+    assert all("/namespaces/tenant-acme-dev/" in p for p in apps if "/tenants/" not in p)
+    assert not [p for p in paths if "tenant-other" in p]
+    assert not [r for r in server.requests if r.query.get("watch")]  # nothing that can hang
+    assert report["namespace"]["pool"] == "tenant-acme"
+    assert report["poolAbove"]["reserved"] == {"memory": "768Mi"}
+
+
+async def test_the_first_forbidden_read_names_the_missing_permission(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with cluster(tmp_path) as (server, kubeconfig):
+        server.fail_next(1, 403, method="GET")
+        status = await asyncio.to_thread(main, ["report", "--kubeconfig", str(kubeconfig)])
+        err = capsys.readouterr().err
+    assert status == 2
+    assert err.count("\n") == 1
+    assert "forbidden: this needs RBAC verb 'list' on applicationdefinitions.cozystack.io" in err
+    assert "cluster-wide" in err
+
+
+async def test_explain_finds_a_kind_by_its_short_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with cluster(tmp_path) as (server, kubeconfig):
+        server.create(app("VMInstance", "tenant-acme", "web1", {"instanceType": "u1.large"}))
+        argv = ["explain", "vm/web1", "-n", "tenant-acme", "-o", "json"]
+        status = await asyncio.to_thread(main, [*argv, "--kubeconfig", str(kubeconfig)])
+        explained = json.loads(capsys.readouterr().out)
+    assert status == 0
+    assert explained["charge"] == {"cpu": "2", "memory": "8Gi"}
+
+
+def test_fail_on_drift_exits_1_and_says_why(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run(capsys, "report", "--fail-on", "drift", *STATE)
+    assert status == 1
+    assert "--fail-on: 1 application(s) with contract drift" in err
+    status, _, _ = run(capsys, "report", "--fail-on", "overcommitted,unknown", *STATE)
+    assert status == 0

@@ -182,7 +182,7 @@ def test_zero_count_charges_nothing() -> None:
         pytest.param(
             [{"name": "db", "count": "$.replicas", "storage": "1Gi"}],
             {"replicas": "1.5"},
-            "Thing: replicas: \"1.5\" is not a whole number (a count is digits only)",
+            'Thing: replicas: "1.5" is not a whole number (a count is digits only)',
             id="fractional-count",
         ),
         pytest.param(
