@@ -133,11 +133,13 @@ def dump(data: Any, output: str) -> str:
 
 
 def human_quantity(text: str) -> str:
-    """A canonical quantity for a table: ``13056Mi`` reads ``12.75Gi``; others unchanged.
+    """A canonical quantity for a table: ``13056Mi`` reads ``12.75Gi``, ``7500m`` reads ``7.5``.
 
     Binary byte quantities are shown in the largest unit they reach, to two decimals at most;
     the exact figure is what JSON and YAML carry.
     """
+    if text.endswith("m") and text[:-1].isdigit() and int(text[:-1]) >= 1000:
+        return f"{Decimal(text[:-1]).scaleb(-3).normalize():f}"  # 7500m of CPU reads 7.5
     if not text.endswith(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")):
         return text
     value = parse_quantity(text)
