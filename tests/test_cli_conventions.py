@@ -5,6 +5,7 @@ a platform that ships with the package, readable explanations, and a server aliv
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ import pytest
 from tests.builders import FIXTURES, ROOT, free_port
 from webhook import __version__
 from webhook.cli import main
+from webhook.console import load_state_showing_progress
 from webhook.core.state import ReservationState
 from webhook.defaults import defaults_digest, platform_dir
 from webhook.plugin import main as plugin
@@ -214,3 +216,23 @@ def test_serve_logs_every_kind_s_mode_and_the_loaded_state(tmp_path: Path) -> No
     assert modes["VMInstance"] == "warn"
     assert lines["state loaded"]["kinds"] == 31
     assert server.returncode == 0
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_progress_bar_shows_on_a_terminal_and_never_on_a_pipe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    paths = [str(FIXTURES / "cozystack"), str(FIXTURES / "tenants")]
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    load_state_showing_progress(paths)
+    assert "reading manifests" in terminal.getvalue()
+    assert "manifests=" in terminal.getvalue()
+    pipe = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", pipe)
+    load_state_showing_progress(paths)
+    assert pipe.getvalue() == ""

@@ -1,4 +1,4 @@
-"""The README opens with the two commands, and CI runs the README's test command."""
+"""The README opens with two commands, CI runs its test command, and its commands all run."""
 
 import os
 import re
