@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.builders import FIXTURES
+from tests.builders import FIXTURES, THING_DEFINITION
 from tests.cluster import app, cluster, tenant
 from webhook.plugin import main
 
@@ -188,3 +188,16 @@ def test_fail_on_drift_exits_1_and_says_why(capsys: pytest.CaptureFixture[str]) 
     assert "--fail-on: 1 application(s) with contract drift" in err
     status, _, _ = run(capsys, "report", "--fail-on", "overcommitted,unknown", *STATE)
     assert status == 0
+
+
+async def test_a_kind_the_api_does_not_serve_is_a_note_not_the_end_of_the_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with cluster(tmp_path) as (server, kubeconfig):
+        server.create(THING_DEFINITION)  # declared, but no "things" served by the API
+        server.create(tenant("tenant-root", "acme", {"memory": "16Gi"}))
+        status = await asyncio.to_thread(main, ["report", "-A", "--kubeconfig", str(kubeconfig)])
+        out, err = capsys.readouterr()
+    assert status == 0
+    assert "note: not served by the API (404), so not counted: Thing" in err
+    assert "tenant-acme" in out

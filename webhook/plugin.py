@@ -133,6 +133,11 @@ def _report(args: argparse.Namespace) -> int:
         from webhook.console import load_state_showing_progress
 
         state = load_state_showing_progress(args.state)
+        if not state.platform.kinds:
+            raise CommandError(
+                f"--state {' '.join(args.state)}: no ApplicationDefinition found; add the "
+                "platform's definitions (e.g. --state fixtures/cozystack)"
+            )
         report = build_report(state, namespace=namespace)
         notes: list[str] = []
     else:

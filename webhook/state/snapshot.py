@@ -84,10 +84,22 @@ async def read_snapshot(
     state = ReservationState(platform)
     snapshot = Snapshot(state, notes)
     kinds = sorted(platform.kinds.values(), key=lambda k: k.kind)
+    limit = asyncio.Semaphore(PARALLEL)
+
+    async def one(kind_name: str, plural: str, ns: str) -> list[Obj]:
+        async with limit:
+            items = await reader.list(_apps(plural), ns, kind=kind_name, optional_404=True)
+            if items is None:
+                unserved.add(kind_name)
+            return items or []
+
+    unserved: set[str] = set()
     if not namespace:
-        for kind in kinds:
-            for obj in await reader.list(_apps(kind.plural), kind=kind.kind, optional_404=True):
-                state.observe(application_from_object(obj))
+        results = await asyncio.gather(*(one(k.kind, k.plural, "") for k in kinds))
+        for objs in results:
+            for obj in objs:
+                _observe(snapshot, obj)
+        _note_unserved(snapshot, unserved)
         return snapshot
     tenant = platform.kind(TENANT_KIND)
     snapshot.known = await _own_budget(reader, snapshot, namespace, tenant.plural if tenant else "")
@@ -95,8 +107,8 @@ async def read_snapshot(
     queue = [namespace]
     while queue and tenant is not None:
         current = queue.pop(0)
-        for obj in await reader.list(_apps(tenant.plural), current, kind=TENANT_KIND):
-            state.observe(application_from_object(obj))
+        for obj in await reader.list(_apps(tenant.plural), current, kind=TENANT_KIND) or []:
+            _observe(snapshot, obj)
             child = owned_namespace(current, str(obj["metadata"]["name"]))
             if len(namespaces) >= MAX_NAMESPACES:
                 raise SnapshotError(
@@ -106,18 +118,13 @@ async def read_snapshot(
             namespaces.append(child)
             queue.append(child)
     others = [k for k in kinds if k.kind != TENANT_KIND]
-    limit = asyncio.Semaphore(PARALLEL)
-
-    async def one(kind_name: str, plural: str, ns: str) -> list[Obj]:
-        async with limit:
-            return await reader.list(_apps(plural), ns, kind=kind_name, optional_404=True)
-
     results = await asyncio.gather(
         *(one(k.kind, k.plural, ns) for ns in namespaces for k in others)
     )
     for objs in results:
         for obj in objs:
-            state.observe(application_from_object(obj))
+            _observe(snapshot, obj)
+    _note_unserved(snapshot, unserved)
     if any(results):
         snapshot.known = True
     node = state.tree.get(namespace)
@@ -144,14 +151,15 @@ async def _platform(
 ) -> tuple[PlatformBuilder, list[str]]:
     notes: list[str] = []
     builder = PlatformBuilder(default_contracts(), default_presets())
-    for obj in await reader.list(DEFINITIONS, kind="ApplicationDefinition"):
+    for obj in await reader.list(DEFINITIONS, kind="ApplicationDefinition") or []:
         builder.add(obj, source=f"ApplicationDefinition/{obj['metadata'].get('name')}")
-    for obj in await reader.list(CLUSTER_TYPES, kind="VirtualMachineClusterInstancetype"):
+    for obj in await reader.list(CLUSTER_TYPES, kind="VirtualMachineClusterInstancetype") or []:
         builder.add(obj, source=f"VirtualMachineClusterInstancetype/{obj['metadata'].get('name')}")
     try:
-        for obj in await reader.list(
+        namespaced = await reader.list(
             NAMESPACED_TYPES, namespace, kind="VirtualMachineInstancetype", optional_404=True
-        ):
+        )
+        for obj in namespaced or []:
             builder.add(obj, source=f"VirtualMachineInstancetype/{obj['metadata'].get('name')}")
     except SnapshotError as exc:
         notes.append(f"namespaced instance types not read ({exc})")
@@ -171,7 +179,7 @@ async def _own_budget(reader: _Reader, snapshot: Snapshot, namespace: str, plura
     if owner is None or not plural:
         return False
     release, parent = owner
-    name = release.removeprefix("tenant-") if release != parent else release
+    name = release.removeprefix("tenant-")  # the root tenant is "root", as any other
     try:
         obj = await reader.get(_apps(plural), parent, name)
     except SnapshotError as exc:
@@ -214,6 +222,23 @@ async def _pool_above(reader: _Reader, snapshot: Snapshot, namespace: str) -> di
     return None
 
 
+def _observe(snapshot: Snapshot, obj: Obj) -> None:
+    """Add one application; a malformed one is a note, never the end of the report."""
+    try:
+        snapshot.state.observe(application_from_object(obj))
+    except ValueError as exc:
+        metadata = obj.get("metadata") or {}
+        where = f"{obj.get('kind')}/{metadata.get('name')} in {metadata.get('namespace')}"
+        snapshot.notes.append(f"{where} skipped: {exc}")
+
+
+def _note_unserved(snapshot: Snapshot, unserved: set[str]) -> None:
+    if unserved:
+        snapshot.notes.append(
+            f"not served by the API (404), so not counted: {', '.join(sorted(unserved))}"
+        )
+
+
 def _apps(plural: str) -> ResourceRef:
     return ResourceRef(APPS_GROUP, APPS_VERSION, plural)
 
@@ -229,6 +254,9 @@ class _Reader:
     ) -> Obj | None:
         try:
             return await self.client.request("GET", ref.path(namespace, name))
+        except ValueError:
+            path = ref.path(namespace, name)
+            raise SnapshotError(f"{self.client.host}{path}: the answer is not JSON") from None
         except ApiError as exc:
             if exc.status == 404 or (exc.status == 403 and not required):
                 return None
@@ -236,16 +264,19 @@ class _Reader:
 
     async def list(
         self, ref: ResourceRef, namespace: str = "", *, kind: str, optional_404: bool = False
-    ) -> list[Obj]:
+    ) -> list[Obj] | None:
+        """Every object (paged); ``None`` when the type is not served and that is optional."""
         items: list[Obj] = []
         params = {"limit": str(PAGE)}
         path = ref.path(namespace)
         while True:
             try:
                 page = await self.client.request("GET", path, params=params)
+            except ValueError:
+                raise SnapshotError(f"{self.client.host}{path}: the answer is not JSON") from None
             except ApiError as exc:
                 if exc.status == 404 and optional_404:
-                    return items
+                    return None
                 raise self._error(exc, "list", ref, namespace, path) from None
             for item in page.get("items") or []:
                 if isinstance(item, Mapping):
