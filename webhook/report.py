@@ -151,23 +151,31 @@ def human_quantity(text: str) -> str:
 
 
 def render_report(report: dict[str, Any], *, wide: bool = False) -> str:
-    """The report as tables: pools, then what needs a look."""
-    header = ["POOL", "BUDGET", "RESERVED", "AVAILABLE", "OVERCOMMITTED", "MEMBERS"]
+    """The report as tables: a row per pool and resource, then what needs a look.
+
+    One row per resource keeps the table narrow whatever keys a budget sets; ``wide`` adds who
+    is in each pool and its carve-outs.
+    """
+    header = ["POOL", "RESOURCE", "BUDGET", "RESERVED", "AVAILABLE", "OVERCOMMITTED", "MEMBERS"]
     if wide:
         header.append("CARVE-OUTS")
     rows = [tuple(header)]
     for pool in report["pools"]:
-        row = [
-            pool["pool"],
-            _pairs(pool["budget"], human=not wide),
-            _pairs(pool["reserved"], human=not wide),
-            _pairs(pool["available"], human=not wide),
-            _pairs(pool["overcommitted"], human=not wide) or "-",
-            ",".join(pool["members"]) if wide else str(len(pool["members"])),
-        ]
-        if wide:
-            row.append(",".join(pool["carveOuts"]) or "-")
-        rows.append(tuple(row))
+        for index, key in enumerate(pool["budget"]):
+            first = index == 0
+            members = ",".join(pool["members"]) if wide else str(len(pool["members"]))
+            row = [
+                pool["pool"] if first else "",
+                key,
+                human_quantity(pool["budget"][key]),
+                human_quantity(pool["reserved"].get(key, "0")),
+                human_quantity(pool["available"].get(key, "0")),
+                human_quantity(pool["overcommitted"][key]) if key in pool["overcommitted"] else "-",
+                members if first else "",
+            ]
+            if wide:
+                row.append((",".join(pool["carveOuts"]) or "-") if first else "")
+            rows.append(tuple(row))
     lines = _table(rows)
     scope = report.get("namespace")
     if len(rows) == 1:
@@ -184,7 +192,7 @@ def render_report(report: dict[str, Any], *, wide: bool = False) -> str:
         where = f"in pool {scope['pool']}" if scope["pool"] else "in no pool"
         lines += ["", f"{scope['name']} is {where}."]
         if scope["ceiling"]:
-            pairs = _pairs(scope["ceiling"], human=not wide).replace(",", ", ")
+            pairs = _pairs(scope["ceiling"], human=True).replace(",", ", ")
             lines.append(f"{scope['name']}'s own applications can reserve at most: {pairs}")
     for title, key in (
         ("Unknown reservations (their pools grant nothing more)", "unknown"),
@@ -282,7 +290,7 @@ def render_explanation(
     explained: dict[str, Any], *, recorded: dict[str, Any] | None = None, wide: bool = False
 ) -> str:
     """The explanation as a table, with the recorded charge when it differs (drift)."""
-    human = not wide
+    human = True
     rows = [("TERM", "PATH", "COUNT", "SOURCE", "RESERVES")]
     for term in explained["terms"]:
         source = term.get("source", "-")
