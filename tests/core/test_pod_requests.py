@@ -27,7 +27,9 @@ def test_a_vm_with_a_gpu_pays_the_vfio_overhead_and_requests_the_device() -> Non
 
 
 def test_a_load_balancer_is_an_object_count_not_a_pod_request() -> None:
-    need = pod_need("VMInstance", {"cpu": Decimal(1), "memory": Gi, "services.loadbalancers": 1})
+    need = pod_need(
+        "VMInstance", {"cpu": Decimal(1), "memory": Gi, "services.loadbalancers": Decimal(1)}
+    )
     assert "requests.services.loadbalancers" not in need.requests
 
 
