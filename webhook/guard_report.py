@@ -17,11 +17,10 @@ from webhook.core import resources as rl
 from webhook.core.guard import (
     QuotaBook,
     factor_for_mix,
+    namespace_need,
     render_tenant_quota,
     smallest_factor,
-    total_need,
 )
-from webhook.core.pod_requests import pod_need
 from webhook.core.quantities import format_quantity
 from webhook.core.state import ReservationState
 
@@ -51,15 +50,10 @@ def build_guard_report(
         else:
             hard = render_tenant_quota(budget)
             source = "rendered"
-        needs = []
-        unknown = []
-        for (kind, _, name), record in sorted(state.records_in(namespace)):
-            need = pod_need(kind, record.resources) if record is not None else None
-            if need is None or not need.known:
-                unknown.append(f"{kind}/{name}")
-            else:
-                needs.append(need)
-        need_total = total_need(needs)
+        need_total, unknown = namespace_need(
+            (key, record.resources if record else None)
+            for key, record in state.records_in(namespace)
+        )
         short = {
             key: need_total[key] - hard[key]
             for key in sorted(need_total)
@@ -68,11 +62,11 @@ def build_guard_report(
         row: dict[str, Any] = {
             "namespace": namespace,
             "guard": source,
-            "hard": rl.to_strings(rl.mask(hard, need_total)),
+            "hard": rl.to_strings({k: v for k, v in hard.items() if k.startswith("requests.")}),
             "need": rl.to_strings(need_total),
             "short": rl.to_strings(short),
             "tightest": {key: binding[key] for key in short if key in binding},
-            "unknown": unknown,
+            "unknown": [f"{kind}/{name}" for kind, _, name in unknown],
             "smallestFactor": str(smallest_factor(budget, need_total)) if budget else None,
             "mixFactors": {
                 format_quantity(size): str(factor_for_mix(budget.get("memory", Decimal(0)), size))

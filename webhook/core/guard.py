@@ -41,7 +41,9 @@ __all__ = [
     "QuotaBook",
     "Shortfall",
     "factor_for_mix",
+    "guard_room",
     "guard_warning",
+    "namespace_need",
     "quota_from_object",
     "render_tenant_quota",
     "shortfall",
@@ -187,6 +189,34 @@ def guard_warning(
     )
     found = shortfall(need, others, quotas)
     return found.warning(key[0], need.pods) if found else None
+
+
+def namespace_need(
+    namespace_charges: Iterable[tuple[AppKey, Mapping[str, Decimal] | None]],
+) -> tuple[dict[str, Decimal], list[AppKey]]:
+    """What a namespace's admitted applications' pods will request, and those whose need is
+    unknown (no charge, or a kind whose pods the contract cannot tell)."""
+    needs = []
+    unknown = []
+    for key, resources in namespace_charges:
+        need = pod_need(key[0], resources) if resources is not None else None
+        if need is None or not need.known:
+            unknown.append(key)
+        else:
+            needs.append(need)
+    return total_need(needs), sorted(unknown)
+
+
+def guard_room(quotas: Iterable[Quota], need: Mapping[str, Decimal]) -> dict[str, Decimal]:
+    """Per key, what the tightest quota leaves once what exists and what was admitted is
+    counted: ``hard - max(used, need)``. Negative where admitted applications cannot all run."""
+    room: dict[str, Decimal] = {}
+    for quota in quotas:
+        for key, hard in quota.hard.items():
+            left = hard - max(quota.used.get(key, Decimal(0)), need.get(key, Decimal(0)))
+            if key not in room or left < room[key]:
+                room[key] = left
+    return room
 
 
 def render_tenant_quota(
