@@ -32,16 +32,16 @@ class JsonFormatter(logging.Formatter):
         self._second = -1
         self._stamp = ""
 
-    def _time(self, created: float) -> str:
+    def _time(self, created: float, msecs: float) -> str:
         second = int(created)
         if second != self._second:  # strftime once per second, not once per line
             self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
             self._second = second
-        return f"{self._stamp}.{int((created - second) * 1000):03d}Z"
+        return f"{self._stamp}.{int(msecs):03d}Z"
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, object] = {
-            "time": self._time(record.created),
+            "time": self._time(record.created, record.msecs),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
