@@ -36,6 +36,7 @@ from webhook.console import (
 from webhook.core.decisions import MODES, Mode, Policy
 
 if TYPE_CHECKING:
+    from webhook.core.guard import QuotaBook
     from webhook.core.platform import Platform
     from webhook.core.state import ReservationState
 
@@ -107,6 +108,30 @@ def _parser() -> argparse.ArgumentParser:
     add_output(report, ("table", "wide", "json", "yaml"), default="table")
     add_fail_on(report)
     report.set_defaults(handler=_report)
+
+    guard = commands.add_parser(
+        "guard",
+        help="will admitted applications' pods fit their namespace's ResourceQuotas?",
+        description="Per tenant namespace: the pod-level guard (ResourceQuotas), what admitted "
+        "applications' pods will request, and the factor on resourceQuotas that lets them all "
+        "run. Exit status 1 with --fail-on short when some namespace is short.",
+        epilog=EXIT_CODES,
+    )
+    _add_state(guard)
+    guard.add_argument(
+        "--mix",
+        action="append",
+        default=[],
+        metavar="SIZE",
+        help="a target VM memory size (e.g. 1Gi): print the factor a budget of such VMs needs",
+    )
+    guard.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    guard.add_argument(
+        "--fail-on",
+        choices=("short",),
+        help="exit 1 when admitted applications cannot all run in some namespace",
+    )
+    guard.set_defaults(handler=_guard)
 
     serve = commands.add_parser("serve", help="serve AdmissionReviews over TLS", epilog=EXIT_CODES)
     serve.add_argument(
@@ -195,8 +220,8 @@ def _add_policy(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _load_state(paths: Sequence[str]) -> ReservationState:
-    state = cast("ReservationState", load_state_showing_progress(paths))
+def _load_state(paths: Sequence[str], *, quotas: QuotaBook | None = None) -> ReservationState:
+    state = cast("ReservationState", load_state_showing_progress(paths, quotas=quotas))
     _require_platform(state.platform, paths)
     return state
 
@@ -226,16 +251,18 @@ def _policy(args: argparse.Namespace, known: Sequence[str]) -> Policy:
 
 def _review(args: argparse.Namespace) -> int:
     from webhook.admission import admit, apply_admitted
+    from webhook.core.guard import QuotaBook
     from webhook.core.reviews import ReviewError
 
-    state = _load_state(args.state)
+    quotas = QuotaBook()
+    state = _load_state(args.state, quotas=quotas)
     policy = _policy(args, list(state.platform.kinds))
     status = 0
     for name in args.files:
         for index, body in enumerate(_read_reviews(name)):
             where = name if index == 0 else f"{name}#{index}"
             try:
-                outcome = admit(body, state, policy)
+                outcome = admit(body, state, policy, quotas=quotas)
             except ReviewError as exc:
                 print(f"webhook review: {where}: {exc}", file=sys.stderr)
                 status = EXIT_INPUT
@@ -310,18 +337,21 @@ def _serve(args: argparse.Namespace) -> int:
             )
     modes = {kind: settings.policy.mode_for(kind) for kind in sorted({*kinds, *settings.mode_for})}
     log.info("modes", extra={"fields": {"default": settings.mode, "modes": modes}})
+    from webhook.core.guard import QuotaBook
+
+    quotas = QuotaBook()  # filled with the state's ResourceQuotas as it loads
     load = None
     if settings.state:
         paths = settings.state
 
         def load() -> ReservationState:
-            return _load_state_logging(paths)
+            return _load_state_logging(paths, quotas)
 
-    asyncio.run(serve(None, settings, load=load))
+    asyncio.run(serve(None, settings, quotas=quotas, load=load))
     return 0
 
 
-def _load_state_logging(paths: Sequence[str]) -> ReservationState:
+def _load_state_logging(paths: Sequence[str], quotas: QuotaBook) -> ReservationState:
     """Load manifest directories, logging counts every few seconds (the server's progress)."""
     from webhook.state.manifests import load_state
 
@@ -337,7 +367,7 @@ def _load_state_logging(paths: Sequence[str]) -> ReservationState:
                 extra={"fields": {"files": files, "of": total, "manifests": manifests}},
             )
 
-    state = load_state(paths, progress=progress)
+    state = load_state(paths, quotas=quotas, progress=progress)
     _require_platform(state.platform, paths)
     log.info(
         "state loaded",
@@ -350,6 +380,29 @@ def _load_state_logging(paths: Sequence[str]) -> ReservationState:
         },
     )
     return state
+
+
+def _guard(args: argparse.Namespace) -> int:
+    from webhook.core.errors import QuantityError
+    from webhook.core.guard import QuotaBook
+    from webhook.core.quantities import parse_quantity
+    from webhook.guard_report import build_guard_report, render_guard_report
+
+    mixes = []
+    for size in args.mix:
+        try:
+            mixes.append(parse_quantity(size))
+        except QuantityError as exc:
+            raise CommandError(f"--mix {size!r}: {exc}") from None
+    quotas = QuotaBook()
+    state = _load_state(args.state, quotas=quotas)
+    report = build_guard_report(state, quotas, mixes)
+    if args.output == "json":
+        print(json.dumps(report, indent=2))
+    else:
+        print(render_guard_report(report))
+    short = any(row["short"] for row in report["namespaces"])
+    return 1 if args.fail_on == "short" and short else 0
 
 
 def _certs_generate(args: argparse.Namespace) -> int:

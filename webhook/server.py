@@ -19,6 +19,7 @@ from typing import Final
 from aiohttp import web
 
 from webhook.admission import Admission
+from webhook.core.guard import QuotaBook
 from webhook.core.platform import Platform
 from webhook.core.state import ReservationState, recount
 from webhook.http.app import create_app, edges_key, metrics_key, readiness_key
@@ -29,6 +30,7 @@ from webhook.kube.lease import LeaderElector
 from webhook.ledger import Ledger, LedgerSettings
 from webhook.settings import Settings
 from webhook.state.live import LiveSettings, LiveState
+from webhook.state.quotas import QuotaWatch
 from webhook.tls.contexts import CertificateReloader
 from webhook.tls.rotation import MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS, CertificateRotator
 from webhook.waits import sleep_unless_stopped
@@ -66,6 +68,8 @@ class LiveServices:
             ),
         )
         self.live.required.append(lambda: self.ledger.synced)
+        # The pod-level guard: warnings only, so readiness does not wait for it.
+        self.quotas = QuotaWatch(client, read_timeout=settings.watch_read_timeout)
         self.elector = LeaderElector(
             client,
             namespace=settings.namespace,
@@ -93,6 +97,7 @@ class LiveServices:
         await asyncio.gather(
             self.live.run(stop),
             self.ledger.reflector.run(stop),
+            self.quotas.run(stop),
             self.elector.run(stop),
             self._duties(stop),
         )
@@ -144,15 +149,19 @@ class WebhookServer:
         settings: Settings,
         *,
         services: LiveServices | None = None,
+        quotas: QuotaBook | None = None,
     ) -> None:
         self.settings = settings
         self.services = services
         if services is not None:
             self.admission = Admission(
-                lambda: services.live.state, settings.policy, reserver=services.ledger
+                lambda: services.live.state,
+                settings.policy,
+                reserver=services.ledger,
+                quotas=services.quotas.book,
             )
         elif state is not None:
-            self.admission = Admission(state, settings.policy)
+            self.admission = Admission(state, settings.policy, quotas=quotas)
         else:
             raise ValueError("a webhook server needs a state or live services")
         self.app = create_app(self.admission, settings)
@@ -229,10 +238,12 @@ async def serve(
     state: ReservationState | None,
     settings: Settings,
     *,
+    quotas: QuotaBook | None = None,
     load: Callable[[], ReservationState] | None = None,
 ) -> None:
     """Serve until SIGTERM or SIGINT: on ``state``, or on the cluster when it is ``None``.
 
+    ``quotas`` are the ResourceQuotas read with ``state`` (the pod-level guard's warnings).
     With ``load``, the state is loaded in a thread after the listener is up, so ``/livez``
     answers while a large state loads; until it is loaded ``/readyz`` fails and every request
     is denied "state not synced" (fail closed). A load that fails stops the server.
@@ -253,7 +264,10 @@ async def serve(
             await client.close()
             raise
     server = WebhookServer(
-        state_of if state is not None or load is not None else None, settings, services=services
+        state_of if state is not None or load is not None else None,
+        settings,
+        services=services,
+        quotas=quotas,
     )
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
