@@ -81,6 +81,9 @@ __all__ = [
 
 _VALIDATOR = jsonschema.Draft202012Validator(CONTRACT_SCHEMA)
 _PLAIN_PATH = re.compile(r"[$@](\.[A-Za-z_][A-Za-z0-9_]*)+")
+# A plain path followed by one wildcard (`$.nodeGroups.*`, `@.shards[*]`): its matches are the
+# entries of one container, which evaluation can count before materialising them.
+_WILDCARD_PATH = re.compile(r"[$@]((?:\.[A-Za-z_][A-Za-z0-9_]*)*)(?:\.\*|\[\*\])")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +98,7 @@ class ValuePath:
     relative: bool
     expression: JSONPath = field(compare=False, repr=False)
     fields: tuple[str, ...] | None = None
+    container: tuple[str, ...] | None = None  # for `<plain path>.*`: the container's keys
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,7 +387,11 @@ class _Compiler:
             raise self.fail(where, f"{text!r} is not valid JSONPath: {exc}") from exc
         plain = _PLAIN_PATH.fullmatch(text)
         fields = tuple(text[2:].split(".")) if plain and len(text) > 1 else None
-        return ValuePath(text, relative, expression, fields)
+        wildcard = _WILDCARD_PATH.fullmatch(text)
+        container = tuple(wildcard[1][1:].split(".")) if wildcard and wildcard[1] else None
+        if wildcard and not wildcard[1]:
+            container = ()
+        return ValuePath(text, relative, expression, fields, container)
 
 
 def _format_path(parts: Any) -> str:

@@ -202,6 +202,7 @@ class _Run:
         if term.for_each is None:
             yield _Scope()
             return
+        self.check_items(term.for_each)
         found = self.find(term.for_each, _Scope())
         if len(found) > self.limits.max_items:
             raise EvaluationError(
@@ -215,6 +216,21 @@ class _Run:
         base = _display(term.for_each, _Scope())
         for name, item in term.if_none:
             yield _Scope(item, f"{base.removesuffix('.*').removesuffix('[*]')}.{name}")
+
+    def check_items(self, path: ValuePath) -> None:
+        """Refuse a forEach over too many items before any match is materialised."""
+        if path.container is None or path.relative:
+            return
+        datum: object = self.root
+        for name in path.container:
+            if not isinstance(datum, Mapping) or name not in datum:
+                return
+            datum = datum[name]
+        if isinstance(datum, Mapping | list) and len(datum) > self.limits.max_items:
+            raise EvaluationError(
+                _display(path, _Scope()),
+                f"{len(datum)} items exceed the limit of {self.limits.max_items}",
+            )
 
     # -- sizes -----------------------------------------------------------------------------
 
