@@ -310,7 +310,7 @@ def test_a_for_each_over_too_many_items_is_refused_before_matching(
 
     monkeypatch.setattr(JSONPath, "find", spy)
     terms = [{"name": "w", "forEach": "$.nodeGroups.*", "storage": "1Gi"}]
-    groups = {f"g{i}": {} for i in range(11)}
+    groups: dict[str, Any] = {f"g{i}": {} for i in range(11)}
     with pytest.raises(EvaluationError, match="11 items exceed the limit of 10"):
         charge(terms, {"nodeGroups": groups}, limits=EvaluationLimits(max_items=10))
     assert matched == []  # refused on the container's size, no match materialised

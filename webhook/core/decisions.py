@@ -31,7 +31,7 @@ from webhook.core.applications import (
     application_from_object,
     charge_annotation,
 )
-from webhook.core.errors import EvaluationError
+from webhook.core.errors import UNEVALUABLE, EvaluationError
 from webhook.core.kinds import APPS_GROUP
 from webhook.core.pools import Node
 from webhook.core.quantities import format_quantity
@@ -127,6 +127,11 @@ def decide(request: AdmissionRequest, state: ReservationState, policy: Policy) -
             "not-an-application",
             f"{request.group or 'core'}/{request.kind} is not an {APPS_GROUP} application",
         )
+    malformed = _namespace_problem(request)
+    if malformed:  # refused in every mode: there is no namespace to charge
+        return _apply_mode(
+            "enforce", errored(400, "BadRequest", "bad-namespace", malformed), request
+        )
     mode = policy.mode_for(request.kind)
     if mode == "off":
         return skipped(f"reservation is off for {request.kind}", mode="off", kind=request.kind)
@@ -143,6 +148,26 @@ def decide(request: AdmissionRequest, state: ReservationState, policy: Policy) -
         )
     decision = _decide_application(request, state)
     return _apply_mode(mode, decision, request)
+
+
+def _namespace_problem(request: AdmissionRequest) -> str:
+    """Why the request names no namespace to charge, or ``""``.
+
+    Every ``apps.cozystack.io`` kind is namespaced, and the API server sends the namespace the
+    object is stored in; a request without one, or whose object claims another, was not sent
+    by it, and charging either namespace would be a guess.
+    """
+    if not request.namespace:
+        return f"{request.kind} {request.name or '(no name)'}: the request names no namespace"
+    for side, obj in (("object", request.object), ("oldObject", request.old_object)):
+        metadata = obj.get("metadata") if obj is not None else None
+        claimed = metadata.get("namespace") if isinstance(metadata, Mapping) else None
+        if claimed not in (None, "", request.namespace):
+            return (
+                f"{request.kind} {request.name}: {side}.metadata.namespace {str(claimed)[:64]!r} "
+                f"differs from the request's namespace {request.namespace!r}"
+            )
+    return ""
 
 
 def _decide_application(request: AdmissionRequest, state: ReservationState) -> Decision:
@@ -170,6 +195,10 @@ def _decide_application(request: AdmissionRequest, state: ReservationState) -> D
         if kind.contract is None:
             return errored(403, "Forbidden", "no-contract", str(exc.for_kind(request.kind)))
         return invalid(f"spec.{exc.path}" if exc.path else "spec", str(exc.for_kind(request.kind)))
+    except UNEVALUABLE as exc:  # values that got past the bounds into a library
+        return invalid(
+            "spec", f"{request.kind}: the values cannot be evaluated ({type(exc).__name__})"
+        )
     forged = _forged_annotation(request, charge.resources, charge.digest)
     if forged:
         return errored(403, "Forbidden", "forged-charge", forged)
@@ -267,11 +296,13 @@ def _tenant_change(
     if not TENANT_NAME.fullmatch(app.name):
         return invalid("metadata.name", f"Tenant name {app.name!r} must match ^[a-z][a-z0-9]*$")
     kind = state.platform.kind(TENANT_KIND)
-    values = kind.defaulted(app.spec) if kind is not None else app.spec
     try:
+        values = kind.defaulted(app.spec) if kind is not None else app.spec
         budget = parse_budget(values)
     except EvaluationError as exc:
         return invalid(f"spec.{exc.path}", f"Tenant: {exc.message}")
+    except UNEVALUABLE as exc:
+        return invalid("spec", f"Tenant: the values cannot be evaluated ({type(exc).__name__})")
     owned = owned_namespace(request.namespace, app.name)
     node = state.tree.get(owned)
     change: dict[str, Decimal] = dict(facts.delta)
@@ -341,14 +372,15 @@ def _old_charge(
             return state.platform.charge(
                 request.kind, request.old_object.get("spec"), namespace=request.namespace
             ).resources
-        except EvaluationError:
+        except UNEVALUABLE:
             pass  # an old object that cannot be evaluated is charged nothing: check it all
     return {}
 
 
 def _metadata(request: AdmissionRequest, *, old: bool = False) -> dict[str, object]:
     source = request.old_object if old else request.object
-    metadata = dict(source.get("metadata") or {}) if source is not None else {}
+    raw = source.get("metadata") if source is not None else None
+    metadata = dict(raw) if isinstance(raw, Mapping) else {}
     metadata.setdefault("name", request.name)
     metadata["namespace"] = request.namespace or metadata.get("namespace")
     return metadata
@@ -534,7 +566,7 @@ def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -
         charge = state.platform.charge(
             request.kind, request.object.get("spec"), namespace=request.namespace
         )
-    except EvaluationError:
+    except UNEVALUABLE:
         return skipped("cannot be evaluated; validation decides", kind=request.kind)
     value = charge_annotation(charge.resources, charge.digest)
     if _annotation(request.object) == value:

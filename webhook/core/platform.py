@@ -8,6 +8,7 @@ manifests in, a frozen :class:`Platform` out, every rejected manifest named with
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
@@ -89,10 +90,8 @@ class Platform:
         cached = self._charges.get(key)
         if cached is None:
             cached = found.charge(spec, self.catalog, namespace=namespace)
-            try:
+            with contextlib.suppress(ValueError):  # an entry larger than the whole cache
                 self._charges[key] = cached
-            except ValueError:  # one entry larger than the whole cache: simply not kept
-                pass
         return cached
 
 

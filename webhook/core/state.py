@@ -22,7 +22,7 @@ from decimal import Decimal
 
 from webhook.core import resources as rl
 from webhook.core.applications import AppKey, Application
-from webhook.core.errors import EvaluationError
+from webhook.core.errors import UNEVALUABLE, EvaluationError
 from webhook.core.pending import PendingCharges
 from webhook.core.platform import Platform
 from webhook.core.pools import TenantTree
@@ -127,7 +127,7 @@ class ReservationState:
         try:
             values = kind.defaulted(app.spec) if kind else app.spec
             budget = parse_budget(values)
-        except (EvaluationError, *UNEVALUABLE):
+        except UNEVALUABLE:
             # A budget Cozystack would not render cannot be trusted either way: keep the last
             # one; a new tenant stays unbounded and is reported through its problem.
             node = self.tree.get(owned)
@@ -140,7 +140,7 @@ class ReservationState:
         """The record to keep (``None``: unknown), and why today's evaluation failed."""
         try:
             charge = self.platform.charge(app.kind, app.spec, namespace=namespace)
-        except (EvaluationError, *UNEVALUABLE) as exc:
+        except UNEVALUABLE as exc:
             if app.recorded is None:
                 return None, _reason(exc)
             record = AppRecord(
@@ -216,19 +216,6 @@ def recount(state: ReservationState) -> dict[tuple[str, str], tuple[Decimal, Dec
             if kept != counted:
                 differences[(node.namespace, resource)] = (kept, counted)
     return differences
-
-
-# What a hostile object can make evaluation raise besides EvaluationError: nesting deeper than
-# Python recurses (defaulting, canonical JSON), arithmetic past a context, a value of a type no
-# branch expected. Each makes the object unknown, never an exception out of observe().
-UNEVALUABLE: tuple[type[Exception], ...] = (
-    RecursionError,
-    ArithmeticError,
-    ValueError,
-    TypeError,
-    KeyError,
-    AttributeError,
-)
 
 
 def _reason(exc: Exception) -> str:
