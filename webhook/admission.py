@@ -19,7 +19,7 @@ from webhook.core.decisions import Decision, Policy, decide, errored, mutate
 from webhook.core.reviews import AdmissionRequest, parse_review, review_response
 from webhook.core.state import ReservationState
 
-__all__ = ["Admission", "Outcome", "admit", "apply_admitted", "internal_error"]
+__all__ = ["Admission", "Outcome", "admit", "apply_admitted", "conflict", "internal_error"]
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class Admission:
     async def validate(self, request: AdmissionRequest) -> Decision:
         if self.reserver is not None:
             return await self.reserver.admit(request, self.policy)
-        decision = decide(request, self.state, self.policy)
+        decision = conflict(request, self.state) or decide(request, self.state, self.policy)
         apply_admitted(self.state, request, decision)
         return decision
 
@@ -79,10 +79,28 @@ def admit(body: object, state: ReservationState, policy: Policy) -> Outcome:
     """Decide a decoded AdmissionReview; raises ``ReviewError`` only for a malformed review."""
     request = parse_review(body)
     try:
-        decision = decide(request, state, policy)
+        decision = conflict(request, state) or decide(request, state, policy)
     except Exception:
         decision = internal_error(request)
     return Outcome(request, decision)
+
+
+def conflict(request: AdmissionRequest, state: ReservationState) -> Decision | None:
+    """Where this process is the only store (``review``, manifest directories): a CREATE of a
+    name the state already holds is refused as the API server would refuse it, and changes
+    nothing; the first object keeps its record."""
+    if request.operation != "CREATE":
+        return None
+    key = (request.kind, request.namespace, request.name)
+    if state.record(key) is None and key not in state.unknown():
+        return None
+    return errored(
+        409,
+        "AlreadyExists",
+        "already-exists",
+        f"{request.kind} {request.name} already exists in {request.namespace}; "
+        "nothing was changed (update it instead)",
+    )
 
 
 def internal_error(request: AdmissionRequest) -> Decision:
