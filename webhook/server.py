@@ -39,6 +39,12 @@ log = logging.getLogger(__name__)
 # application, so it runs seldom and never on the admission path's cadence.
 CERTIFICATE_SECONDS: Final = 30.0
 DRIFT_SECONDS: Final = 300.0
+# A connection must deliver a complete request header within this many seconds of opening (or
+# of the previous response), else it is closed: a client that sends half a header, or holds an
+# idle connection, cannot pin a socket. aiohttp's keep-alive timer does both: it starts when the
+# connection opens and closes it if no full request has arrived by then. The API server's
+# idle connections (Go's 90 s default) simply reconnect.
+IDLE_SECONDS: Final = 15.0
 
 
 class LiveServices:
@@ -140,6 +146,7 @@ class WebhookServer:
         settings: Settings,
         *,
         services: LiveServices | None = None,
+        idle_seconds: float = IDLE_SECONDS,
     ) -> None:
         self.settings = settings
         self.services = services
@@ -170,6 +177,7 @@ class WebhookServer:
             handle_signals=False,
             access_log=None,
             shutdown_timeout=settings.shutdown_seconds,
+            keepalive_timeout=idle_seconds,
         )
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
