@@ -26,6 +26,7 @@ from typing import Any, Final, Literal
 from webhook.core import resources as rl
 from webhook.core.applications import (
     CHARGE_ANNOTATION,
+    AppKey,
     Application,
     RecordedCharge,
     application_from_object,
@@ -146,7 +147,7 @@ def decide(request: AdmissionRequest, state: ReservationState, policy: Policy) -
             ),
             request,
         )
-    decision = _decide_application(request, state)
+    decision = _decide_application(request, state, policy)
     return _apply_mode(mode, decision, request)
 
 
@@ -170,7 +171,9 @@ def _namespace_problem(request: AdmissionRequest) -> str:
     return ""
 
 
-def _decide_application(request: AdmissionRequest, state: ReservationState) -> Decision:
+def _decide_application(
+    request: AdmissionRequest, state: ReservationState, policy: Policy
+) -> Decision:
     if request.object is None:
         return invalid("object", f"{request.operation} of {request.kind} carries no object")
     try:
@@ -221,7 +224,7 @@ def _decide_application(request: AdmissionRequest, state: ReservationState) -> D
         contribution, extra_warnings, budget = tenant
         facts.warnings.extend(extra_warnings)
         facts.expected = budget
-    return _check(namespace, contribution, state, facts)
+    return _check(namespace, contribution, state, facts, policy)
 
 
 @dataclass
@@ -236,7 +239,11 @@ class _Facts:
 
 
 def _check(
-    namespace: str, change: Mapping[str, Decimal], state: ReservationState, facts: _Facts
+    namespace: str,
+    change: Mapping[str, Decimal],
+    state: ReservationState,
+    facts: _Facts,
+    policy: Policy,
 ) -> Decision:
     """Check the positive part of ``change`` against each key's nearest bounded tenant."""
     increases = rl.positive_part(change)
@@ -271,14 +278,13 @@ def _check(
     if state.unknown():
         for key in sorted(increases):
             holder = pools[key].namespace if key in pools else ""
-            blockers = state.unknown_in_pool(holder, key) if holder else []
+            blockers = [
+                k
+                for k in (state.unknown_in_pool(holder, key) if holder else [])
+                if policy.mode_for(k[0]) == "enforce"  # warn and off admit it knowingly
+            ]
             if blockers:
-                apps = ", ".join(f"{k}/{n} in {ns}" for k, ns, n in blockers)
-                message = (
-                    f"tenant quota: pool {holder} cannot grant more: the reservation "
-                    f"of {apps} is unknown (it cannot be evaluated and has no recorded charge); "
-                    "fix or delete it"
-                )
+                message = _unknown_message(holder, blockers, state.unknown())
                 return _denied_quota(
                     message, facts, pool_name, after, budget, reason="unknown-usage"
                 )
@@ -287,6 +293,18 @@ def _check(
         if key in pools:
             charged.setdefault(pools[key].namespace, {})[key] = value
     return _allowed(facts, pool_name, after, budget, charged)
+
+
+def _unknown_message(pool: str, blockers: list[AppKey], reasons: Mapping[AppKey, str]) -> str:
+    """A denial that names each unknown application, why, and what to do about it."""
+    kind, namespace, name = blockers[0]
+    reason = reasons.get(blockers[0], "")[:120]
+    more = f" (and {len(blockers) - 1} more; see `webhook report`)" if len(blockers) > 1 else ""
+    return (
+        f"tenant quota: pool {pool} cannot grant more while the reservation of "
+        f"{kind} {namespace}/{name} is unknown{more}: it cannot be evaluated ({reason}) and "
+        f"has no recorded charge; fix its spec so it evaluates, or delete it"
+    )
 
 
 def _tenant_change(
