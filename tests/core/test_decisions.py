@@ -207,7 +207,8 @@ def test_an_unevaluable_application_admitted_in_warn_mode_does_not_block_enforce
     broken = {"nodeGroups": {"md0": {"maxReplicas": 1, "instanceType": "u9.huge"}}}
     current = acme()
     cluster = decide(request("Kubernetes", "tenant-acme", "k", broken), current, policy)
-    assert cluster.allowed and cluster.outcome == "warned"
+    assert cluster.allowed
+    assert cluster.outcome == "warned"
     current.observe(Application("Kubernetes", "tenant-acme", "k", broken))
     assert current.unknown()
     vm_decision = decide(request("VMInstance", "tenant-acme", "vm", MICRO), current, policy)

@@ -134,7 +134,7 @@ def test_one_poisoned_application_is_recorded_unknown_and_reported_first(
     state = load_state([FIXTURES / "cozystack", FIXTURES / "tenants", tmp_path])
     assert ("VMDisk", "tenant-acme", "bad") in state.unknown()
     report = build_report(state)
-    assert list(report)[0] == "unknown"
+    assert next(iter(report)) == "unknown"
     lines = render_report(report).splitlines()
     assert lines[0].startswith("Unknown reservations")
     assert lines[1].startswith("  tenant-acme VMDisk/bad: ")
