@@ -16,6 +16,7 @@ import json
 import statistics
 import sys
 import time
+from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -33,7 +34,7 @@ JSON = {"Content-Type": "application/json"}
 async def main(rounds: int) -> None:
     current = state({"tenant-acme": {"memory": "1Ti"}})
     app = create_app(Admission(current, Policy()), Settings())
-    groups = {f"g{i}": {} for i in range(NODE_GROUPS)}
+    groups: dict[str, Any] = {f"g{i}": {} for i in range(NODE_GROUPS)}
     heavy = json.dumps(review("Kubernetes", "tenant-acme", "k", {"nodeGroups": groups})).encode()
     async with TestClient(TestServer(app)) as client:
 
