@@ -1,8 +1,9 @@
 """The pools report and charge explanations: data for JSON and YAML, tables for people.
 
-Also lists what an operator must look at: applications whose reservation is unknown (they block
-their pool), applications whose values no longer evaluate (they keep their recorded charge), and
-applications whose recorded charge differs from what today's contract says (drift).
+Also lists what an operator must look at, first: applications whose reservation is unknown (they
+block their pool), applications whose values no longer evaluate (they keep their recorded charge);
+then, after the pools, applications whose recorded charge differs from what today's contract says
+(drift).
 
 Data (``-o json``, ``-o yaml``) carries exact canonical quantities (``13056Mi``); tables carry
 human ones (``12.75Gi``), and ``-o wide`` adds every column.
@@ -76,10 +77,11 @@ def build_report(state: ReservationState, *, namespace: str = "") -> dict[str, A
             failing.append({**where, "reason": record.problem})
         if record.drifted:
             drift.append({**where, "recorded": record.digest, "current": record.current_digest})
+    # What an operator must act on comes first: unknown reservations block their pools.
     report: dict[str, Any] = {
-        "pools": pools,
         "unknown": unknown,
         "unevaluable": failing,
+        "pools": pools,
         "drift": drift,
     }
     if inside is not None:
@@ -176,7 +178,17 @@ def render_report(report: dict[str, Any], *, wide: bool = False) -> str:
             if wide:
                 row.append((",".join(pool["carveOuts"]) or "-") if first else "")
             rows.append(tuple(row))
-    lines = _table(rows)
+    # What an operator must act on comes first: unknown reservations block their pools.
+    lines: list[str] = []
+    for title, key in (
+        ("Unknown reservations (their pools grant nothing more until fixed or deleted)", "unknown"),
+        ("No longer evaluable (recorded charge kept)", "unevaluable"),
+    ):
+        if report[key]:
+            lines += [f"{title}:"]
+            lines += [f"  {i['namespace']} {i['application']}: {i['reason']}" for i in report[key]]
+            lines.append("")
+    lines += _table(rows)
     scope = report.get("namespace")
     if len(rows) == 1:
         if scope is None:
@@ -194,13 +206,6 @@ def render_report(report: dict[str, Any], *, wide: bool = False) -> str:
         if scope["ceiling"]:
             pairs = _pairs(scope["ceiling"], human=True).replace(",", ", ")
             lines.append(f"{scope['name']}'s own applications can reserve at most: {pairs}")
-    for title, key in (
-        ("Unknown reservations (their pools grant nothing more)", "unknown"),
-        ("No longer evaluable (recorded charge kept)", "unevaluable"),
-    ):
-        if report[key]:
-            lines += ["", f"{title}:"]
-            lines += [f"  {i['namespace']} {i['application']}: {i['reason']}" for i in report[key]]
     if report["drift"]:
         lines += ["", "Contract drift (recorded charge kept until the next write):"]
         lines += [

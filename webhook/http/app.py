@@ -2,8 +2,9 @@
 
 ``POST /validate`` and ``POST /mutate`` take an ``admission.k8s.io/v1`` AdmissionReview and
 answer one, always echoing the request's uid. Hostile input is answered at the edge: a missing
-or empty body, a wrong content type, JSON that does not decode or is not an AdmissionReview get
-HTTP 400 with a short reason; a body over 7 MiB gets 413 and is read no further. Past parsing,
+or empty body, a wrong content type, JSON that does not decode (nested past the decoder's depth
+included) or is not an AdmissionReview get HTTP 400 with a short reason; a body over 7 MiB gets
+413 and is read no further; a body that does not arrive within the deadline gets 408. Past parsing,
 every failure is a denial: an unexpected exception (logged with its stack trace and a request
 id) and an answer not ready a second before the API server's timeout (fail closed, so the API
 server never has to time out on us).
@@ -107,13 +108,19 @@ async def _review(
     decide: Callable[[AdmissionRequest], Awaitable[Decision]],
 ) -> web.Response:
     started = time.perf_counter()
-    try:
-        review = await _read_review(request)
+    settings = request.app[settings_key]
+    try:  # a body trickled in slowly is cut off at the same deadline as a decision
+        async with asyncio.timeout(settings.deadline_seconds):
+            review = await _read_review(request)
+    except TimeoutError:
+        request.app[edges_key].rejected(
+            "http", str(request.remote or "unknown"), "408 the request body did not arrive in time"
+        )
+        raise web.HTTPRequestTimeout(text="the request body did not arrive in time\n") from None
     except web.HTTPException as exc:  # 400, 413: logged (rate-limited), then answered
         reason = f"{exc.status} {' '.join((exc.text or exc.reason).split())}"
         request.app[edges_key].rejected("http", str(request.remote or "unknown"), reason)
         raise
-    settings = request.app[settings_key]
     try:
         async with asyncio.timeout(settings.deadline_seconds):
             decision = await decide(review)
@@ -151,6 +158,8 @@ async def _read_review(request: web.Request) -> AdmissionRequest:
         raise web.HTTPBadRequest(text="empty body\n")
     try:
         body = json.loads(raw)
+    except RecursionError:  # nesting deeper than the decoder recurses: hostile, not a fault
+        raise web.HTTPBadRequest(text="the body is not JSON: nested too deeply\n") from None
     except (ValueError, UnicodeDecodeError):
         raise web.HTTPBadRequest(text="the body is not JSON\n") from None
     try:

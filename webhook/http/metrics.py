@@ -110,6 +110,13 @@ class Metrics:
             "When the serving certificate expires (Unix time).",
             registry=self.registry,
         )
+        self.background_failures = Counter(
+            "reservation_background_failures",
+            "Periodic duties (certificates, expiry, recount, pool statuses) that raised; each "
+            "is logged and retried on its next round.",
+            ["duty"],
+            registry=self.registry,
+        )
         self.registry.register(_PoolCollector(state))
 
     def watch_live(

@@ -148,11 +148,15 @@ def _read_file(file: Path, *, platform_only: bool = False) -> Iterator[Manifest]
         documents = [json.loads(text)] if file.suffix == ".json" else list(yaml.safe_load_all(text))
     except json.JSONDecodeError as exc:
         raise ManifestError(str(file), f"line {exc.lineno}", f"not JSON: {exc.msg}") from None
+    except RecursionError:
+        raise ManifestError(str(file), "", "nested too deeply to read") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else ""
         reason = " ".join(str(getattr(exc, "problem", None) or exc).split())
         raise ManifestError(str(file), where, f"not YAML: {reason}") from None
+    except ValueError as exc:  # a number past Python's integer digit limit, in JSON or YAML
+        raise ManifestError(str(file), "", f"cannot read: {str(exc)[:120]}") from None
     for index, document in enumerate(documents):
         source = str(file) if len(documents) == 1 else f"{file}#{index}"
         if document is None:
