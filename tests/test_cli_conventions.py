@@ -236,3 +236,19 @@ def test_a_progress_bar_shows_on_a_terminal_and_never_on_a_pipe(
     monkeypatch.setattr(sys, "stderr", pipe)
     load_state_showing_progress(paths)
     assert pipe.getvalue() == ""
+
+
+def test_evaluate_reads_only_the_platform_not_the_applications(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    apps = tmp_path / "apps"
+    apps.mkdir()
+    # an application file evaluate must never parse: it is not even YAML
+    (apps / "broken.yaml").write_text("kind: Postgres\nspec: {replicas: [\n")
+    values = str(FIXTURES / "samples" / "postgres-values.yaml")
+    argv = ["--state", str(FIXTURES / "cozystack"), "--state", str(apps)]
+    status, _, _ = run(capsys, "evaluate", *argv, "--kind", "Postgres", "--values", values)
+    assert status == 0
+    status, _, err = run(capsys, "report", *argv)
+    assert status == 2
+    assert "broken.yaml: line" in err

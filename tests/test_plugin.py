@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.builders import FIXTURES, THING_DEFINITION
 from tests.cluster import app, cluster, tenant
@@ -202,3 +204,31 @@ async def test_a_kind_the_api_does_not_serve_is_a_note_not_the_end_of_the_report
     assert status == 0
     assert "note: not served by the API (404), so not counted: Thing" in err
     assert "tenant-acme" in out
+
+
+async def test_a_kubeconfig_split_over_several_files_resolves_as_kubectl_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with cluster(tmp_path) as (server, kubeconfig):
+        server.create(tenant("tenant-root", "acme", {"memory": "16Gi"}))
+        whole = yaml.safe_load(kubeconfig.read_text())
+        first, second = tmp_path / "first", tmp_path / "second"
+        first.write_text(yaml.safe_dump({**whole, "contexts": [], "current-context": ""}))
+        second.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [],
+                    "users": [],
+                    "contexts": [{**whole["contexts"][0], "name": "split"}],
+                    "current-context": "",
+                }
+            )
+        )
+        monkeypatch.setenv("KUBECONFIG", f"{first}{os.pathsep}{second}")
+        argv = ["report", "-o", "json", "--context", "split"]
+        status = await asyncio.to_thread(main, argv)
+        out, err = capsys.readouterr()
+    assert status == 0, err
+    assert [p["pool"] for p in json.loads(out)["pools"]] == ["tenant-acme"]

@@ -45,9 +45,10 @@ def connect(
         )
     configuration = k8s_client.Configuration()
     try:
-        # With config_file=None the package merges every $KUBECONFIG file, as kubectl does.
+        # Given "a:b", the package merges the files as kubectl does (first file wins per
+        # entry). $KUBECONFIG is passed explicitly: the package reads it once, at import.
         k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=kubeconfig or None,
+            config_file=kubeconfig or os.environ.get("KUBECONFIG") or None,
             context=context,
             client_configuration=configuration,
         )
