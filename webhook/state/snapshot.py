@@ -292,9 +292,14 @@ class _Reader:
         resource = f"{ref.plural}.{ref.group}" if ref.group else ref.plural
         scope = f"in namespace {namespace}" if namespace and ref.namespaced else "cluster-wide"
         if exc.status == 403:
+            hint = (
+                "; a tenant's user can ask about its own namespace: -n NAMESPACE"
+                if ref.group == APPS_GROUP and not namespace
+                else ""
+            )
             return SnapshotError(
                 f"forbidden: this needs RBAC verb {verb!r} on {resource} {scope} "
-                f"({self.client.host}{path})"
+                f"({self.client.host}{path}){hint}"
             )
         if exc.status == 0:
             return SnapshotError(f"cannot reach the API server: {exc.message}")
