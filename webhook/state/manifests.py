@@ -72,9 +72,17 @@ def load_state(paths: Iterable[str | Path], *, quotas: QuotaBook | None = None) 
     """
     manifests = read_manifests(paths)
     state = ReservationState(_platform(manifests))
+    seen: dict[tuple[str, str, str], str] = {}
     for manifest in manifests:
         app = _application(manifest)
         if app is not None:
+            first = seen.setdefault(app.key, manifest.source)
+            if first != manifest.source:  # a second object of one name would replace the first
+                raise ManifestError(
+                    manifest.source,
+                    "metadata.name",
+                    f"{app.kind} {app.namespace}/{app.name} is already defined in {first}",
+                )
             state.observe(app)
         elif quotas is not None and _is_quota(manifest.body):
             namespace = manifest.body.get("metadata", {}).get("namespace") or ""
