@@ -1,8 +1,9 @@
 """The pools report: budget, reserved, available and overcommitted per pool, as data or a table.
 
 Also lists what an operator must look at: applications whose reservation is unknown (they block
-their pool), applications whose values no longer evaluate (they keep their recorded charge), and
-applications whose recorded charge differs from what today's contract says (drift).
+their pool), applications whose values no longer evaluate (they keep their recorded charge),
+applications whose recorded charge differs from what today's contract says (drift), platform
+objects left out or kept at their last good version, and kinds that cannot be listed.
 """
 
 from __future__ import annotations
@@ -43,7 +44,19 @@ def build_report(state: ReservationState) -> dict[str, Any]:
             failing.append({**where, "reason": record.problem})
         if record.drifted:
             drift.append({**where, "recorded": record.digest, "current": record.current_digest})
-    return {"pools": pools, "unknown": unknown, "unevaluable": failing, "drift": drift}
+    unavailable = [
+        {"kind": kind, "reason": reason}
+        for kind in sorted(state.platform.kinds)
+        if (reason := state.kind_unavailable(kind))
+    ]
+    return {
+        "pools": pools,
+        "unknown": unknown,
+        "unevaluable": failing,
+        "drift": drift,
+        "platformProblems": list(state.platform.problems),
+        "unavailableKinds": unavailable,
+    }
 
 
 def render_report(report: dict[str, Any]) -> str:
@@ -74,6 +87,12 @@ def render_report(report: dict[str, Any]) -> str:
         if report[key]:
             lines += ["", f"{title}:"]
             lines += [f"  {i['namespace']} {i['application']}: {i['reason']}" for i in report[key]]
+    if report.get("platformProblems"):
+        lines += ["", "Platform problems (objects left out or kept at their last good version):"]
+        lines += [f"  {problem}" for problem in report["platformProblems"]]
+    if report.get("unavailableKinds"):
+        lines += ["", "Kinds that cannot be listed (their writes are denied):"]
+        lines += [f"  {i['kind']}: {i['reason']}" for i in report["unavailableKinds"]]
     if report["drift"]:
         lines += ["", "Contract drift (recorded charge kept until the next write):"]
         lines += [

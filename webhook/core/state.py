@@ -52,12 +52,14 @@ class ReservationState:
         *,
         synced: bool = True,
         readiness: Callable[[], bool] | None = None,
+        unavailable: Callable[[str], str] | None = None,
     ) -> None:
         self.platform = platform
         self.tree = TenantTree()
         self.pending = PendingCharges(self.tree)
         self._synced = synced
         self._readiness = readiness  # a live source's own check, asked on every read
+        self._unavailable = unavailable  # a live source: why one kind cannot be decided now
         self._apps: dict[AppKey, AppRecord] = {}
         self._unknown: dict[AppKey, str] = {}  # key -> why it has no charge
         self._owned: dict[AppKey, str] = {}  # Tenant application -> namespace it owns
@@ -73,6 +75,11 @@ class ReservationState:
     @synced.setter
     def synced(self, value: bool) -> None:
         self._synced = value
+
+    def kind_unavailable(self, kind: str) -> str:
+        """Why writes of ``kind`` cannot be decided now (its applications cannot be listed, or
+        are not listed yet) while the rest of the state can; empty when they can."""
+        return self._unavailable(kind) if self._unavailable is not None else ""
 
     # -- observing ---------------------------------------------------------------------------
 
