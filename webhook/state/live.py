@@ -172,8 +172,8 @@ class LiveState:
             reflector = watch.reflector
             if reflector.list_error:
                 return f"cannot be listed ({reflector.list_error})"
-            if reflector.first_sync_seconds is None:
-                return "not listed yet"
+            if reflector.first_sync_seconds is None and self._first_synced:
+                return "not listed yet"  # a kind that appeared after the first sync
         return ""
 
     def unavailable_kinds(self) -> dict[str, str]:
