@@ -33,7 +33,7 @@ class AppRecord:
     """What one application reserves."""
 
     namespace: str
-    resources: dict[str, Decimal]
+    resources: dict[str, Decimal]  # shared between records with the same charge: never mutate
     digest: str
     current_digest: str = ""  # set only when today's evaluation differs from the record
     problem: str = ""  # why today's evaluation failed, if it did
@@ -149,16 +149,16 @@ class ReservationState:
                 return None, str(exc)
             record = AppRecord(
                 namespace,
-                dict(app.recorded.resources),
+                _shared(app.recorded.resources),
                 sys.intern(app.recorded.digest),
                 problem=str(exc),
             )
             return record, str(exc)
         if app.recorded is None:
-            return AppRecord(namespace, dict(charge.resources), sys.intern(charge.digest)), ""
+            return AppRecord(namespace, _shared(charge.resources), sys.intern(charge.digest)), ""
         drift = "" if app.recorded.digest == charge.digest else sys.intern(charge.digest)
         record = AppRecord(
-            namespace, dict(app.recorded.resources), sys.intern(app.recorded.digest), drift
+            namespace, _shared(app.recorded.resources), sys.intern(app.recorded.digest), drift
         )
         return record, ""
 
@@ -220,6 +220,22 @@ def recount(state: ReservationState) -> dict[tuple[str, str], tuple[Decimal, Dec
             if kept != counted:
                 differences[(node.namespace, resource)] = (kept, counted)
     return differences
+
+
+# Charges repeat (a cluster holds few distinct sizes next to its applications): records share
+# one read-only map per distinct charge instead of a dict and Decimals each (~400 bytes).
+_CHARGES: dict[tuple[tuple[str, Decimal], ...], dict[str, Decimal]] = {}
+_CHARGES_MAX = 65_536
+
+
+def _shared(resources: Mapping[str, Decimal]) -> dict[str, Decimal]:
+    key = tuple(sorted(resources.items()))
+    found = _CHARGES.get(key)
+    if found is None:
+        found = dict(key)
+        if len(_CHARGES) < _CHARGES_MAX:
+            _CHARGES[key] = found
+    return found
 
 
 def _interned(key: AppKey) -> AppKey:
