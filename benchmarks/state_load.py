@@ -207,7 +207,7 @@ def main() -> None:
             runs[size].append(child("--creates", str(size)))
 
     def figure(size: int, key: str) -> float:
-        return statistics.median(r[key] for r in runs[size])
+        return float(statistics.median(r[key] for r in runs[size]))
 
     small, large = CREATE_SIZES
     print(f"\nCREATE decided and applied, {CREATES:,} per run, {ROUNDS} rounds, median p99 (us)")
