@@ -26,6 +26,7 @@ from webhook.core.applications import (
     is_helmrelease,
 )
 from webhook.core.errors import ManifestError
+from webhook.core.guard import QuotaBook, quota_from_object
 from webhook.core.platform import Platform, PlatformBuilder
 from webhook.core.state import ReservationState
 from webhook.defaults import default_contracts, default_presets
@@ -98,11 +99,12 @@ def load_platform(paths: Iterable[str | Path]) -> Platform:
     return _platform(read_manifests(paths))
 
 
-def load_state(paths: Iterable[str | Path]) -> ReservationState:
+def load_state(paths: Iterable[str | Path], *, quotas: QuotaBook | None = None) -> ReservationState:
     """The platform and every application under ``paths``, as a reservation state.
 
     Applications come as ``apps.cozystack.io`` objects or as the HelmReleases Cozystack stores
-    them in; other manifests (Namespaces, preferences ...) are ignored.
+    them in; ResourceQuotas go into ``quotas`` when it is given (the pod-level guard); other
+    manifests (Namespaces, preferences ...) are ignored.
     """
     # One pass: platform manifests go to the builder, applications are kept as what the state
     # needs (kind, name, values, recorded charge) and every other part of a document is dropped
@@ -115,11 +117,18 @@ def load_state(paths: Iterable[str | Path]) -> ReservationState:
         app = _application(manifest)
         if app is not None:
             apps.append(app)
+        elif quotas is not None and _is_quota(manifest.body):
+            namespace = manifest.body.get("metadata", {}).get("namespace") or ""
+            quotas.observe(str(namespace), quota_from_object(manifest.body))
     state = ReservationState(builder.build())
     apps.reverse()
     while apps:
         state.observe(apps.pop())  # each application's values go once it is priced
     return state
+
+
+def _is_quota(body: Mapping[str, Any]) -> bool:
+    return body.get("apiVersion") == "v1" and body.get("kind") == "ResourceQuota"
 
 
 def _platform(manifests: list[Manifest]) -> Platform:
@@ -150,6 +159,10 @@ def _read_file(file: Path) -> Iterator[Manifest]:
             document = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ManifestError(str(file), f"line {exc.lineno}", f"not JSON: {exc.msg}") from None
+        except RecursionError:
+            raise ManifestError(str(file), "", "nested too deeply to read") from None
+        except ValueError as exc:  # a number past Python's integer digit limit
+            raise ManifestError(str(file), "", f"cannot read: {str(exc)[:120]}") from None
         if document is not None:
             yield from _unpack(document, str(file))
         return
@@ -173,11 +186,15 @@ def _yaml_documents(file: Path, text: str) -> Iterator[object]:
     try:
         while loader.check_node():
             yield _construct(loader, loader.get_node(), {})
+    except RecursionError:
+        raise ManifestError(str(file), "", "nested too deeply to read") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else ""
         reason = getattr(exc, "problem", None) or str(exc)
         raise ManifestError(str(file), where, f"not YAML: {reason}") from None
+    except ValueError as exc:  # a number past Python's integer digit limit
+        raise ManifestError(str(file), "", f"cannot read: {str(exc)[:120]}") from None
     finally:
         loader.dispose()
 
