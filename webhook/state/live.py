@@ -331,7 +331,7 @@ class LiveState:
             return
         if self._repricing is not None:
             self._repricing.cancel()  # a newer platform supersedes the one being priced
-        self._sync_app_watches(platform)
+        self._sync_app_watches(platform, stop=False)  # new kinds list while the rest is priced
         self._dirty = set()
         self._repricing = asyncio.get_running_loop().create_task(self._reprice(platform))
 
@@ -414,6 +414,7 @@ class LiveState:
         self._dirty = None
         fresh.pending.carry_over(self.state.pending)
         self.state = fresh
+        self._sync_app_watches(platform)  # kinds gone stop with the state that knew them
         self.platform_generation += 1
         self.reprices += 1
         self._repricing = None
@@ -431,11 +432,12 @@ class LiveState:
 
     # -- applications ----------------------------------------------------------------------
 
-    def _sync_app_watches(self, platform: Platform) -> None:
-        """Start a reflector for each new kind, stop those of kinds gone; leave the rest."""
+    def _sync_app_watches(self, platform: Platform, *, stop: bool = True) -> None:
+        """Start a reflector for each new kind and (with ``stop``) stop those of kinds gone;
+        leave the rest running."""
         wanted = {kind.plural: kind.kind for kind in platform.kinds.values()}
         for plural, watch in list(self._apps.items()):
-            if wanted.get(plural) != watch.kind:
+            if stop and wanted.get(plural) != watch.kind:
                 watch.stop.set()
                 watch.task.cancel()
                 del self._apps[plural]
@@ -444,9 +446,9 @@ class LiveState:
         for plural, kind in wanted.items():
             if plural not in self._apps:
                 reflector = self._app_reflector(ResourceRef(APPS_GROUP, APPS_VERSION, plural), kind)
-                stop = asyncio.Event()
-                task = asyncio.create_task(reflector.run(stop))
-                self._apps[plural] = _AppWatch(kind, reflector, task, stop)
+                stopped = asyncio.Event()
+                task = asyncio.create_task(reflector.run(stopped))
+                self._apps[plural] = _AppWatch(kind, reflector, task, stopped)
 
     def _app_reflector(self, ref: ResourceRef, kind: str) -> Reflector:
         def reduce(obj: Obj) -> tuple[tuple[str, str], Held] | None:
