@@ -1,8 +1,9 @@
 """The pools report and charge explanations: data for JSON and YAML, tables for people.
 
 Also lists what an operator must look at, first: applications whose reservation is unknown (they
-block their pool), applications whose values no longer evaluate (they keep their recorded charge);
-then, after the pools, applications whose recorded charge differs from what today's contract says
+block their pool), applications whose values no longer evaluate (they keep their recorded charge),
+platform objects left out or kept at their last good version, kinds that cannot be listed; then,
+after the pools, applications whose recorded charge differs from what today's contract says
 (drift).
 
 Data (``-o json``, ``-o yaml``) carries exact canonical quantities (``13056Mi``); tables carry
@@ -78,9 +79,16 @@ def build_report(state: ReservationState, *, namespace: str = "") -> dict[str, A
         if record.drifted:
             drift.append({**where, "recorded": record.digest, "current": record.current_digest})
     # What an operator must act on comes first: unknown reservations block their pools.
+    unavailable = [
+        {"kind": kind, "reason": reason}
+        for kind in sorted(state.platform.kinds)
+        if (reason := state.kind_unavailable(kind))
+    ]
     report: dict[str, Any] = {
         "unknown": unknown,
         "unevaluable": failing,
+        "platformProblems": list(state.platform.problems),
+        "unavailableKinds": unavailable,
         "pools": pools,
         "drift": drift,
     }
@@ -188,6 +196,14 @@ def render_report(report: dict[str, Any], *, wide: bool = False) -> str:
             lines += [f"{title}:"]
             lines += [f"  {i['namespace']} {i['application']}: {i['reason']}" for i in report[key]]
             lines.append("")
+    if report.get("platformProblems"):
+        lines += ["Platform problems (objects left out or kept at their last good version):"]
+        lines += [f"  {problem}" for problem in report["platformProblems"]]
+        lines.append("")
+    if report.get("unavailableKinds"):
+        lines += ["Kinds that cannot be listed (their writes are denied):"]
+        lines += [f"  {i['kind']}: {i['reason']}" for i in report["unavailableKinds"]]
+        lines.append("")
     lines += _table(rows)
     scope = report.get("namespace")
     if len(rows) == 1:

@@ -148,6 +148,19 @@ def decide(request: AdmissionRequest, state: ReservationState, policy: Policy) -
             ),
             request,
         )
+    unavailable = state.kind_unavailable(request.kind)
+    if unavailable:
+        return _apply_mode(
+            mode,
+            errored(
+                503,
+                "ServiceUnavailable",
+                "kind-not-synced",
+                f"tenant reservations: {request.kind} applications {unavailable}; writes of "
+                "this kind are denied until they can be listed",
+            ),
+            request,
+        )
     decision = _decide_application(request, state, policy)
     return _apply_mode(mode, decision, request)
 

@@ -36,7 +36,7 @@ class AppRecord:
     """What one application reserves."""
 
     namespace: str
-    resources: dict[str, Decimal]
+    resources: dict[str, Decimal]  # shared between records with the same charge: never mutate
     digest: str
     current_digest: str = ""  # set only when today's evaluation differs from the record
     problem: str = ""  # why today's evaluation failed, if it did
@@ -55,12 +55,14 @@ class ReservationState:
         *,
         synced: bool = True,
         readiness: Callable[[], bool] | None = None,
+        unavailable: Callable[[str], str] | None = None,
     ) -> None:
         self.platform = platform
         self.tree = TenantTree()
         self.pending = PendingCharges(self.tree)
         self._synced = synced
         self._readiness = readiness  # a live source's own check, asked on every read
+        self._unavailable = unavailable  # a live source: why one kind cannot be decided now
         self._apps: dict[AppKey, AppRecord] = {}
         self._unknown: dict[AppKey, str] = {}  # key -> why it has no charge
         self._owned: dict[AppKey, str] = {}  # Tenant application -> namespace it owns
@@ -77,6 +79,11 @@ class ReservationState:
     @synced.setter
     def synced(self, value: bool) -> None:
         self._synced = value
+
+    def kind_unavailable(self, kind: str) -> str:
+        """Why writes of ``kind`` cannot be decided now (its applications cannot be listed, or
+        are not listed yet) while the rest of the state can; empty when they can."""
+        return self._unavailable(kind) if self._unavailable is not None else ""
 
     # -- observing ---------------------------------------------------------------------------
 
@@ -152,16 +159,16 @@ class ReservationState:
                 return None, _reason(exc)
             record = AppRecord(
                 namespace,
-                dict(app.recorded.resources),
+                _shared(app.recorded.resources),
                 sys.intern(app.recorded.digest),
                 problem=_reason(exc),
             )
             return record, _reason(exc)
         if app.recorded is None:
-            return AppRecord(namespace, dict(charge.resources), sys.intern(charge.digest)), ""
+            return AppRecord(namespace, _shared(charge.resources), sys.intern(charge.digest)), ""
         drift = "" if app.recorded.digest == charge.digest else sys.intern(charge.digest)
         record = AppRecord(
-            namespace, dict(app.recorded.resources), sys.intern(app.recorded.digest), drift
+            namespace, _shared(app.recorded.resources), sys.intern(app.recorded.digest), drift
         )
         return record, ""
 
@@ -228,6 +235,22 @@ def recount(state: ReservationState) -> dict[tuple[str, str], tuple[Decimal, Dec
             if kept != counted:
                 differences[(node.namespace, resource)] = (kept, counted)
     return differences
+
+
+# Charges repeat (a cluster holds few distinct sizes next to its applications): records share
+# one read-only map per distinct charge instead of a dict and Decimals each (~400 bytes).
+_CHARGES: dict[tuple[tuple[str, Decimal], ...], dict[str, Decimal]] = {}
+_CHARGES_MAX = 65_536
+
+
+def _shared(resources: Mapping[str, Decimal]) -> dict[str, Decimal]:
+    key = tuple(sorted(resources.items()))
+    found = _CHARGES.get(key)
+    if found is None:
+        found = dict(key)
+        if len(_CHARGES) < _CHARGES_MAX:
+            _CHARGES[key] = found
+    return found
 
 
 def _reason(exc: Exception) -> str:

@@ -43,9 +43,11 @@ log = logging.getLogger("webhook.requests")
 
 @dataclass
 class Readiness:
-    """What ``/readyz`` needs besides a synced state: the TLS listener is up."""
+    """What ``/readyz`` needs besides a synced state: the TLS listener is up; and, for a live
+    state, what keeps it from being synced and what only degrades it, one line each."""
 
     serving: bool = False
+    explain: Callable[[], tuple[list[str], list[str]]] | None = None
 
 
 admission_key = web.AppKey("admission", Admission)
@@ -87,14 +89,30 @@ async def livez(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
+    """Ready when the listener serves and, in enforce mode, the state is synced; the body says
+    why not, and what only one kind or one object suffers from.
+
+    In ``warn`` and ``off`` modes readiness does not wait for the applications: a write that
+    cannot be decided is allowed with a warning (warn) or not looked at (off), so being ready
+    refuses nothing, while being unready would refuse every write (``failurePolicy: Fail``).
+    Kinds set to ``enforce`` under a warn default are denied, one by one, while not synced.
+    """
+    readiness = request.app[readiness_key]
+    blocking, degraded = readiness.explain() if readiness.explain is not None else ([], [])
     problems = []
+    state_needed = request.app[settings_key].mode == "enforce"
     if not request.app[admission_key].state.synced:
-        problems.append("state not synced")
-    if not request.app[readiness_key].serving:
+        if state_needed:
+            problems.append("state not synced")
+        else:
+            degraded = [*(f"not synced: {line}" for line in blocking), *degraded]
+            blocking = []
+    if not readiness.serving:
         problems.append("TLS listener not serving")
+    lines = [f"- {line}" for line in (*blocking, *degraded)] if problems else []
     if problems:
-        return web.Response(status=503, text="; ".join(problems) + "\n")
-    return web.Response(text="ok\n")
+        return web.Response(status=503, text="\n".join(["; ".join(problems), *lines]) + "\n")
+    return web.Response(text="\n".join(["ok", *(f"- {line}" for line in degraded)]) + "\n")
 
 
 async def metrics(request: web.Request) -> web.Response:
