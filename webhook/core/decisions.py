@@ -26,14 +26,13 @@ from webhook.core import resources as rl
 from webhook.core.applications import (
     CHARGE_ANNOTATION,
     Application,
-    RecordedCharge,
     application_from_object,
-    charge_annotation,
 )
 from webhook.core.errors import EvaluationError
 from webhook.core.kinds import APPS_GROUP
 from webhook.core.pools import Node
 from webhook.core.quantities import format_quantity
+from webhook.core.records import parse_recorded_charge, record_annotation, sign, verifies
 from webhook.core.reviews import AdmissionRequest, Response
 from webhook.core.state import ReservationState
 from webhook.core.tenants import TENANT_KIND, TENANT_NAME, owned_namespace, parse_budget
@@ -169,12 +168,13 @@ def _decide_application(request: AdmissionRequest, state: ReservationState) -> D
         if kind.contract is None:
             return errored(403, "Forbidden", "no-contract", str(exc.for_kind(request.kind)))
         return invalid(f"spec.{exc.path}" if exc.path else "spec", str(exc.for_kind(request.kind)))
-    forged = _forged_annotation(request, charge.resources, charge.digest)
+    values = state.values_digest(request.kind, app.spec)
+    forged = _forged_annotation(request, state, app, values)
     if forged:
         return errored(403, "Forbidden", "forged-charge", forged)
     old = _old_charge(request, state, app) if request.operation == "UPDATE" else {}
     delta = {k: v for k, v in rl.subtract(charge.resources, old).items() if v != 0}
-    recorded = RecordedCharge(charge.resources, charge.digest)
+    recorded = sign(state.keys, app.key, values, charge.resources, charge.digest)
     admitted = Application(app.kind, app.namespace, app.name, app.spec, recorded)
     facts = _Facts(
         kind=request.kind,
@@ -290,17 +290,19 @@ def _tenant_change(
 
 
 def _forged_annotation(
-    request: AdmissionRequest, charge: Mapping[str, Decimal], digest: str
+    request: AdmissionRequest, state: ReservationState, app: Application, values: str
 ) -> str:
     """Why the object's charge annotation cannot stand, or ``""``.
 
-    The annotation is ours: the mutating webhook writes the recomputed charge. Any other value,
-    except the old object's own annotation carried over unchanged, is refused.
+    The annotation is ours: the mutating webhook replaces it with a record it signs. One that
+    does not verify for this object and these values (forged, copied from another object, left
+    over from other values) is refused; the mutating side would have replaced it.
     """
     claimed = _annotation(request.object)
-    if claimed is None or claimed == charge_annotation(charge, digest):
+    if claimed is None:
         return ""
-    if request.operation == "UPDATE" and claimed == _annotation(request.old_object):
+    record = parse_recorded_charge(claimed)
+    if record is not None and verifies(state.keys, app.key, values, record):
         return ""
     return (
         f"metadata.annotations[{CHARGE_ANNOTATION}]: this annotation is written by the "
@@ -318,7 +320,11 @@ def _annotation(obj: Mapping[str, object] | None) -> str | None:
 def _old_charge(
     request: AdmissionRequest, state: ReservationState, app: Application
 ) -> Mapping[str, Decimal]:
-    """The charge recorded for the old object, else its evaluation, else nothing."""
+    """What the old object is credited: its record if it verifies for the old values, else
+    what the state counts for it, else its evaluation, else nothing.
+
+    Never more than the webhook itself computed: an unsigned or foreign record is ignored.
+    """
     if request.old_object is not None:
         try:
             old = application_from_object(
@@ -330,8 +336,9 @@ def _old_charge(
             )
         except ValueError:
             old = None
-        if old is not None and old.recorded is not None:
-            return old.recorded.resources
+        trusted = state.trusted(old) if old is not None else None
+        if trusted is not None:
+            return trusted.resources
     record = state.record(app.key)
     if record is not None:
         return record.resources
@@ -519,46 +526,64 @@ def _figures(
 
 
 def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -> Decision:
-    """The mutating side: record the object's charge on it as an annotation, idempotently.
+    """The mutating side: record the object's charge on it, signed, idempotently.
 
-    It never denies; the validating side decides. An object that cannot be evaluated gets no
-    patch (validation then denies it with the reason), and a second call on an object that
-    already carries the right annotation patches nothing.
+    It never denies; the validating side decides. Whatever the mode, a charge annotation the
+    webhook did not sign for this object and these values never survives it: it is replaced by
+    the signed record of the current charge, or removed when there is none to write (mode
+    ``off``, or values that cannot be evaluated: validation then decides). A second call on an
+    object that already carries the right record patches nothing.
     """
     if request.operation not in ("CREATE", "UPDATE") or request.object is None:
         return skipped(f"{request.operation} needs no reservation")
-    if request.group != APPS_GROUP or policy.mode_for(request.kind) == "off":
+    if request.group != APPS_GROUP:
         return skipped("no reservation recorded", kind=request.kind)
+    claimed = _annotation(request.object)
     try:
-        charge = state.platform.charge(
-            request.kind, request.object.get("spec"), namespace=request.namespace
+        app: Application | None = application_from_object(
+            {**request.object, "kind": request.kind, "metadata": _metadata(request)}
         )
-    except EvaluationError:
-        return skipped("cannot be evaluated; validation decides", kind=request.kind)
-    value = charge_annotation(charge.resources, charge.digest)
-    if _annotation(request.object) == value:
-        return skipped("charge already recorded", kind=request.kind)
-    metadata = request.object.get("metadata")
-    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
-    if isinstance(annotations, Mapping):
-        key = CHARGE_ANNOTATION.replace("~", "~0").replace("/", "~1")
-        operation: dict[str, object] = {
-            "op": "add",
-            "path": f"/metadata/annotations/{key}",
-            "value": value,
-        }
+    except ValueError:
+        app = None  # no name yet (generateName): nothing can be signed for it
+    values = state.values_digest(request.kind, app.spec) if app is not None else ""
+    value: str | None = None
+    charge = None
+    if app is not None and policy.mode_for(request.kind) != "off":
+        try:
+            charge = state.platform.charge(request.kind, app.spec, namespace=request.namespace)
+        except EvaluationError:
+            charge = None
+    if app is not None and charge is not None:
+        record = sign(state.keys, app.key, values, charge.resources, charge.digest)
+        value = record_annotation(record)
+        if claimed == value:
+            return skipped("charge already recorded", kind=request.kind)
+        operation = _set_annotation(request.object, value)
     else:
-        operation = {
-            "op": "add",
-            "path": "/metadata/annotations",
-            "value": {CHARGE_ANNOTATION: value},
-        }
+        if claimed is None:
+            return skipped("no reservation recorded", kind=request.kind)
+        parsed = parse_recorded_charge(claimed)
+        if app is not None and parsed is not None and verifies(state.keys, app.key, values, parsed):
+            return skipped("signed record kept", kind=request.kind)
+        operation = {"op": "remove", "path": f"/metadata/annotations/{_POINTER_KEY}"}
     return Decision(
         allowed=True,
         outcome="allowed",
-        reason="recorded",
+        reason="recorded" if value is not None else "unsigned-record-removed",
         kind=request.kind,
-        charge=charge.resources,
-        digest=charge.digest,
+        charge=charge.resources if charge is not None else None,
+        digest=charge.digest if charge is not None else "",
         patch=(operation,),
     )
+
+
+_POINTER_KEY: Final = CHARGE_ANNOTATION.replace("~", "~0").replace("/", "~1")
+
+
+def _set_annotation(obj: Mapping[str, object], value: str) -> dict[str, object]:
+    """The JSONPatch operation that sets the charge annotation to ``value``."""
+    metadata = obj.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    if isinstance(annotations, Mapping):
+        return {"op": "add", "path": f"/metadata/annotations/{_POINTER_KEY}", "value": value}
+    return {"op": "add", "path": "/metadata/annotations", "value": {CHARGE_ANNOTATION: value}}

@@ -7,7 +7,10 @@ contract would price it differently (drift). Observing or forgetting an applicat
 proportional to the tenant depth.
 
 Applications that cannot be evaluated keep their last recorded charge; one with no recorded
-charge is *unknown*, and a pool holding an unknown application cannot grant more.
+charge is *unknown*, and a pool holding an unknown application cannot grant more. A recorded
+charge counts only when it verifies (:mod:`webhook.core.records`): signed with one of
+:attr:`ReservationState.keys` for exactly this object and its values as they stand; any other
+annotation is ignored and the application is evaluated as it stands.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from webhook.core.errors import EvaluationError
 from webhook.core.pending import PendingCharges
 from webhook.core.platform import Platform
 from webhook.core.pools import TenantTree
+from webhook.core.records import RecordedCharge, RecordKeys, values_digest, verifies
 from webhook.core.tenants import TENANT_KIND, owned_namespace, parse_budget
 
 __all__ = ["AppRecord", "ReservationState", "recount"]
@@ -37,6 +41,7 @@ class AppRecord:
     digest: str
     current_digest: str = ""  # set only when today's evaluation differs from the record
     problem: str = ""  # why today's evaluation failed, if it did
+    current: dict[str, Decimal] | None = None  # today's charge, when it differs (drift)
 
     @property
     def drifted(self) -> bool:
@@ -52,8 +57,12 @@ class ReservationState:
         *,
         synced: bool = True,
         readiness: Callable[[], bool] | None = None,
+        keys: RecordKeys | None = None,
     ) -> None:
         self.platform = platform
+        # Records signed with these keys are believed; a state made without keys has a key of
+        # its own (records from elsewhere are then evaluated as they stand).
+        self.keys = keys if keys is not None else RecordKeys.generate()
         self.tree = TenantTree()
         self.pending = PendingCharges(self.tree)
         self._synced = synced
@@ -135,25 +144,47 @@ class ReservationState:
 
     def _price(self, app: Application, namespace: str) -> tuple[AppRecord | None, str]:
         """The record to keep (``None``: unknown), and why today's evaluation failed."""
+        recorded = self.trusted(app)
         try:
             charge = self.platform.charge(app.kind, app.spec, namespace=namespace)
         except EvaluationError as exc:
-            if app.recorded is None:
+            if recorded is None:
                 return None, str(exc)
             record = AppRecord(
                 namespace,
-                dict(app.recorded.resources),
-                sys.intern(app.recorded.digest),
+                dict(recorded.resources),
+                sys.intern(recorded.digest),
                 problem=str(exc),
             )
             return record, str(exc)
-        if app.recorded is None:
+        if recorded is None:
             return AppRecord(namespace, dict(charge.resources), sys.intern(charge.digest)), ""
-        drift = "" if app.recorded.digest == charge.digest else sys.intern(charge.digest)
-        record = AppRecord(
-            namespace, dict(app.recorded.resources), sys.intern(app.recorded.digest), drift
-        )
+        same = recorded.digest == charge.digest and dict(recorded.resources) == charge.resources
+        record = AppRecord(namespace, dict(recorded.resources), sys.intern(recorded.digest))
+        if not same:
+            record.current_digest = sys.intern(charge.digest)
+            record.current = dict(charge.resources)
         return record, ""
+
+    def values_digest(self, kind: str, spec: object) -> str:
+        """The digest a record of an application of ``kind`` with ``spec`` must carry: of its
+        values with the kind's defaults applied (a CREATE's spec is sparse, the old object of
+        an UPDATE defaulted; both must give one digest)."""
+        found = self.platform.kind(kind)
+        values = {} if spec is None else spec
+        if found is not None:
+            try:
+                values = found.defaulted(spec)
+            except (ValueError, TypeError, ArithmeticError, RecursionError):
+                values = spec
+        return values_digest(values)
+
+    def trusted(self, app: Application) -> RecordedCharge | None:
+        """``app``'s recorded charge if it verifies for this object and its values, else None."""
+        if app.recorded is None:
+            return None
+        digest = self.values_digest(app.kind, app.spec)
+        return app.recorded if verifies(self.keys, app.key, digest, app.recorded) else None
 
     # -- questions ---------------------------------------------------------------------------
 
