@@ -21,8 +21,10 @@ from webhook.admission import admit, apply_admitted
 from webhook.core.contract_schema import CONTRACT_SCHEMA
 from webhook.core.decisions import MODES, Mode, Policy
 from webhook.core.errors import ReservationError
+from webhook.core.records import RecordKeys
 from webhook.core.reviews import ReviewError
 from webhook.logs import configure as configure_logs
+from webhook.record_keys import RecordKeyError, keys_from_file
 from webhook.report import build_report, explain_charge, render_report
 from webhook.server import serve
 from webhook.settings import SettingsError, load_settings
@@ -97,6 +99,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--client-ca", metavar="FILE", help="require client certificates from it")
     serve.add_argument(
+        "--metrics-listen", metavar="HOST:PORT", help="plain-HTTP /metrics; default <host>:8080"
+    )
+    _add_record_key(serve)
+    serve.add_argument(
         "--timeout-seconds",
         type=int,
         metavar="N",
@@ -134,6 +140,25 @@ def _add_state(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="directory of manifests (repeatable), e.g. fixtures/cozystack",
     )
+    _add_record_key(parser)
+
+
+def _add_record_key(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--record-key-file",
+        metavar="FILE",
+        help="key signing charge records (line 1; more lines: previous keys); "
+        "default: a key of this process, so records written elsewhere are not believed",
+    )
+
+
+def _record_keys(path: str | None) -> RecordKeys | None:
+    if not path:
+        return None
+    try:
+        return keys_from_file(path)
+    except RecordKeyError as exc:
+        raise CommandError(str(exc)) from None
 
 
 def _add_policy(parser: argparse.ArgumentParser) -> None:
@@ -158,7 +183,7 @@ def _policy(args: argparse.Namespace) -> Policy:
 
 
 def _review(args: argparse.Namespace) -> int:
-    state = load_state(args.state)
+    state = load_state(args.state, keys=_record_keys(args.record_key_file))
     policy = _policy(args)
     status = 0
     for name in args.files:
@@ -201,6 +226,8 @@ def _serve(args: argparse.Namespace) -> int:
         "listen": args.listen,
         "cert_dir": args.cert_dir,
         "client_ca": args.client_ca,
+        "metrics_listen": args.metrics_listen,
+        "record_key_file": args.record_key_file,
         "timeout_seconds": args.timeout_seconds,
         "mode": args.mode,
         "mode_for": args.mode_for,
@@ -213,7 +240,11 @@ def _serve(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
     configure_logs(settings.log_level)
     # Manifest directories, or the cluster (--kubeconfig, else the pod's service account).
-    state = load_state(settings.state) if settings.state else None
+    state = (
+        load_state(settings.state, keys=_record_keys(settings.record_key_file))
+        if settings.state
+        else None
+    )
     try:
         asyncio.run(serve(state, settings))
     except CertificateError as exc:
@@ -236,7 +267,7 @@ def _certs_generate(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    state = load_state(args.state)
+    state = load_state(args.state, keys=_record_keys(args.record_key_file))
     report = build_report(state)
     if args.json:
         print(json.dumps(report, indent=2))

@@ -35,6 +35,11 @@ class Settings:
     kubeconfig: str = ""
     listen_host: str = "127.0.0.1"
     listen_port: int = 8443
+    # /metrics on a port of its own, plain HTTP, so a NetworkPolicy can admit the scraper there
+    # and only the API server's callers on the admission port. Host "" is the listen host.
+    metrics_listen_host: str = ""
+    metrics_port: int = 8080
+    record_key_file: str = ""  # offline: the key signing charge records (else one per process)
     cert_dir: str = "certs"
     client_ca: str = ""
     timeout_seconds: int = 10
@@ -65,6 +70,10 @@ class Settings:
         return max(self.timeout_seconds - 1.0, 0.5)
 
     @property
+    def metrics_host(self) -> str:
+        return self.metrics_listen_host or self.listen_host
+
+    @property
     def cert_file(self) -> Path:
         return Path(self.cert_dir) / "tls.crt"
 
@@ -78,6 +87,8 @@ _SPELLINGS: Final = {
     "state": ("WEBHOOK_STATE", "state"),
     "kubeconfig": ("WEBHOOK_KUBECONFIG", "kubeconfig"),
     "listen": ("WEBHOOK_LISTEN", "listen"),
+    "metrics_listen": ("WEBHOOK_METRICS_LISTEN", "metricsListen"),
+    "record_key_file": ("WEBHOOK_RECORD_KEY_FILE", "recordKeyFile"),
     "cert_dir": ("WEBHOOK_CERT_DIR", "certDir"),
     "client_ca": ("WEBHOOK_CLIENT_CA", "clientCA"),
     "timeout_seconds": ("WEBHOOK_TIMEOUT_SECONDS", "timeoutSeconds"),
@@ -141,7 +152,18 @@ def _build(raw: Mapping[str, Any]) -> Settings:
         values["kubeconfig"] = str(raw["kubeconfig"])
     if "listen" in raw:
         values["listen_host"], values["listen_port"] = _listen(str(raw["listen"]))
-    for name in ("cert_dir", "client_ca", "log_level", "namespace", "replica", "lease_name"):
+    if "metrics_listen" in raw:
+        host, port = _listen(str(raw["metrics_listen"]), name="metrics-listen")
+        values["metrics_listen_host"], values["metrics_port"] = host, port
+    for name in (
+        "cert_dir",
+        "client_ca",
+        "log_level",
+        "namespace",
+        "replica",
+        "lease_name",
+        "record_key_file",
+    ):
         if name in raw:
             values[name] = str(raw[name])
     if "timeout_seconds" in raw:
@@ -171,16 +193,16 @@ def _build(raw: Mapping[str, Any]) -> Settings:
     return settings
 
 
-def _listen(text: str) -> tuple[str, int]:
+def _listen(text: str, *, name: str = "listen") -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not host:
-        raise SettingsError(f"listen: {text!r} is not HOST:PORT")
+        raise SettingsError(f"{name}: {text!r} is not HOST:PORT")
     try:
         number = int(port)
     except ValueError:
-        raise SettingsError(f"listen: {port!r} is not a port") from None
+        raise SettingsError(f"{name}: {port!r} is not a port") from None
     if not 0 <= number <= 65535:
-        raise SettingsError(f"listen: {number} is not a port")
+        raise SettingsError(f"{name}: {number} is not a port")
     return host.strip("[]"), number
 
 

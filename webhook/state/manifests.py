@@ -63,9 +63,7 @@ def load_platform(paths: Iterable[str | Path]) -> Platform:
     return _platform(read_manifests(paths))
 
 
-def load_state(
-    paths: Iterable[str | Path], *, keys: RecordKeys | None = None
-) -> ReservationState:
+def load_state(paths: Iterable[str | Path], *, keys: RecordKeys | None = None) -> ReservationState:
     """The platform and every application under ``paths``, as a reservation state.
 
     Applications come as ``apps.cozystack.io`` objects or as the HelmReleases Cozystack stores
