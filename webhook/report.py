@@ -42,7 +42,15 @@ def build_report(state: ReservationState) -> dict[str, Any]:
         if record.problem:
             failing.append({**where, "reason": record.problem})
         if record.drifted:
-            drift.append({**where, "recorded": record.digest, "current": record.current_digest})
+            drift.append(
+                {
+                    **where,
+                    "recorded": record.digest,
+                    "current": record.current_digest,
+                    "recordedCharge": rl.to_strings(record.resources),
+                    "currentCharge": rl.to_strings(record.current or {}),
+                }
+            )
     return {"pools": pools, "unknown": unknown, "unevaluable": failing, "drift": drift}
 
 
@@ -77,7 +85,9 @@ def render_report(report: dict[str, Any]) -> str:
     if report["drift"]:
         lines += ["", "Contract drift (recorded charge kept until the next write):"]
         lines += [
-            f"  {i['namespace']} {i['application']}: {i['recorded']} -> {i['current']}"
+            f"  {i['namespace']} {i['application']}: "
+            f"{_pairs(i['recordedCharge']) or 'nothing'} ({i['recorded']}) -> "
+            f"{_pairs(i['currentCharge']) or 'nothing'} ({i['current']})"
             for i in report["drift"]
         ]
     return "\n".join(lines)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
-import io
 import json
 import logging
 from collections.abc import Awaitable, Callable
