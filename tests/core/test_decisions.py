@@ -292,12 +292,35 @@ class TestTenants:
         assert decision.allowed
         assert any("overcommitted" in w for w in decision.warnings)
 
-    def test_removing_a_budget_moves_the_usage_back_and_is_checked(self) -> None:
+    def test_removing_a_budget_moves_the_usage_back_into_the_parent(self) -> None:
+        current = state(
+            {"tenant-foo": {"cpu": "10"}, "tenant-foo-bar": {"cpu": "6"}},
+            thing("tenant-foo", cpu="3"),
+            thing("tenant-foo-bar", cpu="4"),
+        )
+        decision = decide(
+            request(
+                "Tenant",
+                "tenant-foo",
+                "bar",
+                {},
+                operation="UPDATE",
+                old_spec={"resourceQuotas": {"cpu": "6"}},
+            ),
+            current,
+            ENFORCE,
+        )
+        # bar occupied its budget (6); without one it occupies its usage (4): 3 + 4 = 7
+        assert decision.allowed, decision.message
+        assert decision.reserved_after == {"cpu": Decimal(7)}
+
+    def test_removing_a_budget_below_usage_frees_nothing(self) -> None:
         current = state(
             {"tenant-foo": {"cpu": "10"}, "tenant-foo-bar": {"cpu": "2"}},
-            thing("tenant-foo", cpu="7"),
+            thing("tenant-foo", cpu="6"),
             thing("tenant-foo-bar", cpu="4"),  # overcommitted child: 4 > 2
         )
+        assert current.tree.get("tenant-foo").usage["cpu"] == 10  # type: ignore[union-attr]
         decision = decide(
             request(
                 "Tenant",
@@ -310,9 +333,8 @@ class TestTenants:
             current,
             ENFORCE,
         )
-        # contribution 2 -> 4: +2 on top of 9 reserved exceeds 10
-        assert not decision.allowed
-        assert "requested: cpu=2, used: cpu=9, limited: cpu=10" in decision.message
+        assert decision.allowed, decision.message
+        assert decision.reserved_after == {"cpu": Decimal(10)}
 
     def test_prefixed_quota_keys_are_refused_naming_the_shorthand(self) -> None:
         decision = decide(

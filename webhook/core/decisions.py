@@ -4,8 +4,9 @@ Every request starts as a denial until it is shown to fit (Kubernetes' ResourceQ
 does the same). An application is charged its evaluated size on CREATE and the per-key
 difference from its old charge on UPDATE; only increases are checked, each against the nearest
 tenant whose budget limits that key, so a decrease always passes, even in an overcommitted pool.
-A Tenant's declared budget is a carve-out in its parent's pool: setting, raising, lowering or
-removing it changes what the subtree reserves there, and increases are checked the same way.
+A Tenant's declared budget is a carve-out in its parent's pool, occupying ``max(budget, usage)``
+per key: setting, raising or removing it changes what the subtree reserves there, and increases
+are checked the same way; lowering it below usage is allowed (with a warning) but frees nothing.
 The object under admission fails closed: unknown kind, no contract, values that cannot be
 evaluated, a state that is not synced.
 
