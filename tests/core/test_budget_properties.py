@@ -14,6 +14,14 @@ ignored), with the carve-out rule ``max(budget, usage)``, and checked:
   its budget only because a budget was lowered (or set) below usage, and then nothing new is
   admitted into it until usage drops.
 
+Attacks on the charge annotation are rules too: a forged record (any charge, any MAC) or a
+genuine record copied from another object, delivered through the webhook in ``enforce`` or
+``off`` mode or stored with no webhook at all (before install, webhook down); and stripping the
+annotation. A write in ``off`` mode or without the webhook is not a tenant bypass (nothing
+checks it), so the growth check skips that one step; the recount from specs, which ignores
+annotations, must still agree with the state after it, and nothing may be admitted into a pool
+it left over budget.
+
 Extending it: an operation is a ``@rule`` that builds a request with :meth:`TenantMoves.write`
 (which takes ``annotations`` for the new object and ``old_annotations`` for the stored one),
 so an attack on the charge annotation (forge, copy, strip) is a rule that passes different
@@ -35,6 +43,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from tests.builders import platform, review
 from webhook.admission import apply_admitted
+from webhook.core.applications import CHARGE_ANNOTATION, application_from_object
 from webhook.core.decisions import Decision, Policy, decide, mutate
 from webhook.core.reviews import parse_review
 from webhook.core.state import ReservationState
@@ -50,6 +59,15 @@ KEYS = ("cpu", "memory")
 cpu = st.sampled_from(["0", "1", "2", "4"])
 memory = st.sampled_from(["0", "1Gi", "2Gi", "4Gi", "8Gi"])
 sizes = st.fixed_dictionaries({"cpu": cpu, "memory": memory})
+OFF = Policy(mode="off")
+# What a tenant can write in the charge annotation without the key: any charge, any MAC.
+forgeries = st.builds(
+    lambda size, mac: json.dumps(
+        {"charge": size, "digest": "sha256:0", "values": "sha256:0", "mac": mac}
+    ),
+    sizes,
+    st.sampled_from(["", "hmac-sha256:00", "x"]),
+)
 budgets = st.fixed_dictionaries({}, optional={"cpu": cpu, "memory": memory})
 
 Key = tuple[str, str, str]  # kind, namespace, name
@@ -75,8 +93,10 @@ class TenantMoves(RuleBasedStateMachine):
         dry_run: bool = False,
         annotations: Mapping[str, str] | None = None,
         old_annotations: Mapping[str, str] | None = None,
+        policy: Policy | None = None,
     ) -> Decision:
         """CREATE, UPDATE (when stored) or DELETE (``spec is None``), mutated then validated."""
+        policy = policy or self.policy
         key = (kind, namespace, name)
         old = self.stored.get(key)
         if spec is None and old is None:
@@ -96,18 +116,24 @@ class TenantMoves(RuleBasedStateMachine):
             old_annotations=old_annotations,
         )
         if body["request"]["object"] is not None:
-            patched = mutate(parse_review(body), self.state, self.policy)
+            patched = mutate(parse_review(body), self.state, policy)
             body["request"]["object"] = _patched(body["request"]["object"], patched)
         request = parse_review(body)
         self.before = self.recount()
-        decision = decide(request, self.state, self.policy)
+        decision = decide(request, self.state, policy)
         apply_admitted(self.state, request, decision)
         if decision.allowed and not dry_run:
             if spec is None:
                 del self.stored[key]
             else:
                 self.stored[key] = body["request"]["object"]
+                if decision.admitted is None:  # off mode: the state sees it as a watch would
+                    self.state.observe(_application(kind, namespace, self.stored[key]))
         return decision
+
+    def unchecked(self) -> None:
+        """The last write was not checked by anyone: its growth is not the tenant's doing."""
+        self.before = self.recount()
 
     # -- operations --------------------------------------------------------------------------
 
@@ -131,6 +157,79 @@ class TenantMoves(RuleBasedStateMachine):
     @rule(namespace=st.sampled_from(NAMESPACES), name=st.sampled_from(NAMES))
     def delete(self, namespace: str, name: str) -> None:
         self.write("Thing", namespace, name, None)
+
+    @rule(
+        namespace=st.sampled_from(NAMESPACES),
+        name=st.sampled_from(NAMES),
+        size=sizes,
+        forged=forgeries,
+    )
+    def forge_through_the_webhook(
+        self, namespace: str, name: str, size: dict[str, str], forged: str
+    ) -> None:
+        self.write("Thing", namespace, name, size, annotations={CHARGE_ANNOTATION: forged})
+
+    @rule(
+        namespace=st.sampled_from(NAMESPACES),
+        name=st.sampled_from(NAMES),
+        size=sizes,
+        forged=forgeries,
+        off=st.booleans(),
+    )
+    def plant_in_off_mode_or_without_the_webhook(
+        self, namespace: str, name: str, size: dict[str, str], forged: str, off: bool
+    ) -> None:
+        annotations = {CHARGE_ANNOTATION: forged}
+        if off:
+            self.write("Thing", namespace, name, size, annotations=annotations, policy=OFF)
+        else:
+            self.store_unchecked("Thing", namespace, name, size, annotations)
+        self.unchecked()
+
+    @rule(
+        source=st.sampled_from(NAMES),
+        destination=st.sampled_from(NAMES),
+        namespace=st.sampled_from(NAMESPACES),
+        size=sizes,
+        through_webhook=st.booleans(),
+    )
+    def copy_another_objects_annotation(
+        self,
+        source: str,
+        destination: str,
+        namespace: str,
+        size: dict[str, str],
+        through_webhook: bool,
+    ) -> None:
+        stored = self.stored.get(("Thing", namespace, source))
+        copied = (stored or {}).get("metadata", {}).get("annotations") or {}
+        if CHARGE_ANNOTATION not in copied:
+            return
+        annotations = {CHARGE_ANNOTATION: copied[CHARGE_ANNOTATION]}
+        if through_webhook:
+            self.write("Thing", namespace, destination, size, annotations=annotations)
+        else:
+            self.store_unchecked("Thing", namespace, destination, size, annotations)
+            self.unchecked()
+
+    @rule(namespace=st.sampled_from(NAMESPACES), name=st.sampled_from(NAMES))
+    def strip_the_annotation(self, namespace: str, name: str) -> None:
+        stored = self.stored.get(("Thing", namespace, name))
+        if stored is not None:
+            self.write("Thing", namespace, name, stored["spec"], annotations={})
+
+    def store_unchecked(
+        self, kind: str, namespace: str, name: str, spec: Any, annotations: Mapping[str, str]
+    ) -> None:
+        """Stored with no webhook in the way (before install, or while it is down)."""
+        obj = {
+            "apiVersion": "apps.cozystack.io/v1alpha1",
+            "kind": kind,
+            "metadata": {"name": name, "namespace": namespace, "annotations": dict(annotations)},
+            "spec": spec,
+        }
+        self.stored[(kind, namespace, name)] = obj
+        self.state.observe(_application(kind, namespace, obj))
 
     @rule(tenant=st.sampled_from(sorted(TENANTS)), budget=budgets, dry_run=st.booleans())
     def set_budget(self, tenant: str, budget: dict[str, str], dry_run: bool) -> None:
@@ -187,19 +286,28 @@ def _depth(namespace: str) -> int:
     return 0 if namespace == "tenant-root" else namespace.count("-")
 
 
+def _application(kind: str, namespace: str, obj: dict[str, Any]) -> Any:
+    return application_from_object(
+        {**obj, "kind": kind, "metadata": {**obj["metadata"], "namespace": namespace}}
+    )
+
+
 def _patched(obj: dict[str, Any], decision: Decision) -> dict[str, Any]:
-    """``obj`` with the mutating side's JSONPatch applied (it only adds annotations)."""
+    """``obj`` with the mutating side's JSONPatch applied (it adds or removes annotations)."""
     response = decision.response()
     if "patch" not in response:
         return obj
     result: dict[str, Any] = json.loads(json.dumps(obj))
     for operation in json.loads(base64.b64decode(response["patch"])):
-        assert operation["op"] == "add"
+        assert operation["op"] in ("add", "remove")
         parts = [p.replace("~1", "/").replace("~0", "~") for p in operation["path"].split("/")[1:]]
         target = result
         for part in parts[:-1]:
             target = target[part]
-        target[parts[-1]] = operation["value"]
+        if operation["op"] == "remove":
+            del target[parts[-1]]
+        else:
+            target[parts[-1]] = operation["value"]
     return result
 
 
