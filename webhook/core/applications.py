@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from webhook.core.overcommit import OVERCOMMIT_ANNOTATION
 from webhook.core.records import RecordedCharge, parse_recorded_charge
 
 __all__ = [
@@ -49,6 +50,7 @@ class Application:
     name: str
     spec: Any
     recorded: RecordedCharge | None = None
+    overcommit: str | None = None  # the overcommit annotation as written (believed if vouched)
 
     @property
     def key(self) -> AppKey:
@@ -69,7 +71,15 @@ def application_from_object(obj: Mapping[str, Any]) -> Application:
     if not isinstance(namespace, str) or not namespace:
         raise ValueError("metadata.namespace: missing")
     recorded = parse_recorded_charge(_annotation(metadata, CHARGE_ANNOTATION))
-    return Application(kind, namespace, name, obj.get("spec"), recorded)
+    overcommit = _annotation(metadata, OVERCOMMIT_ANNOTATION)
+    return Application(
+        kind,
+        namespace,
+        name,
+        obj.get("spec"),
+        recorded,
+        overcommit if isinstance(overcommit, str) else None,
+    )
 
 
 def application_from_helmrelease(release: Mapping[str, Any]) -> Application | None:
@@ -87,9 +97,17 @@ def application_from_helmrelease(release: Mapping[str, Any]) -> Application | No
     if kind == "Tenant" and name == "tenant-root":
         name = "root"  # the shipped root release carries its full name in the label
     recorded = parse_recorded_charge(_annotation(metadata, USER_PREFIX + CHARGE_ANNOTATION))
+    overcommit = _annotation(metadata, USER_PREFIX + OVERCOMMIT_ANNOTATION)
     spec = release.get("spec")
     values = spec.get("values") if isinstance(spec, Mapping) else None
-    return Application(kind, namespace, name, values, recorded)
+    return Application(
+        kind,
+        namespace,
+        name,
+        values,
+        recorded,
+        overcommit if isinstance(overcommit, str) else None,
+    )
 
 
 def is_helmrelease(manifest: Mapping[str, Any]) -> bool:

@@ -5,7 +5,8 @@ value a tenant could write would be a discount on its own budget. The webhook th
 what it records with a key only it holds (HMAC-SHA256), over everything the figure depends on:
 
     kind, namespace, name, the digest of the (defaulted) values it charged, the charge,
-    the charge digest (contract and catalog entries used) and the overcommit factor applied.
+    the charge digest (contract and catalog entries used), the overcommit factor applied, what
+    was committed (declared) before the factor, and the object's own factor annotation.
 
 A record is believed only when its MAC verifies under a key the webhook holds *and* its values
 digest matches the object's values as they stand. Anything else (forged, copied from another
@@ -63,7 +64,10 @@ class RecordedCharge:
     """A charge record as read from an object: believed only once :func:`verifies` says so.
 
     ``resources`` is what the pool is charged (after any overcommit factor); ``factor`` the
-    factor applied per key (empty: none); ``values`` the digest of the values charged.
+    factor applied per key (empty: none); ``committed`` what was declared before the factor
+    (empty: the same as ``resources``); ``own`` the object's own overcommit annotation as the
+    platform set it (``None``: none), so a factor on a stored object is believed only when a
+    record vouches for it; ``values`` the digest of the values charged.
     """
 
     resources: Mapping[str, Decimal]
@@ -71,6 +75,13 @@ class RecordedCharge:
     values: str = ""
     mac: str = ""
     factor: Mapping[str, Decimal] = field(default_factory=lambda: _EMPTY)
+    committed: Mapping[str, Decimal] = field(default_factory=lambda: _EMPTY)
+    own: Mapping[str, Decimal] | None = None
+
+    @property
+    def declared(self) -> Mapping[str, Decimal]:
+        """What was committed before any factor."""
+        return self.committed or self.resources
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +122,8 @@ def mac(
     charge: Mapping[str, Decimal],
     digest: str,
     factor: Mapping[str, Decimal] = _EMPTY,
+    committed: Mapping[str, Decimal] = _EMPTY,
+    own: Mapping[str, Decimal] | None = None,
 ) -> str:
     """The MAC of one record under ``key``: ``hmac-sha256:<hex>``."""
     kind, namespace, name = app
@@ -124,6 +137,8 @@ def mac(
             rl.to_strings(charge),
             digest,
             rl.to_strings(factor),
+            rl.to_strings(committed),
+            None if own is None else rl.to_strings(own),
         ]
     )
     return MAC_PREFIX + hmac.new(key, message.encode(), hashlib.sha256).hexdigest()
@@ -136,10 +151,17 @@ def sign(
     charge: Mapping[str, Decimal],
     digest: str,
     factor: Mapping[str, Decimal] = _EMPTY,
+    committed: Mapping[str, Decimal] = _EMPTY,
+    own: Mapping[str, Decimal] | None = None,
 ) -> RecordedCharge:
-    """The record of ``charge`` for this object and values, signed with the current key."""
-    signature = mac(keys.current, app, values, charge, digest, factor)
-    return RecordedCharge(dict(charge), digest, values, signature, dict(factor))
+    """The record of ``charge`` for this object and values, signed with the current key.
+
+    ``committed`` is kept only when it differs from ``charge`` (a factor applied).
+    """
+    committed = dict(committed) if dict(committed) != dict(charge) else {}
+    own = dict(own) if own is not None else None
+    signature = mac(keys.current, app, values, charge, digest, factor, committed, own)
+    return RecordedCharge(dict(charge), digest, values, signature, dict(factor), committed, own)
 
 
 def verifies(
@@ -149,7 +171,16 @@ def verifies(
     if not record.mac.startswith(MAC_PREFIX) or record.values != values:
         return False
     for key in (keys.current, *keys.previous):
-        expected = mac(key, app, values, record.resources, record.digest, record.factor)
+        expected = mac(
+            key,
+            app,
+            values,
+            record.resources,
+            record.digest,
+            record.factor,
+            record.committed,
+            record.own,
+        )
         if hmac.compare_digest(expected, record.mac):
             return True
     return False
@@ -158,8 +189,12 @@ def verifies(
 def record_annotation(record: RecordedCharge) -> str:
     """The annotation value: compact JSON, keys in a fixed order."""
     body: dict[str, object] = {"charge": rl.to_strings(record.resources), "digest": record.digest}
+    if record.committed:
+        body["committed"] = rl.to_strings(record.committed)
     if record.factor:
         body["factor"] = rl.to_strings(record.factor)
+    if record.own is not None:
+        body["own"] = rl.to_strings(record.own)
     body["values"] = record.values
     body["mac"] = record.mac
     return _COMPACT.encode(body)
@@ -175,17 +210,25 @@ def parse_recorded_charge(text: object) -> RecordedCharge | None:
             return None
         charge, digest = body["charge"], body["digest"]
         values, signature = body.get("values", ""), body.get("mac", "")
-        factor = body.get("factor") or {}
+        factor, committed = body.get("factor") or {}, body.get("committed") or {}
+        own = body.get("own")
         if not (
             isinstance(charge, Mapping)
             and isinstance(factor, Mapping)
+            and isinstance(committed, Mapping)
+            and (own is None or isinstance(own, Mapping))
             and all(isinstance(v, str) for v in (digest, values, signature))
         ):
             return None
         resources = {str(k): parse_quantity(v) for k, v in charge.items()}
         factors = {str(k): parse_quantity(v) for k, v in factor.items()}
+        declared = {str(k): parse_quantity(v) for k, v in committed.items()}
+        owned = {str(k): parse_quantity(v) for k, v in own.items()} if own is not None else None
     except (ValueError, KeyError, TypeError, ArithmeticError, RecursionError, QuantityError):
         return None
-    if any(v < 0 for v in resources.values()) or any(v <= 0 for v in factors.values()):
+    amounts = [*resources.values(), *declared.values()]
+    if any(v < 0 for v in amounts) or any(
+        v <= 0 for v in [*factors.values(), *(owned or {}).values()]
+    ):
         return None
-    return RecordedCharge(resources, digest, values, signature, factors)
+    return RecordedCharge(resources, digest, values, signature, factors, declared, owned)
