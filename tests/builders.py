@@ -86,6 +86,11 @@ def state(
     return result
 
 
+# A platform administrator, as Cozystack's Keycloak group maps one.
+ADMIN: dict[str, Any] = {
+    "user": "ops",
+    "groups": ["cozystack-cluster-admin", "system:authenticated"],
+}
 # The record key of every state the tests build: tests sign records as the webhook would.
 KEYS = RecordKeys(b"tests-record-key-0123456789abcdef")
 
@@ -134,6 +139,8 @@ def review(
     annotations: Mapping[str, str] | None = None,
     old_annotations: Mapping[str, str] | None = None,
     uid: str = "uid-1",
+    user: str = "alice",
+    groups: list[str] | None = None,
 ) -> dict[str, Any]:
     """An ``admission.k8s.io/v1`` AdmissionReview for an apps.cozystack.io application."""
 
@@ -159,7 +166,7 @@ def review(
         "namespace": namespace,
         "name": name,
         "operation": operation,
-        "userInfo": {"username": "alice"},
+        "userInfo": {"username": user, "groups": groups or ["system:authenticated"]},
         "dryRun": dry_run,
         "object": None if operation == "DELETE" else body(spec, annotations),
         "oldObject": body(old_spec, old_annotations) if operation != "CREATE" else None,

@@ -109,6 +109,7 @@ def _parser() -> argparse.ArgumentParser:
         help="the webhook configuration's timeoutSeconds (1-30, default 10)",
     )
     serve.add_argument("--mode", choices=MODES, help="default: enforce")
+    _add_overcommit(serve)
     serve.add_argument(
         "--mode-for", action="append", metavar="KIND=MODE", help="a mode for one kind (repeatable)"
     )
@@ -161,7 +162,27 @@ def _record_keys(path: str | None) -> RecordKeys | None:
         raise CommandError(str(exc)) from None
 
 
+def _add_overcommit(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--overcommit-admins",
+        action="append",
+        metavar="NAMES",
+        help="groups or users who may set overcommit factors (comma-separated, repeatable); "
+        "default: system:masters,cozystack-cluster-admin",
+    )
+    parser.add_argument(
+        "--overcommit-max",
+        action="append",
+        metavar="KEY=DECIMAL",
+        help="largest overcommit factor for a key (repeatable); default cpu=4, memory=1.5",
+    )
+    parser.add_argument(
+        "--overcommit-step", metavar="DECIMAL", help="largest change of a factor per update (0.1)"
+    )
+
+
 def _add_policy(parser: argparse.ArgumentParser) -> None:
+    _add_overcommit(parser)
     parser.add_argument("--mode", choices=MODES, default="enforce", help="default: enforce")
     parser.add_argument(
         "--mode-for",
@@ -179,7 +200,19 @@ def _policy(args: argparse.Namespace) -> Policy:
         if not kind or mode not in MODES:
             raise CommandError(f"--mode-for {item!r}: expected KIND=MODE, MODE one of {MODES}")
         per_kind[kind] = cast(Mode, mode)  # checked against MODES above
-    return Policy(args.mode, per_kind)
+    try:
+        rules = load_settings(_overcommit_flags(args), environ={}).policy.overcommit
+    except SettingsError as exc:
+        raise CommandError(str(exc)) from None
+    return Policy(args.mode, per_kind, rules)
+
+
+def _overcommit_flags(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "overcommit_admins": args.overcommit_admins,
+        "overcommit_max": args.overcommit_max,
+        "overcommit_step": args.overcommit_step,
+    }
 
 
 def _review(args: argparse.Namespace) -> int:
@@ -231,6 +264,7 @@ def _serve(args: argparse.Namespace) -> int:
         "timeout_seconds": args.timeout_seconds,
         "mode": args.mode,
         "mode_for": args.mode_for,
+        **_overcommit_flags(args),
         "config": args.config,
         "log_level": args.log_level,
     }

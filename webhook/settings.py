@@ -12,12 +12,14 @@ import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, Final, cast
 
 import yaml
 
 from webhook.core.decisions import MODES, Mode, Policy
+from webhook.core.overcommit import DEFAULT_ADMINS, DEFAULT_MAXIMUM, DEFAULT_STEP, OvercommitRules
 
 __all__ = ["Settings", "SettingsError", "load_settings"]
 
@@ -45,6 +47,10 @@ class Settings:
     timeout_seconds: int = 10
     mode: Mode = "enforce"
     mode_for: Mapping[str, Mode] = field(default_factory=dict)
+    # Who may set an overcommit factor (groups or user names) and within which bounds.
+    overcommit_admins: frozenset[str] = DEFAULT_ADMINS
+    overcommit_max: Mapping[str, Decimal] = field(default_factory=lambda: dict(DEFAULT_MAXIMUM))
+    overcommit_step: Decimal = DEFAULT_STEP
     cert_reload_seconds: float = 10.0
     shutdown_seconds: float = 20.0
     log_level: str = "INFO"
@@ -62,7 +68,10 @@ class Settings:
 
     @property
     def policy(self) -> Policy:
-        return Policy(self.mode, dict(self.mode_for))
+        rules = OvercommitRules(
+            self.overcommit_admins, dict(self.overcommit_max), self.overcommit_step
+        )
+        return Policy(self.mode, dict(self.mode_for), rules)
 
     @property
     def deadline_seconds(self) -> float:
@@ -94,6 +103,9 @@ _SPELLINGS: Final = {
     "timeout_seconds": ("WEBHOOK_TIMEOUT_SECONDS", "timeoutSeconds"),
     "mode": ("WEBHOOK_MODE", "mode"),
     "mode_for": ("WEBHOOK_MODE_FOR", "modeFor"),
+    "overcommit_admins": ("WEBHOOK_OVERCOMMIT_ADMINS", "overcommitAdmins"),
+    "overcommit_max": ("WEBHOOK_OVERCOMMIT_MAX", "overcommitMax"),
+    "overcommit_step": ("WEBHOOK_OVERCOMMIT_STEP", "overcommitStep"),
     "cert_reload_seconds": ("WEBHOOK_CERT_RELOAD_SECONDS", "certReloadSeconds"),
     "shutdown_seconds": ("WEBHOOK_SHUTDOWN_SECONDS", "shutdownSeconds"),
     "log_level": ("WEBHOOK_LOG_LEVEL", "logLevel"),
@@ -138,7 +150,7 @@ def _read_file(path: str) -> Mapping[str, Any]:
 
 
 def _from_environment(name: str, value: str) -> Any:
-    if name in ("state", "mode_for"):
+    if name in ("state", "mode_for", "overcommit_admins", "overcommit_max"):
         return [item for item in value.replace(",", " ").split() if item]
     return value
 
@@ -187,6 +199,12 @@ def _build(raw: Mapping[str, Any]) -> Settings:
         values["mode"] = _mode("mode", raw["mode"])
     if "mode_for" in raw:
         values["mode_for"] = _mode_for(raw["mode_for"])
+    if "overcommit_admins" in raw:
+        values["overcommit_admins"] = overcommit_admins(raw["overcommit_admins"])
+    if "overcommit_max" in raw:
+        values["overcommit_max"] = overcommit_maximum(raw["overcommit_max"])
+    if "overcommit_step" in raw:
+        values["overcommit_step"] = overcommit_step(raw["overcommit_step"])
     settings = Settings(**values)
     if settings.state and settings.kubeconfig:
         raise SettingsError("state and kubeconfig: give one source of cluster state, not both")
@@ -235,3 +253,41 @@ def _mode_for(value: Any) -> dict[str, Mode]:
             raise SettingsError(f"mode-for: {item!r} is not KIND=MODE")
         result[kind] = _mode(f"mode-for {kind}", mode)
     return result
+
+
+def _items(value: Any) -> list[str]:
+    if isinstance(value, Mapping):
+        return [f"{k}={v}" for k, v in value.items()]
+    if isinstance(value, str):
+        value = [value]
+    return [part.strip() for item in value for part in str(item).split(",") if part.strip()]
+
+
+def overcommit_admins(value: Any) -> frozenset[str]:
+    """Groups and user names allowed to set overcommit factors (comma-separated or a list)."""
+    return frozenset(_items(value))
+
+
+def overcommit_maximum(value: Any) -> dict[str, Decimal]:
+    """``KEY=DECIMAL`` items: the largest factor per key; the defaults stay for keys not given."""
+    maximum = dict(DEFAULT_MAXIMUM)
+    for item in _items(value):
+        key, sep, number = item.partition("=")
+        try:
+            bound = Decimal(number)
+        except InvalidOperation:
+            bound = Decimal(0)
+        if not sep or not key or not bound.is_finite() or bound < 1 or bound > 100:
+            raise SettingsError(f"overcommit-max: {item!r} is not KEY=DECIMAL with 1 <= DECIMAL")
+        maximum[key.strip()] = bound
+    return maximum
+
+
+def overcommit_step(value: Any) -> Decimal:
+    try:
+        step = Decimal(str(value))
+    except InvalidOperation:
+        raise SettingsError(f"overcommit-step: {value!r} is not a decimal") from None
+    if not step.is_finite() or not 0 < step <= 10:
+        raise SettingsError("overcommit-step: must be above 0 and at most 10")
+    return step

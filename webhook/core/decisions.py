@@ -281,7 +281,7 @@ def _factor_change(
     new_text = _overcommit(request.object)
     old_text = _overcommit(request.old_object) if request.operation == "UPDATE" else None
     old_app = _old_application(request)
-    old_own = state.own_factors(old_app) if old_app is not None else None
+    old_own = state.believed_own(old_app) if old_app is not None else None
     if new_text == old_text:
         return old_own, False
     path = f"metadata.annotations[{OVERCOMMIT_ANNOTATION}]"
@@ -474,7 +474,7 @@ def _old_charge(
     old = _old_application(request)
     if old is None:
         return {}
-    own = state.own_factors(old) if request.kind != TENANT_KIND else None
+    own = state.believed_own(old) if request.kind != TENANT_KIND else None
     factors, _ = state.factors_for(request.namespace, own)
     trusted = state.trusted(old)
     if trusted is not None:

@@ -251,6 +251,21 @@ class ReservationState:
                 return dict(factors), candidate
         return {}, ""
 
+    def believed_own(self, app: Application) -> dict[str, Decimal] | None:
+        """The object's own factor as this state believes it: for a Tenant, the factor its
+        subtree is priced at; for an application it holds, the factor its record kept; for an
+        object it does not hold, what a verified record on ``app`` vouches for."""
+        if app.kind == TENANT_KIND:
+            owned = self._owned.get(app.key)
+            if owned is not None:
+                found = self._tenant_factors.get(owned)
+                return dict(found) if found is not None else None
+        else:
+            record = self._apps.get(app.key)
+            if record is not None:
+                return dict(record.own) if record.own is not None else None
+        return self.own_factors(app)
+
     def own_factors(self, app: Application) -> dict[str, Decimal] | None:
         """The object's own factor annotation, if its verified record vouches for it."""
         return self._own(app, self.trusted(app))
