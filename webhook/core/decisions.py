@@ -208,6 +208,7 @@ def _decide_application(
         priced.factors,
         charge.resources,
         own,
+        priced.source,
     )
     admitted = Application(app.kind, app.namespace, app.name, app.spec, recorded, app.overcommit)
     facts = _Facts(
@@ -250,6 +251,7 @@ def _decide_application(
 class _Priced:
     reserved: dict[str, Decimal]
     factors: Factors
+    source: str
     label: str
 
 
@@ -265,7 +267,7 @@ def _priced(
     factors, source = state.factors_for(request.namespace, applied)
     factors = {k: v for k, v in factors.items() if v != 1}
     label = f"{format_factors(factors)} ({source})" if factors else ""
-    return _Priced(apply_factors(declared, factors), factors, label)
+    return _Priced(apply_factors(declared, factors), factors, source, label)
 
 
 def _factor_change(
@@ -706,6 +708,7 @@ def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -
             priced.factors,
             charge.resources,
             own,
+            priced.source,
         )
         value = record_annotation(record)
         if claimed == value:

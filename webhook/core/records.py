@@ -77,6 +77,7 @@ class RecordedCharge:
     factor: Mapping[str, Decimal] = field(default_factory=lambda: _EMPTY)
     committed: Mapping[str, Decimal] = field(default_factory=lambda: _EMPTY)
     own: Mapping[str, Decimal] | None = None
+    source: str = ""  # where ``factor`` came from: "application" or a tenant's namespace
 
     @property
     def declared(self) -> Mapping[str, Decimal]:
@@ -124,6 +125,7 @@ def mac(
     factor: Mapping[str, Decimal] = _EMPTY,
     committed: Mapping[str, Decimal] = _EMPTY,
     own: Mapping[str, Decimal] | None = None,
+    source: str = "",
 ) -> str:
     """The MAC of one record under ``key``: ``hmac-sha256:<hex>``."""
     kind, namespace, name = app
@@ -139,6 +141,7 @@ def mac(
             rl.to_strings(factor),
             rl.to_strings(committed),
             None if own is None else rl.to_strings(own),
+            source,
         ]
     )
     return MAC_PREFIX + hmac.new(key, message.encode(), hashlib.sha256).hexdigest()
@@ -153,6 +156,7 @@ def sign(
     factor: Mapping[str, Decimal] = _EMPTY,
     committed: Mapping[str, Decimal] = _EMPTY,
     own: Mapping[str, Decimal] | None = None,
+    source: str = "",
 ) -> RecordedCharge:
     """The record of ``charge`` for this object and values, signed with the current key.
 
@@ -160,8 +164,11 @@ def sign(
     """
     committed = dict(committed) if dict(committed) != dict(charge) else {}
     own = dict(own) if own is not None else None
-    signature = mac(keys.current, app, values, charge, digest, factor, committed, own)
-    return RecordedCharge(dict(charge), digest, values, signature, dict(factor), committed, own)
+    source = source if factor else ""
+    signature = mac(keys.current, app, values, charge, digest, factor, committed, own, source)
+    return RecordedCharge(
+        dict(charge), digest, values, signature, dict(factor), committed, own, source
+    )
 
 
 def verifies(
@@ -180,6 +187,7 @@ def verifies(
             record.factor,
             record.committed,
             record.own,
+            record.source,
         )
         if hmac.compare_digest(expected, record.mac):
             return True
@@ -193,6 +201,7 @@ def record_annotation(record: RecordedCharge) -> str:
         body["committed"] = rl.to_strings(record.committed)
     if record.factor:
         body["factor"] = rl.to_strings(record.factor)
+        body["source"] = record.source
     if record.own is not None:
         body["own"] = rl.to_strings(record.own)
     body["values"] = record.values
@@ -211,13 +220,13 @@ def parse_recorded_charge(text: object) -> RecordedCharge | None:
         charge, digest = body["charge"], body["digest"]
         values, signature = body.get("values", ""), body.get("mac", "")
         factor, committed = body.get("factor") or {}, body.get("committed") or {}
-        own = body.get("own")
+        own, source = body.get("own"), body.get("source", "")
         if not (
             isinstance(charge, Mapping)
             and isinstance(factor, Mapping)
             and isinstance(committed, Mapping)
             and (own is None or isinstance(own, Mapping))
-            and all(isinstance(v, str) for v in (digest, values, signature))
+            and all(isinstance(v, str) for v in (digest, values, signature, source))
         ):
             return None
         resources = {str(k): parse_quantity(v) for k, v in charge.items()}
@@ -231,4 +240,4 @@ def parse_recorded_charge(text: object) -> RecordedCharge | None:
         v <= 0 for v in [*factors.values(), *(owned or {}).values()]
     ):
         return None
-    return RecordedCharge(resources, digest, values, signature, factors, declared, owned)
+    return RecordedCharge(resources, digest, values, signature, factors, declared, owned, source)
