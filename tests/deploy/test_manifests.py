@@ -358,6 +358,8 @@ TENANT_RESERVATION: Final[Manifest] = {
         "budgetSummary": "cpu=4, memory=16Gi",
         "reservedSummary": "cpu=5, memory=8Gi",
         "overcommitted": {"cpu": "1"},
+        "committed": {"memory": "19Gi"},
+        "discount": {"memory": "3400896722"},
         "pending": [
             {
                 "id": "3f2a",
