@@ -275,20 +275,19 @@ def _factor_change(
 ) -> tuple[Factors | None, bool] | Decision:
     """The object's own factor once admitted, and whether this request changes it.
 
-    Unchanged, the old object's factor stands when its record vouches for it. Set, changed or
-    removed: only by the platform (``rules.admins``, from ``userInfo``), within the bounds and at
-    most one step from the old effective factor. With ``deny=False`` (the mutating side) a
-    refused change keeps the old factor instead of a denial.
+    Only the platform (``rules.admins``, from ``userInfo``) sets, changes or removes a factor,
+    within the bounds and at most one step from the old effective factor; what it writes is the
+    factor from then on. Anyone else's request must leave the annotation as it was: the old
+    factor then stands if the state believes it (a factor planted without the webhook never
+    is). With ``deny=False`` (the mutating side) a refused change keeps the old factor.
     """
     new_text = _overcommit(request.object)
     old_text = _overcommit(request.old_object) if request.operation == "UPDATE" else None
     old_app = _old_application(request)
     old_own = state.believed_own(old_app) if old_app is not None else None
-    if new_text == old_text:
-        return old_own, False
     path = f"metadata.annotations[{OVERCOMMIT_ANNOTATION}]"
     if not rules.may_set(request.user, request.groups):
-        if not deny:
+        if new_text == old_text or not deny:
             return old_own, False
         if old_text is None:
             verb, fix = "setting", "remove the annotation"
@@ -307,6 +306,8 @@ def _factor_change(
         new = parse_factors(new_text) if new_text is not None else None
     except OvercommitError as exc:
         return invalid(path, f"{path}: {exc}") if deny else (old_own, False)
+    if new == old_own:
+        return old_own, False
     inherited, _ = state.factors_for(request.namespace, None)
     before = old_own if old_own is not None else inherited
     after = new if new is not None else inherited
