@@ -155,6 +155,17 @@ class TenantMoves(RuleBasedStateMachine):
                     self.state.observe(_application(kind, namespace, self.stored[key]))
         return decision
 
+    def vouched(self, key: Key, previous: dict[str, Any] | None) -> None:
+        """After a write no webhook checked: the platform's factor for ``key`` survives only
+        while the object keeps the values and the record it had (the record vouches for it)."""
+        now = self.stored.get(key)
+        if now is None or previous is None:
+            self.factors.pop(key, None)
+            return
+        same = now["spec"] == previous["spec"] and _record(now) == _record(previous)
+        if not same:
+            self.factors.pop(key, None)
+
     def unchecked(self) -> None:
         """The last write was not checked by anyone: its growth is not the tenant's doing."""
         self.before = self.recount()
@@ -205,7 +216,9 @@ class TenantMoves(RuleBasedStateMachine):
     ) -> None:
         annotations = {CHARGE_ANNOTATION: forged}
         if off:
+            previous = self.stored.get(("Thing", namespace, name))
             self.write("Thing", namespace, name, size, annotations=annotations, policy=OFF)
+            self.vouched(("Thing", namespace, name), previous)
         else:
             self.store_unchecked("Thing", namespace, name, size, annotations)
         self.unchecked()
@@ -299,8 +312,9 @@ class TenantMoves(RuleBasedStateMachine):
             "metadata": {"name": name, "namespace": namespace, "annotations": dict(annotations)},
             "spec": spec,
         }
+        previous = self.stored.get((kind, namespace, name))
         self.stored[(kind, namespace, name)] = obj
-        self.factors.pop((kind, namespace, name), None)  # nothing vouches for it any more
+        self.vouched((kind, namespace, name), previous)
         self.state.observe(_application(kind, namespace, obj))
 
     @rule(tenant=st.sampled_from(sorted(TENANTS)), budget=budgets, dry_run=st.booleans())
@@ -382,6 +396,10 @@ class TenantMoves(RuleBasedStateMachine):
 
 def _depth(namespace: str) -> int:
     return 0 if namespace == "tenant-root" else namespace.count("-")
+
+
+def _record(obj: dict[str, Any]) -> Any:
+    return (obj["metadata"].get("annotations") or {}).get(CHARGE_ANNOTATION)
 
 
 def _application(kind: str, namespace: str, obj: dict[str, Any]) -> Any:

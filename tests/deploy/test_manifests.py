@@ -77,6 +77,8 @@ EXPECTED_API_CALLS: Final[dict[tuple[str, str, str], Grant]] = {
         ("get", "list", "watch", "create", "update"),
     ),
     **_calls(CLUSTER, "reservation.cozystack.io", ("tenantreservations/status",), ("update",)),
+    # The pod-level guard: ResourceQuotas and their status, read only.
+    **_calls(CLUSTER, "", ("resourcequotas",), ("list", "watch")),
     # Self-managed certificates: caBundle of our own two webhook configurations.
     **_calls(
         CLUSTER,

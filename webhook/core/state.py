@@ -13,10 +13,10 @@ charge counts only when it verifies (:mod:`webhook.core.records`): signed with o
 annotation is ignored and the application is evaluated as it stands.
 
 An overcommit factor (:mod:`webhook.core.overcommit`) divides what an application reserves.
-A factor annotation on a stored object is believed only when the object's verified record
-vouches for it (the platform set it through admission); a Tenant's factor applies to its
-subtree, nearest wins, and changing it re-prices the applications under it from what they
-committed. Per namespace the state also keeps the discount (committed minus reserved).
+A factor on a stored object is what its verified record says the platform set through
+admission (the annotation alone, written with no webhook in the way, is never believed); a
+Tenant's factor applies to its subtree, nearest wins, and changing it re-prices the
+applications under it from what they committed. Per namespace the state also keeps the discount (committed minus reserved).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from decimal import Decimal
 from webhook.core import resources as rl
 from webhook.core.applications import AppKey, Application
 from webhook.core.errors import EvaluationError
-from webhook.core.overcommit import OvercommitError, apply_factors, parse_factors
+from webhook.core.overcommit import apply_factors
 from webhook.core.pending import PendingCharges
 from webhook.core.platform import Platform
 from webhook.core.pools import TenantTree
@@ -92,6 +92,7 @@ class ReservationState:
         self._owned: dict[AppKey, str] = {}  # Tenant application -> namespace it owns
         self._tenant_factors: dict[str, dict[str, Decimal]] = {}  # owned namespace -> factor
         self._discount: dict[str, dict[str, Decimal]] = {}  # namespace -> committed - reserved
+        self._by_namespace: dict[str, set[AppKey]] = {}  # for the pod-level guard
 
     def __len__(self) -> int:
         return len(self._apps) + len(self._unknown)
@@ -119,6 +120,7 @@ class ReservationState:
             self._unknown[key] = problem
         else:
             self._apps[key] = record
+        self._by_namespace.setdefault(namespace, set()).add(key)
         before = previous.resources if previous else {}
         after = record.resources if record else {}
         self.tree.add_usage(namespace, rl.subtract(after, before))
@@ -132,6 +134,11 @@ class ReservationState:
         """Apply the deletion of an application."""
         previous = self._apps.pop(key, None)
         self._unknown.pop(key, None)
+        members = self._by_namespace.get(key[1])
+        if members is not None:
+            members.discard(key)
+            if not members:
+                del self._by_namespace[key[1]]
         if previous is not None:
             self.tree.add_usage(key[1], rl.scale(previous.resources, Decimal(-1)))
             self._add_discount(key[1], previous, -1)
@@ -272,13 +279,12 @@ class ReservationState:
 
     @staticmethod
     def _own(app: Application, recorded: RecordedCharge | None) -> dict[str, Decimal] | None:
-        if app.overcommit is None or recorded is None or recorded.own is None:
+        """The object's own factor is what its verified record says the platform set: the
+        annotation is only how the platform asks for one at admission, so a factor written or
+        removed with no webhook in the way changes nothing while the record still verifies."""
+        if recorded is None or recorded.own is None:
             return None
-        try:
-            parsed = parse_factors(app.overcommit)
-        except OvercommitError:
-            return None
-        return parsed if parsed == dict(recorded.own) else None
+        return dict(recorded.own)
 
     def repricing(self, owned: str, factors: Mapping[str, Decimal] | None) -> dict[str, Decimal]:
         """How much more (or less) the applications under ``owned`` would reserve if its
@@ -345,6 +351,11 @@ class ReservationState:
 
     def records(self) -> Iterator[tuple[AppKey, AppRecord]]:
         return iter(self._apps.items())
+
+    def records_in(self, namespace: str) -> Iterator[tuple[AppKey, AppRecord | None]]:
+        """The applications stored in one namespace; ``None`` for those with no charge."""
+        for key in self._by_namespace.get(namespace, ()):
+            yield key, self._apps.get(key)
 
     def unknown(self) -> Mapping[AppKey, str]:
         return self._unknown
