@@ -16,7 +16,8 @@ An overcommit factor (:mod:`webhook.core.overcommit`) divides what an applicatio
 A factor on a stored object is what its verified record says the platform set through
 admission (the annotation alone, written with no webhook in the way, is never believed); a
 Tenant's factor applies to its subtree, nearest wins, and changing it re-prices the
-applications under it from what they committed. Per namespace the state also keeps the discount (committed minus reserved).
+applications under it from what they committed. Per namespace the state also keeps the
+discount (committed minus reserved).
 """
 
 from __future__ import annotations
