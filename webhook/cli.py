@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -299,6 +300,11 @@ def _serve(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         raise CommandError(str(exc)) from None
     configure_logs(settings.log_level)
+    if settings.state and not settings.record_key_file:
+        logging.getLogger("webhook").info(
+            "charge records are signed with a key of this process: records written by another "
+            "process are not believed (give --record-key-file to keep one)"
+        )
     # Manifest directories, or the cluster (--kubeconfig, else the pod's service account).
     quotas = QuotaBook()
     state = (
