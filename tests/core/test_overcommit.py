@@ -152,7 +152,7 @@ def test_a_tenant_user_setting_changing_or_removing_a_factor_is_denied_naming_wh
 ) -> None:
     current = state({"tenant-acme": {"memory": "16Gi"}, "tenant-acme-dev": None})
     name = "t" if kind == "Thing" else "dev"
-    namespace, spec = "tenant-acme", {}
+    namespace, spec = "tenant-acme", dict[str, str]()
     decision = decide(
         factor_write(kind, name, spec, new, old, namespace=namespace, operation=operation),
         current,
