@@ -267,7 +267,9 @@ def _read_reviews(name: str) -> list[Any]:
         raise CommandError(f"{name}: cannot read: {exc}") from None
     try:
         return [json.loads(text)]
-    except json.JSONDecodeError:
+    except RecursionError:
+        raise CommandError(f"{name}: not JSON: nested too deeply") from None
+    except ValueError:  # JSONDecodeError, or a number past Python's digit limit
         pass
     bodies = []
     for number, line in enumerate(text.splitlines(), start=1):
@@ -276,6 +278,9 @@ def _read_reviews(name: str) -> list[Any]:
                 bodies.append(json.loads(line))
             except json.JSONDecodeError as exc:
                 raise CommandError(f"{name}: line {number}: not JSON: {exc.msg}") from None
+            except (ValueError, RecursionError) as exc:
+                reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+                raise CommandError(f"{name}: line {number}: not JSON: {reason}") from None
     return bodies
 
 
