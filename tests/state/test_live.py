@@ -206,7 +206,7 @@ async def test_a_definition_without_plural_is_skipped_and_every_other_kind_works
             assert "Platform problems" in report
             assert "plural: missing" in report
             assert 'reservation_platform_problems{store="definitions"} 1.0' in await metrics(
-                caller, webhook.port
+                caller, webhook
             )
 
 
@@ -357,7 +357,7 @@ async def test_a_garbage_preset_table_keeps_the_last_good_one_and_is_reported(
             assert status == 200
             assert "presets.yaml: not YAML" in body
             assert 'reservation_platform_problems{store="presets"} 1.0' in await metrics(
-                caller, webhook.port
+                caller, webhook
             )
             assert "presets.yaml: not YAML" in render_report(build_report(live.state))
 
