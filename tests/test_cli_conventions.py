@@ -146,7 +146,7 @@ async def test_livez_answers_while_a_state_loads_and_readyz_waits_for_it(tmp_pat
     certs = tmp_path / "certs"
     generate(certs, dns_names=["localhost"], ip_addresses=["127.0.0.1"])
     port = free_port()
-    settings = Settings(cert_dir=str(certs), listen_port=port)
+    settings = Settings(cert_dir=str(certs), listen_port=port, metrics_port=0)
     release = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -193,6 +193,7 @@ def test_serve_logs_every_kind_s_mode_and_the_loaded_state(tmp_path: Path) -> No
             "serve",
             *("--state", str(FIXTURES / "cozystack"), "--state", str(FIXTURES / "tenants")),
             *("--cert-dir", str(certs), "--listen", f"127.0.0.1:{free_port()}"),
+            *("--metrics-listen", f"127.0.0.1:{free_port()}"),
             *("--mode", "warn", "--mode-for", "Postgres=enforce"),
         ],
         stderr=subprocess.PIPE,

@@ -185,11 +185,12 @@ async def test_explain_finds_a_kind_by_its_short_name(
     assert explained["charge"] == {"cpu": "2", "memory": "8Gi"}
 
 
-def test_fail_on_drift_exits_1_and_says_why(capsys: pytest.CaptureFixture[str]) -> None:
-    status, _, err = run(capsys, "report", "--fail-on", "drift", *STATE)
+def test_fail_on_unknown_exits_1_and_says_why(capsys: pytest.CaptureFixture[str]) -> None:
+    unknown = ["--state", str(FIXTURES / "samples" / "unknown")]
+    status, _, err = run(capsys, "report", "--fail-on", "unknown", *STATE, *unknown)
     assert status == 1
-    assert "--fail-on: 1 application(s) with contract drift" in err
-    status, _, _ = run(capsys, "report", "--fail-on", "overcommitted,unknown", *STATE)
+    assert "--fail-on: 1 application(s) with an unknown or unevaluable reservation" in err
+    status, _, _ = run(capsys, "report", "--fail-on", "overcommitted,drift", *STATE, *unknown)
     assert status == 0
 
 

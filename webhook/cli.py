@@ -38,6 +38,7 @@ from webhook.core.decisions import MODES, Mode, Policy
 if TYPE_CHECKING:
     from webhook.core.guard import QuotaBook
     from webhook.core.platform import Platform
+    from webhook.core.records import RecordKeys
     from webhook.core.state import ReservationState
 
 __all__ = ["main"]
@@ -150,12 +151,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--client-ca", metavar="FILE", help="require client certificates from it")
     serve.add_argument(
+        "--metrics-listen", metavar="HOST:PORT", help="plain-HTTP /metrics; default <host>:8080"
+    )
+    _add_record_key(serve)
+    serve.add_argument(
         "--timeout-seconds",
         type=int,
         metavar="N",
         help="the webhook configuration's timeoutSeconds (1-30, default 10)",
     )
     serve.add_argument("--mode", choices=MODES, help="default: enforce")
+    _add_overcommit(serve)
     serve.add_argument(
         "--mode-for", action="append", metavar="KIND=MODE", help="a mode for one kind (repeatable)"
     )
@@ -207,9 +213,50 @@ def _add_state(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="directory of manifests (repeatable), e.g. fixtures/cozystack",
     )
+    _add_record_key(parser)
+
+
+def _add_record_key(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--record-key-file",
+        metavar="FILE",
+        help="key signing charge records (line 1; more lines: previous keys); "
+        "default: a key of this process, so records written elsewhere are not believed",
+    )
+
+
+def _record_keys(path: str | None) -> RecordKeys | None:
+    from webhook.record_keys import RecordKeyError, keys_from_file
+
+    if not path:
+        return None
+    try:
+        return keys_from_file(path)
+    except RecordKeyError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def _add_overcommit(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--overcommit-admins",
+        action="append",
+        metavar="NAMES",
+        help="groups or users who may set overcommit factors (comma-separated, repeatable); "
+        "default: system:masters,cozystack-cluster-admin",
+    )
+    parser.add_argument(
+        "--overcommit-max",
+        action="append",
+        metavar="KEY=DECIMAL",
+        help="largest overcommit factor for a key (repeatable); default cpu=4, memory=1.5",
+    )
+    parser.add_argument(
+        "--overcommit-step", metavar="DECIMAL", help="largest change of a factor per update (0.1)"
+    )
 
 
 def _add_policy(parser: argparse.ArgumentParser) -> None:
+    _add_overcommit(parser)
     parser.add_argument("--mode", choices=MODES, default="enforce", help="default: enforce")
     parser.add_argument(
         "--mode-for",
@@ -220,8 +267,10 @@ def _add_policy(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _load_state(paths: Sequence[str], *, quotas: QuotaBook | None = None) -> ReservationState:
-    state = cast("ReservationState", load_state_showing_progress(paths, quotas=quotas))
+def _load_state(
+    paths: Sequence[str], *, quotas: QuotaBook | None = None, keys: RecordKeys | None = None
+) -> ReservationState:
+    state = cast("ReservationState", load_state_showing_progress(paths, quotas=quotas, keys=keys))
     _require_platform(state.platform, paths)
     return state
 
@@ -235,7 +284,7 @@ def _require_platform(platform: Platform, paths: Sequence[str]) -> None:
 
 
 def _policy(args: argparse.Namespace, known: Sequence[str]) -> Policy:
-    from webhook.settings import check_mode_kinds
+    from webhook.settings import SettingsError, check_mode_kinds, load_settings
 
     per_kind: dict[str, Mode] = {}
     for item in args.mode_for:
@@ -246,7 +295,19 @@ def _policy(args: argparse.Namespace, known: Sequence[str]) -> Policy:
             )
         per_kind[kind] = cast(Mode, mode)  # checked against MODES above
     check_mode_kinds(per_kind, known)
-    return Policy(args.mode, per_kind)
+    try:
+        rules = load_settings(_overcommit_flags(args), environ={}).policy.overcommit
+    except SettingsError as exc:
+        raise CommandError(str(exc)) from None
+    return Policy(args.mode, per_kind, rules)
+
+
+def _overcommit_flags(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "overcommit_admins": args.overcommit_admins,
+        "overcommit_max": args.overcommit_max,
+        "overcommit_step": args.overcommit_step,
+    }
 
 
 def _review(args: argparse.Namespace) -> int:
@@ -255,7 +316,7 @@ def _review(args: argparse.Namespace) -> int:
     from webhook.core.reviews import ReviewError
 
     quotas = QuotaBook()
-    state = _load_state(args.state, quotas=quotas)
+    state = _load_state(args.state, quotas=quotas, keys=_record_keys(args.record_key_file))
     policy = _policy(args, list(state.platform.kinds))
     status = 0
     for name in args.files:
@@ -309,9 +370,12 @@ def _serve(args: argparse.Namespace) -> int:
         "listen": args.listen,
         "cert_dir": args.cert_dir,
         "client_ca": args.client_ca,
+        "metrics_listen": args.metrics_listen,
+        "record_key_file": args.record_key_file,
         "timeout_seconds": args.timeout_seconds,
         "mode": args.mode,
         "mode_for": args.mode_for,
+        **_overcommit_flags(args),
         "config": args.config,
         "log_level": args.log_level,
     }
@@ -344,19 +408,27 @@ def _serve(args: argparse.Namespace) -> int:
     log.info("modes", extra={"fields": {"default": settings.mode, "modes": modes}})
     from webhook.core.guard import QuotaBook
 
+    if settings.state and not settings.record_key_file:
+        log.info(
+            "charge records are signed with a key of this process: records written by another "
+            "process are not believed (give --record-key-file to keep one)"
+        )
     quotas = QuotaBook()  # filled with the state's ResourceQuotas as it loads
     load = None
     if settings.state:
         paths = settings.state
+        keys = _record_keys(settings.record_key_file)
 
         def load() -> ReservationState:
-            return _load_state_logging(paths, quotas)
+            return _load_state_logging(paths, quotas, keys)
 
     asyncio.run(serve(None, settings, quotas=quotas, load=load))
     return 0
 
 
-def _load_state_logging(paths: Sequence[str], quotas: QuotaBook) -> ReservationState:
+def _load_state_logging(
+    paths: Sequence[str], quotas: QuotaBook, keys: RecordKeys | None
+) -> ReservationState:
     """Load manifest directories, logging counts every few seconds (the server's progress)."""
     from webhook.state.manifests import load_state
 
@@ -372,7 +444,7 @@ def _load_state_logging(paths: Sequence[str], quotas: QuotaBook) -> ReservationS
                 extra={"fields": {"files": files, "of": total, "manifests": manifests}},
             )
 
-    state = load_state(paths, quotas=quotas, progress=progress)
+    state = load_state(paths, quotas=quotas, keys=keys, progress=progress)
     _require_platform(state.platform, paths)
     log.info(
         "state loaded",
@@ -437,7 +509,7 @@ def _certs_generate(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from webhook.report import build_report, dump, failures, render_report
 
-    state = _load_state(args.state)
+    state = _load_state(args.state, keys=_record_keys(args.record_key_file))
     report = build_report(state, namespace=args.namespace)
     if args.output in ("json", "yaml"):
         print(dump(report, args.output))

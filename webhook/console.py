@@ -189,12 +189,14 @@ class VersionAction(argparse.Action):
         parser.exit(0)
 
 
-def load_state_showing_progress(paths: Sequence[str], *, quotas: Any = None) -> Any:
+def load_state_showing_progress(
+    paths: Sequence[str], *, quotas: Any = None, keys: Any = None
+) -> Any:
     """``load_state`` with a running count on a terminal (tqdm), silent on a pipe or file."""
     from webhook.state.manifests import load_state
 
     if not sys.stderr.isatty():
-        return load_state(paths, quotas=quotas)
+        return load_state(paths, quotas=quotas, keys=keys)
     from tqdm import tqdm
 
     with tqdm(desc="reading manifests", unit=" files", file=sys.stderr, leave=False) as bar:
@@ -205,4 +207,4 @@ def load_state_showing_progress(paths: Sequence[str], *, quotas: Any = None) -> 
             bar.set_postfix(manifests=manifests, refresh=False)
             bar.refresh()
 
-        return load_state(paths, quotas=quotas, progress=advance)
+        return load_state(paths, quotas=quotas, keys=keys, progress=advance)

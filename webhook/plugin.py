@@ -177,22 +177,31 @@ async def _snapshot(client: KubeClient, args: argparse.Namespace, namespace: str
 
 def _explain(args: argparse.Namespace) -> int:
     from webhook.core.quantities import format_quantity
-    from webhook.report import dump, explain_charge, render_explanation
+    from webhook.core.state import ReservationState
+    from webhook.report import dump, explain_charge, explain_factor, render_explanation
 
     kind_text, _, name = str(args.target).partition("/")
     if not kind_text or not name:
         raise CommandError(f"{args.target!r}: expected KIND/NAME, e.g. vminstance/web1")
     if args.state:
-        from webhook.state.manifests import load_platform
+        from webhook.state.manifests import load_state
 
-        platform = load_platform(args.state)
+        state = load_state(args.state)
+        platform = state.platform
         kind = _kind(platform, kind_text)
         app = _from_manifests(args.state, kind.kind, args.namespace, name)
     else:
         platform, app = _ask(args, lambda client: _live_application(client, args, kind_text, name))
         kind = _kind(platform, app.kind)
+        # Without the tenants above, the factor is the one recorded on the object, if any.
+        state = ReservationState(platform)
     charge = kind.charge(app.spec, platform.catalog, namespace=args.namespace)
-    explained = explain_charge(charge, written=app.spec, defaulted=kind.defaulted(app.spec))
+    explained = explain_charge(
+        charge,
+        written=app.spec,
+        defaulted=kind.defaulted(app.spec),
+        overcommit=explain_factor(state, app, charge),
+    )
     recorded = (
         {
             "charge": {k: format_quantity(v) for k, v in sorted(app.recorded.resources.items())},

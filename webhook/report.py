@@ -19,10 +19,12 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any, Final
 
 from webhook.core import resources as rl
+from webhook.core.applications import Application
 from webhook.core.evaluation import Charge
+from webhook.core.overcommit import apply_factors, format_factors
 from webhook.core.quantities import format_quantity, parse_quantity
 from webhook.core.state import ReservationState
-from webhook.core.tenants import ancestors
+from webhook.core.tenants import TENANT_KIND, ancestors
 
 __all__ = [
     "FAIL_ON",
@@ -30,6 +32,7 @@ __all__ = [
     "build_report",
     "dump",
     "explain_charge",
+    "explain_factor",
     "failures",
     "human_quantity",
     "render_explanation",
@@ -39,26 +42,40 @@ __all__ = [
 OUTPUTS: Final = ("table", "wide", "json", "yaml")
 FAIL_ON: Final = ("unknown", "drift", "overcommitted")
 _BINARY: Final = (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20))
+_ZERO = Decimal(0)
 
 
 def build_report(state: ReservationState, *, namespace: str = "") -> dict[str, Any]:
     """Every pool, or with ``namespace`` the pool it is in and every pool below it."""
     inside = _scope(state, namespace)
     pools = []
+    discounts = state.pool_discounts()
     for pool in state.tree.pools():
         if inside is not None and pool.namespace not in inside["pools"]:
             continue
-        pools.append(
-            {
-                "pool": pool.namespace,
-                "budget": rl.to_strings(pool.budget),
-                "reserved": rl.to_strings(pool.reserved),
-                "available": rl.to_strings(pool.available),
-                "overcommitted": rl.to_strings(pool.overcommitted),
-                "members": list(pool.members),
-                "carveOuts": list(pool.carve_outs),
+        entry = {
+            "pool": pool.namespace,
+            "budget": rl.to_strings(pool.budget),
+            "reserved": rl.to_strings(pool.reserved),
+            "available": rl.to_strings(pool.available),
+            "overcommitted": rl.to_strings(pool.overcommitted),
+            "members": list(pool.members),
+            "carveOuts": list(pool.carve_outs),
+        }
+        discount = {k: v for k, v in discounts.get(pool.namespace, {}).items() if k in pool.budget}
+        if discount:
+            committed = rl.add(pool.reserved, discount)
+            beyond = {
+                key: f"{max(committed.get(key, _ZERO) - limit, _ZERO) * 100 / limit:.1f}%"
+                for key, limit in pool.budget.items()
+                if limit
             }
-        )
+            entry.update(
+                committed=rl.to_strings(committed),
+                discount=rl.to_strings(discount),
+                soldBeyondBudget=beyond,
+            )
+        pools.append(entry)
 
     def wanted(ns: str) -> bool:
         return not namespace or namespace in ancestors(ns)
@@ -77,7 +94,15 @@ def build_report(state: ReservationState, *, namespace: str = "") -> dict[str, A
         if record.problem:
             failing.append({**where, "reason": record.problem})
         if record.drifted:
-            drift.append({**where, "recorded": record.digest, "current": record.current_digest})
+            drift.append(
+                {
+                    **where,
+                    "recorded": record.digest,
+                    "current": record.current_digest,
+                    "recordedCharge": rl.to_strings(record.resources),
+                    "currentCharge": rl.to_strings(record.current or {}),
+                }
+            )
     # What an operator must act on comes first: unknown reservations block their pools.
     unavailable = [
         {"kind": kind, "reason": reason}
@@ -222,10 +247,20 @@ def render_report(report: dict[str, Any], *, wide: bool = False) -> str:
         if scope["ceiling"]:
             pairs = _pairs(scope["ceiling"], human=True).replace(",", ", ")
             lines.append(f"{scope['name']}'s own applications can reserve at most: {pairs}")
+    discounted = [pool for pool in report["pools"] if pool.get("discount")]
+    if discounted:
+        lines += ["", "Overcommit factors (committed = reserved + discount):"]
+        lines += [
+            f"  {pool['pool']}: committed {_pairs(pool['committed'])}, discount "
+            f"{_pairs(pool['discount'])}, sold beyond budget {_pairs(pool['soldBeyondBudget'])}"
+            for pool in discounted
+        ]
     if report["drift"]:
         lines += ["", "Contract drift (recorded charge kept until the next write):"]
         lines += [
-            f"  {i['namespace']} {i['application']}: {i['recorded']} -> {i['current']}"
+            f"  {i['namespace']} {i['application']}: "
+            f"{_pairs(i['recordedCharge']) or 'nothing'} ({i['recorded']}) -> "
+            f"{_pairs(i['currentCharge']) or 'nothing'} ({i['current']})"
             for i in report["drift"]
         ]
     return "\n".join(lines)
@@ -243,8 +278,35 @@ def _pairs(resources: Mapping[str, str], *, human: bool = False) -> str:
     return ",".join(f"{k}={human_quantity(v) if human else v}" for k, v in resources.items())
 
 
+def explain_factor(state: ReservationState, app: Application, charge: Charge) -> dict[str, Any]:
+    """The overcommit factor applied to ``app`` and where it came from: as the state believes
+    it when the state can verify the object's record, else as the record on the object says
+    (written and signed by the webhook; a reader without the key cannot check the signature)."""
+    if state.trusted(app) is not None or app.recorded is None:
+        own = state.believed_own(app) if app.kind != TENANT_KIND else None
+        factors, source = state.factors_for(app.namespace, own)
+        how = "believed"
+    else:
+        factors, source, how = dict(app.recorded.factor), app.recorded.source, "recorded"
+    factors = {key: value for key, value in factors.items() if value != 1}
+    if not factors:
+        return {}
+    where = "the application" if source == "application" else f"tenant {source}"
+    return {
+        "factor": format_factors(factors),
+        "source": where,
+        "as": how,
+        "committed": charge.as_strings(),
+        "reserved": rl.to_strings(apply_factors(charge.resources, factors)),
+    }
+
+
 def explain_charge(
-    charge: Charge, *, written: object = None, defaulted: object = None
+    charge: Charge,
+    *,
+    written: object = None,
+    defaulted: object = None,
+    overcommit: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A charge term by term: which path, which instance type or preset, which count.
 
@@ -267,6 +329,7 @@ def explain_charge(
         entry["resources"] = rl.to_strings(term.resources)
         terms.append(entry)
     return {
+        **({"overcommit": overcommit} if overcommit else {}),
         "kind": charge.kind,
         "charge": charge.as_strings(),
         "digest": charge.digest,
@@ -335,6 +398,14 @@ def render_explanation(
     if explained.get("defaults"):
         lines += ["", "Not written, so the schema's defaults were used:"]
         lines += [f"  {k}: {json.dumps(v)}" for k, v in explained["defaults"].items()]
+    factor = explained.get("overcommit")
+    if factor:
+        lines += [
+            "",
+            f"overcommit {factor['factor']} from {factor['source']} ({factor['as']}): "
+            f"reserves {_pairs(factor['reserved'])} of the {_pairs(factor['committed'])} "
+            "it commits",
+        ]
     lines += ["", f"digest {explained['digest']} (contract {explained['contractDigest']})"]
     if recorded is not None:
         if recorded["digest"] == explained["digest"]:

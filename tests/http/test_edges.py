@@ -57,7 +57,7 @@ async def first_answer(reader: asyncio.StreamReader) -> bytes:
 async def server(tmp_path: Path) -> AsyncIterator[tuple[WebhookServer, Path]]:
     certs = tmp_path / "certs"
     generate(certs, dns_names=["localhost"], ip_addresses=["127.0.0.1"])
-    settings = Settings(state=STATE, cert_dir=str(certs), listen_port=0)
+    settings = Settings(state=STATE, cert_dir=str(certs), listen_port=0, metrics_port=0)
     running = WebhookServer(load_state(settings.state), settings)
     await running.start()
     yield running, certs
@@ -89,7 +89,11 @@ async def test_a_client_without_the_required_certificate_is_logged(
     certs = tmp_path / "certs"
     generate(certs, dns_names=["localhost"], ip_addresses=["127.0.0.1"])
     settings = Settings(
-        state=STATE, cert_dir=str(certs), listen_port=0, client_ca=str(certs / "ca.crt")
+        state=STATE,
+        cert_dir=str(certs),
+        listen_port=0,
+        metrics_port=0,
+        client_ca=str(certs / "ca.crt"),
     )
     running = WebhookServer(load_state(settings.state), settings)
     await running.start()

@@ -28,6 +28,7 @@ from webhook.core.applications import (
 from webhook.core.errors import ManifestError
 from webhook.core.guard import QuotaBook, quota_from_object
 from webhook.core.platform import Platform, PlatformBuilder
+from webhook.core.records import RecordKeys
 from webhook.core.state import ReservationState
 from webhook.defaults import default_contracts, default_presets
 
@@ -141,13 +142,15 @@ def load_state(
     paths: Iterable[str | Path],
     *,
     quotas: QuotaBook | None = None,
+    keys: RecordKeys | None = None,
     progress: Progress | None = None,
 ) -> ReservationState:
     """The platform and every application under ``paths``, as a reservation state.
 
     Applications come as ``apps.cozystack.io`` objects or as the HelmReleases Cozystack stores
     them in; ResourceQuotas go into ``quotas`` when it is given (the pod-level guard); other
-    manifests (Namespaces, preferences ...) are ignored.
+    manifests (Namespaces, preferences ...) are ignored. Charge records are believed only when
+    signed with ``keys`` (default: a key of this process, so none is).
     """
     # One pass: platform manifests go to the builder, applications are kept as what the state
     # needs (kind, name, values, recorded charge) and every other part of a document is dropped
@@ -172,7 +175,7 @@ def load_state(
             namespace = manifest.body.get("metadata", {}).get("namespace") or ""
             quotas.observe(str(namespace), quota_from_object(manifest.body))
     del seen
-    state = ReservationState(builder.build())
+    state = ReservationState(builder.build(), keys=keys)
     apps.reverse()
     while apps:
         state.observe(apps.pop())  # each application's values go once it is priced
