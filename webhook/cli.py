@@ -126,7 +126,10 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SIZE",
         help="a target VM memory size (e.g. 1Gi): print the factor a budget of such VMs needs",
     )
-    guard.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    guard.add_argument(
+        "-n", "--namespace", default="", help="this namespace and the tenant namespaces below it"
+    )
+    add_output(guard, ("table", "json", "yaml"), default="table")
     guard.add_argument(
         "--fail-on",
         choices=("short",),
@@ -460,26 +463,14 @@ def _load_state_logging(
 
 
 def _guard(args: argparse.Namespace) -> int:
-    from webhook.core.errors import QuantityError
     from webhook.core.guard import QuotaBook
-    from webhook.core.quantities import parse_quantity
-    from webhook.guard_report import build_guard_report, render_guard_report
+    from webhook.guard_report import build_guard_report, parse_mixes, print_guard_report
 
-    mixes = []
-    for size in args.mix:
-        try:
-            mixes.append(parse_quantity(size))
-        except QuantityError as exc:
-            raise CommandError(f"--mix {size!r}: {exc}") from None
+    mixes = parse_mixes(args.mix)
     quotas = QuotaBook()
     state = _load_state(args.state, quotas=quotas)
-    report = build_guard_report(state, quotas, mixes)
-    if args.output == "json":
-        print(json.dumps(report, indent=2))
-    else:
-        print(render_guard_report(report))
-    short = any(row["short"] for row in report["namespaces"])
-    return 1 if args.fail_on == "short" and short else 0
+    report = build_guard_report(state, quotas, mixes, namespace=args.namespace)
+    return print_guard_report(report, args.output, fail_on_short=args.fail_on == "short")
 
 
 def _certs_generate(args: argparse.Namespace) -> int:
