@@ -23,6 +23,7 @@ from webhook.core.decisions import MODES, Mode, Policy
 from webhook.core.errors import ReservationError
 from webhook.core.reviews import ReviewError
 from webhook.logs import configure as configure_logs
+from webhook.plan import add_parser as add_plan_parser
 from webhook.report import build_report, explain_charge, render_report
 from webhook.server import serve
 from webhook.settings import SettingsError, load_settings
@@ -120,6 +121,8 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--ip", action="append", default=[], metavar="ADDR")
     generate.add_argument("--days", type=int, default=365, help="serving certificate lifetime")
     generate.set_defaults(handler=_certs_generate)
+
+    add_plan_parser(commands)
 
     schema = commands.add_parser("contract-schema", help="print the contract JSON Schema")
     schema.set_defaults(handler=_contract_schema)
