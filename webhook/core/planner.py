@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Final
 
-from webhook.core.snapshot import PODS, VM, AntiAffinity, Node, Snapshot
+from webhook.core.snapshot import PODS, VM, AntiAffinity, Node, Placement, Snapshot
 
 __all__ = ["DEFAULT_MAX_MOVES", "MAX_MOVES_CAP", "Move", "Plan", "plan_drain", "plan_placement"]
 
@@ -115,9 +115,15 @@ class _World:
                 for j in range(len(keys)):
                     free[i][j] -= req[vi][j]
             anti = anti or bool(vm.placement.anti_affinity)
-        eligible = [
-            frozenset(i for i, n in enumerate(nodes) if vm.placement.allows(n)) for vm in all_vms
-        ]
+        # Most VMs share a handful of placements: filter the nodes once per distinct one.
+        by_placement: dict[Placement, frozenset[int]] = {}
+        eligible = []
+        for vm in all_vms:
+            allowed = by_placement.get(vm.placement)
+            if allowed is None:
+                allowed = frozenset(i for i, n in enumerate(nodes) if vm.placement.allows(n))
+                by_placement[vm.placement] = allowed
+            eligible.append(allowed)
         return cls(nodes, keys, free, all_vms, req, loc, eligible, on_node, fixed, anti)
 
     def fits(self, v: int, t: int) -> bool:
@@ -324,9 +330,14 @@ class _Search:
         if len(must) + need > remaining:
             return
         for size in range(need, remaining - len(must) + 1):
-            for extra in combinations(optional, size):
-                if not _covers(w, base, extra) or not _minimal(w, base, extra):
-                    continue
+            covering = [
+                extra
+                for extra in combinations(optional, size)
+                if _covers(w, base, extra) and _minimal(w, base, extra)
+            ]
+            # Cheapest first: the first complete plan bounds the bytes of every later one.
+            covering.sort(key=lambda extra: sum(self.memory(o) for o in extra))
+            for extra in covering:
                 chosen = [*sorted(must), *extra]
                 if not chosen:
                     continue
@@ -397,26 +408,38 @@ def plan_placement(snapshot: Snapshot, vm_key: str, *, max_moves: int = DEFAULT_
             False,
             reason="larger than any eligible node can hold even with every movable VM gone",
         )
-    best: tuple[int, int, list[tuple[int, int, int]]] | None = None
+    bounds = {n: _target_bound(world, p, n) for n in targets}
+    movable = [vm.migratable for vm in world.vms]
     try:
-        for n in sorted(targets, key=lambda n: _target_bound(world, p, n)):
-            bound = _target_bound(world, p, n)
-            if bound > max_moves or (best is not None and bound > best[0]):
-                continue
-            limit = max_moves if best is None else best[0]
-            found = _deepen(world, [(-p - 1, n)], limit, n, bound)
-            if found is None:
-                continue
-            cost, path = found
-            candidate = (len(path), cost, path)
-            if best is None or candidate[:2] < best[:2]:
-                best = (candidate[0], candidate[1], path)
-                best_target = n
+        # Iterative deepening across every target at once, so a plan of d moves anywhere is
+        # found before d + 1 moves are tried, and targets share one bound on bytes moved.
+        for depth in range(min(bounds.values()), max_moves + 1):
+            best: tuple[int, list[tuple[int, int, int]]] | None = None
+            best_target = -1
+            # A node short of S bytes needs at least S bytes moved off it: cheapest first.
+            order = sorted(
+                (n for n in targets if bounds[n] <= depth),
+                key=lambda n: (
+                    world.shortage(p, n)[world.keys.index("memory")]
+                    if "memory" in world.keys
+                    else 0
+                ),
+            )
+            for n in order:
+                search = _Search(world, depth, n, movable)
+                if best is not None:
+                    search.best = [best]
+                search.run([(-p - 1, n)])
+                if search.best and (best is None or search.best[0][0] < best[0]):
+                    best = search.best[0]
+                    best_target = n
+            if best is not None:
+                return Plan(
+                    True, moves=_moves(world, best[1]), target=world.nodes[best_target].name
+                )
     except _Budget:
         return Plan(False, reason=f"search gave up after {MAX_EXPANSIONS} steps")
-    if best is None:
-        return Plan(False, reason=_why_no_room(world, p, targets, max_moves))
-    return Plan(True, moves=_moves(world, best[2]), target=world.nodes[best_target].name)
+    return Plan(False, reason=_why_no_room(world, p, targets, max_moves))
 
 
 def plan_drain(snapshot: Snapshot, node: str, *, max_moves: int = DEFAULT_MAX_MOVES) -> Plan:
