@@ -24,6 +24,7 @@ from webhook.core.errors import ReservationError
 from webhook.core.reviews import ReviewError
 from webhook.logs import configure as configure_logs
 from webhook.plan import add_parser as add_plan_parser
+from webhook.rebalance import add_parser as add_rebalance_parser
 from webhook.report import build_report, explain_charge, render_report
 from webhook.server import serve
 from webhook.settings import SettingsError, load_settings
@@ -123,6 +124,7 @@ def _parser() -> argparse.ArgumentParser:
     generate.set_defaults(handler=_certs_generate)
 
     add_plan_parser(commands)
+    add_rebalance_parser(commands)
 
     schema = commands.add_parser("contract-schema", help="print the contract JSON Schema")
     schema.set_defaults(handler=_contract_schema)

@@ -29,7 +29,15 @@ from typing import Final
 
 from webhook.core.snapshot import PODS, VM, AntiAffinity, Node, Placement, Snapshot
 
-__all__ = ["DEFAULT_MAX_MOVES", "MAX_MOVES_CAP", "Move", "Plan", "plan_drain", "plan_placement"]
+__all__ = [
+    "DEFAULT_MAX_MOVES",
+    "MAX_MOVES_CAP",
+    "Move",
+    "Plan",
+    "plan_drain",
+    "plan_placement",
+    "replay",
+]
 
 DEFAULT_MAX_MOVES: Final = 3
 MAX_MOVES_CAP: Final = 5
@@ -509,3 +517,56 @@ def _why_no_room(world: _World, p: int, targets: Sequence[int], max_moves: int) 
     if bound > max_moves:
         return f"every eligible node needs more than {max_moves} VMs moved off it"
     return f"no sequence of at most {max_moves} live migrations makes room"
+
+
+def replay(
+    snapshot: Snapshot,
+    moves: Sequence[Move],
+    *,
+    pending: str | None = None,
+    target: str | None = None,
+    drain: str | None = None,
+) -> str:
+    """Why ``moves`` no longer work on ``snapshot`` (each step, then the goal); "" if they do.
+
+    A controller calls this before each step of a plan it is carrying out: a new pod, a VM
+    that moved or stopped, a node that changed all show up here as the first step that broke.
+    """
+    extra: tuple[VM, ...] = ()
+    vm = snapshot.vm(pending) if pending else None
+    if pending:
+        if vm is None:
+            return f"{pending} is gone"
+        if vm.node is not None:
+            return f"{pending} already runs on {vm.node}"
+        snapshot = Snapshot(
+            snapshot.nodes, snapshot.pods, tuple(v for v in snapshot.vms if v is not vm)
+        )
+        extra = (vm,)
+    world = _World.build(snapshot, extra)
+    index = {n.name: i for i, n in enumerate(world.nodes)}
+    keys = {v.key: i for i, v in enumerate(world.vms)}
+    if drain is not None and drain in index:
+        world.banned.add(index[drain])
+    for step, move in enumerate(moves, start=1):
+        v = keys.get(move.vm)
+        t = index.get(move.target)
+        if v is None or t is None:
+            return f"step {step}: {move.vm if v is None else move.target} is gone"
+        if world.loc[v] != index.get(move.source, -2):
+            return f"step {step}: {move.vm} is no longer on {move.source}"
+        if not world.vms[v].migratable:
+            return f"step {step}: {move.vm} can no longer migrate"
+        if t not in world.eligible[v] or t in world.banned:
+            return f"step {step}: {move.target} no longer admits {move.vm}"
+        if not world.fits(v, t):
+            return f"step {step}: {move.target} no longer has room for {move.vm}"
+        world.move(v, t)
+    if vm is not None and target is not None:
+        p = len(world.vms) - 1
+        t = index.get(target)
+        if t is None or t not in world.eligible[p] or not world.fits(p, t):
+            return f"{target} would not have room for {pending} after the plan"
+    if drain is not None and drain in index and world.on_node[index[drain]]:
+        return f"VMs would still run on {drain} after the plan"
+    return ""
