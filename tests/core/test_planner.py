@@ -5,9 +5,11 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.core.planner_reference import brute_force, fits
-from webhook.core.planner import Plan, plan_drain, plan_placement
+from webhook.core.planner import Plan, plan_drain, plan_placement, replay
 from webhook.core.snapshot import (
     VM,
     AntiAffinity,
@@ -324,3 +326,26 @@ def test_the_planner_matches_exhaustive_search_when_room_must_be_made(seed: int)
         assert got == expected, (snapshot, plan)
         if plan.feasible:
             simulate(snapshot, plan, pending="ns/p")
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(min_value=0, max_value=2**32))
+def test_every_plan_replays_on_the_snapshot_it_came_from(seed: int) -> None:
+    snapshot = tight_cluster(random.Random(seed))
+    plan = plan_placement(snapshot, "ns/p")
+    if plan.feasible:
+        assert replay(snapshot, plan.moves, pending="ns/p", target=plan.target) == ""
+
+
+def test_replay_names_the_first_step_a_new_pod_broke() -> None:
+    snapshot = Snapshot(
+        (node("a", 24), node("b", 10), node("c", 10)),
+        (),
+        (vm("x", 8, "a"), vm("y", 8, "a"), vm("p", 20, None)),
+    )
+    plan = plan_placement(snapshot, "ns/p")
+    assert len(plan.moves) == 2
+    squatter = Pod("squatter", "other", plan.moves[1].target, {"memory": 4 * G, "pods": 1000})
+    changed = Snapshot(snapshot.nodes, (squatter,), snapshot.vms)
+    reason = replay(changed, plan.moves, pending="ns/p", target=plan.target)
+    assert reason == f"step 2: {plan.moves[1].target} no longer has room for {plan.moves[1].vm}"
