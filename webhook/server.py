@@ -28,6 +28,7 @@ from webhook.ledger import Ledger, LedgerSettings
 from webhook.settings import Settings
 from webhook.state.live import LiveSettings, LiveState
 from webhook.state.quotas import QuotaWatch
+from webhook.state.room import RoomWatch
 from webhook.tls.contexts import CertificateReloader
 from webhook.tls.rotation import MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS, CertificateRotator
 from webhook.waits import sleep_unless_stopped
@@ -73,6 +74,8 @@ class LiveServices:
         self.live.required.append(lambda: self.ledger.synced)
         # The pod-level guard: warnings only, so readiness does not wait for it.
         self.quotas = QuotaWatch(client, read_timeout=settings.watch_read_timeout)
+        # "No node has room right now": off unless the server may read nodes and pods.
+        self.room = RoomWatch(client)
         self.elector = LeaderElector(
             client,
             namespace=settings.namespace,
@@ -103,6 +106,7 @@ class LiveServices:
             self.live.run(stop),
             self.ledger.reflector.run(stop),
             self.quotas.run(stop),
+            self.room.run(stop),
             self.elector.run(stop),
             self._duties(stop),
         )
@@ -183,6 +187,7 @@ class WebhookServer:
                 settings.policy,
                 reserver=services.ledger,
                 quotas=services.quotas.book,
+                room=services.room.book,
             )
         elif state is not None:
             self.admission = Admission(state, settings.policy, quotas=quotas)
