@@ -140,3 +140,20 @@ async def test_kubectl_accepts_the_migrations(
         assert "created (dry run)" in stdout.decode()
         # A client dry run writes nothing.
         assert api.objects("kubevirt.io", "virtualmachineinstancemigrations") == []
+
+
+async def test_without_a_snapshot_it_reads_the_cluster(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.test_rebalance import register, seed_objects
+
+    async with EmulatedAPIServer() as api:
+        register(api)
+        for obj in seed_objects():
+            api.create(obj)
+        kubeconfig = str(api.kubeconfig(tmp_path / "kubeconfig"))
+        argv = ["plan", "--kubeconfig", kubeconfig, "--for", LLAMA, "-o", "json"]
+        status = await asyncio.to_thread(main, argv)
+    plan = json.loads(capsys.readouterr().out)
+    assert status == 0
+    assert len(plan["moves"]) == 1
