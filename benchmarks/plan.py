@@ -40,12 +40,12 @@ MILLI_GIB = GIB * 1000
 SIZES = (2, 4, 6, 8)
 
 
-def cluster(seed: int = 7) -> tuple[Snapshot, dict[str, int]]:
+def cluster(seed: int = 7, nodes_count: int = NODES) -> tuple[Snapshot, dict[str, int]]:
     rng = random.Random(seed)
     nodes = []
     pods = []
     vms = []
-    for i in range(NODES):
+    for i in range(nodes_count):
         name = f"worker-{i:03d}"
         allocatable = {"memory": 128 * MILLI_GIB, "cpu": 64_000, "pods": 250_000}
         nodes.append(Node(name, allocatable, {"kubernetes.io/hostname": name}))
@@ -164,8 +164,8 @@ def milp(snapshot: Snapshot, pending_key: str, time_limit: float) -> tuple[int, 
     h.run()
     optimal = h.getModelStatus() == highspy.HighsModelStatus.kOptimal
     solution = np.array(h.getSolution().col_value)
-    if solution.size == 0:
-        return -1, -1, optimal
+    if solution.size == 0 or solution[columns:].sum() < 0.5:
+        return -1, -1, optimal  # no feasible placement found within the limit
     moved = solution[:columns] > 0.5
     return int(moved.sum()), round(float(req[vv[moved], 0].sum())), optimal
 
@@ -173,11 +173,12 @@ def milp(snapshot: Snapshot, pending_key: str, time_limit: float) -> tuple[int, 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--nodes", type=int, default=NODES, help="20 VMs per node")
     parser.add_argument(
         "--milp-time-limit", type=float, default=300.0, help="seconds per MILP solve"
     )
     args = parser.parse_args()
-    base, sizes = cluster()
+    base, sizes = cluster(nodes_count=args.nodes)
     print(
         f"cluster: {len(base.nodes)} nodes, {len(base.vms)} VMs; "
         f"{args.rounds} interleaved rounds, medians"
@@ -201,7 +202,9 @@ def main() -> None:
             milp_times.append(time.perf_counter() - start)
         p = statistics.median(planner_times)
         m = statistics.median(milp_times)
-        proven = "" if milp_moves[2] else " (MILP hit its time limit: not proven optimal)"
+        proven = "" if milp_moves[2] else " (MILP stopped at its time limit, not proven optimal)"
+        if milp_moves[0] < 0:
+            proven = " (MILP found no feasible solution within its time limit)"
         print(
             f"{case:<8} {memory / GIB:>7.2f}Gi {p * 1000:>8.1f}ms {m * 1000:>8.1f}ms {m / p:>6.1f}x"
             f"  {plan_moves[0]}/{milp_moves[0]} ({plan_moves[1]}/{milp_moves[1]}){proven}",
