@@ -74,8 +74,11 @@ class LiveServices:
         self.live.required.append(lambda: self.ledger.synced)
         # The pod-level guard: warnings only, so readiness does not wait for it.
         self.quotas = QuotaWatch(client, read_timeout=settings.watch_read_timeout)
-        # "No node has room right now": off unless the server may read nodes and pods.
-        self.room = RoomWatch(client)
+        # "No node has room right now": off unless the operator grants the server read access
+        # to nodes and pods and sets WEBHOOK_ROOM_WARNINGS=on (see "Making room for a VM").
+        self.room: RoomWatch | None = None
+        if os.environ.get("WEBHOOK_ROOM_WARNINGS", "off") == "on":
+            self.room = RoomWatch(client)
         self.elector = LeaderElector(
             client,
             namespace=settings.namespace,
@@ -106,7 +109,7 @@ class LiveServices:
             self.live.run(stop),
             self.ledger.reflector.run(stop),
             self.quotas.run(stop),
-            self.room.run(stop),
+            *([self.room.run(stop)] if self.room is not None else []),
             self.elector.run(stop),
             self._duties(stop),
         )
@@ -187,7 +190,7 @@ class WebhookServer:
                 settings.policy,
                 reserver=services.ledger,
                 quotas=services.quotas.book,
-                room=services.room.book,
+                room=services.room.book if services.room is not None else None,
             )
         elif state is not None:
             self.admission = Admission(state, settings.policy, quotas=quotas)
