@@ -34,6 +34,8 @@ from webhook.console import (
     run,
 )
 from webhook.core.decisions import MODES, Mode, Policy
+from webhook.plan import add_parser as add_plan_parser
+from webhook.rebalance import add_parser as add_rebalance_parser
 
 if TYPE_CHECKING:
     from webhook.core.guard import QuotaBook
@@ -192,6 +194,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     generate.add_argument("--days", type=int, default=365, help="serving certificate lifetime")
     generate.set_defaults(handler=_certs_generate)
+
+    add_plan_parser(commands)
+    add_rebalance_parser(commands)
 
     schema = commands.add_parser("contract-schema", help="print the contract JSON Schema")
     schema.set_defaults(handler=_contract_schema)
