@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
+from pathlib import Path
 from typing import Any
 
 from tests.builders import review
 from tests.builders import state as build_state
+from tests.cluster import app, cluster
 from webhook.core.applications import Application
 from webhook.core.decisions import Decision, Policy
 from webhook.core.reviews import AdmissionRequest, parse_review
 from webhook.core.state import ReservationState
 from webhook.kube.client import ApiError, KubeClient, ResourceRef
-from webhook.ledger import MAX_ENTRIES, Ledger, LedgerSettings
+from webhook.ledger import MAX_ENTRIES, MAX_ENTRY_BYTES, Ledger, LedgerSettings
 
 POLICY = Policy()
 POOL = "tenant-acme"
@@ -271,13 +274,13 @@ async def test_a_follower_counts_nothing_for_others_once_the_ledger_is_empty() -
     assert (await b.admit(create("vb", "1Gi"))).allowed
     a.deliver()
     stored = [thing(cluster, "va", "1Gi"), thing(cluster, "vb", "1Gi")]
-    for app in stored:
-        a.observe(app)
-        b.observe(app)
-    for app in stored:
+    for each in stored:
+        a.observe(each)
+        b.observe(each)
+    for each in stored:
         version = cluster.bump()
-        a.state.forget(app.key, version=version)
-        b.state.forget(app.key, version=version)
+        a.state.forget(each.key, version=version)
+        b.state.forget(each.key, version=version)
     assert await a.ledger.reconcile() == 1  # the leader drops the settled entries
     b.deliver()
     b.seen = cluster.revision
@@ -385,3 +388,49 @@ async def test_a_full_ledger_answers_try_again_and_never_writes_past_its_bound()
     assert {(d.code, d.reason) for d in full} == {(429, "ledger-full")}
     assert "try again" in full[0].message
     assert len(cluster.entries()) == MAX_ENTRIES
+
+
+# ---------------------------------------------------------------------------------------------
+# A burst against the emulated API server
+
+
+async def test_a_burst_of_five_thousand_admissions_stays_under_the_bound_with_no_failed_write(
+    tmp_path: Path,
+) -> None:
+    """64 clients, 5,000 CREATEs into one pool; each admitted object is stored and observed
+    right after its answer, as the API server and the watch would."""
+    async with cluster(tmp_path, load=False) as (server, kubeconfig):
+        server.resource("apps.cozystack.io", "v1alpha1", "things", "Thing")
+        client = KubeClient.from_kubeconfig(str(kubeconfig))
+        try:
+            replica = Replica(Cluster(), "a", {POOL: {"memory": "10000Gi"}})
+            replica.ledger = Ledger(client, replica, LedgerSettings(replica="a"))
+            names = iter(range(5000))
+            answers: list[Decision] = []
+            sizes: list[int] = []
+
+            async def one_client() -> None:
+                for i in names:
+                    decision = await replica.admit(create(f"vm{i}", "1Gi"))
+                    answers.append(decision)
+                    if decision.allowed:
+                        stored = server.create(app("Thing", POOL, f"vm{i}", {"memory": "1Gi"}))
+                        version = int(stored["metadata"]["resourceVersion"])
+                        replica.observe(
+                            Application("Thing", POOL, f"vm{i}", {"memory": "1Gi"}, version=version)
+                        )
+                    tres = server.get("reservation.cozystack.io", "tenantreservations", POOL, POOL)
+                    sizes.append(len(json.dumps(tres)) if tres else 0)
+
+            await asyncio.gather(*(one_client() for _ in range(64)))
+        finally:
+            await client.close()
+    assert len(answers) == 5000
+    assert all(d.allowed for d in answers), {d.message for d in answers if not d.allowed}
+    assert replica.ledger.conflicts == 0
+    assert replica.ledger.failures == 0
+    assert max(sizes) < MAX_ENTRIES * MAX_ENTRY_BYTES
+    tres = server.get("reservation.cozystack.io", "tenantreservations", POOL, POOL)
+    assert tres is not None
+    assert len(tres["status"]["pending"]) <= 64
+    assert replica.ledger.writes < 5000 * 0.2, "group commit: fewer writes than admissions"

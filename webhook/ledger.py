@@ -131,6 +131,7 @@ class Ledger:
         self._state: ReservationState | None = None  # the state the objects were tracked into
         self.conflicts = 0
         self.writes = 0
+        self.failures = 0  # writes refused for anything but a conflict
         self.largest = 0  # bytes of the largest status written
         self.reflector = Reflector(
             client,
@@ -432,6 +433,7 @@ class Ledger:
                 with contextlib.suppress(ApiError):
                     self._remember(await self.client.get(TENANT_RESERVATIONS, pool, pool))
                 raise _Conflict() from None
+            self.failures += 1
             raise
         self.largest = max(self.largest, len(json.dumps(status)))
         self._remember(written)
