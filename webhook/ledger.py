@@ -414,7 +414,8 @@ class Ledger:
 
     def _status(self, pool: str, current: Obj, state: ReservationState, entries: list[Obj]) -> Obj:
         old = current.get("status") or {}
-        return {**old, **self._summary(pool, state, old), "pending": entries}
+        status = {**old, **self._summary(pool, state, old), "pending": entries}
+        return {k: v for k, v in status.items() if v is not None}
 
     def _summary(self, pool: str, state: ReservationState, old: Mapping[str, Any]) -> Obj:
         node = state.tree.get(pool)
@@ -422,7 +423,7 @@ class Ledger:
             return {}
         view = state.tree.view(node)
         over = view.overcommitted
-        return {
+        summary: Obj = {
             "budget": rl.to_strings(view.budget),
             "reserved": rl.to_strings(view.reserved),
             "budgetSummary": rl.format_resources(view.budget),
@@ -431,7 +432,14 @@ class Ledger:
             "conditions": [
                 _condition(old, over, datetime.fromtimestamp(self.clock(), UTC).strftime(_TIME))
             ],
+            "committed": None,
+            "discount": None,
         }
+        discount = state.pool_discounts().get(pool)
+        if discount:  # overcommit factors apply: committed beside reserved
+            summary["committed"] = rl.to_strings(rl.add(view.reserved, discount))
+            summary["discount"] = rl.to_strings(discount)
+        return summary
 
     async def _write_status(self, pool: str, current: Obj, status: Obj) -> Obj:
         body = {**current, "status": status}
