@@ -18,6 +18,7 @@ from typing import Any, cast
 import yaml
 
 from webhook.admission import admit, apply_admitted
+from webhook.audit.command import register as register_audit
 from webhook.core.contract_schema import CONTRACT_SCHEMA
 from webhook.core.decisions import MODES, Mode, Policy
 from webhook.core.errors import ReservationError
@@ -120,6 +121,8 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--ip", action="append", default=[], metavar="ADDR")
     generate.add_argument("--days", type=int, default=365, help="serving certificate lifetime")
     generate.set_defaults(handler=_certs_generate)
+
+    register_audit(commands)
 
     schema = commands.add_parser("contract-schema", help="print the contract JSON Schema")
     schema.set_defaults(handler=_contract_schema)
