@@ -135,6 +135,7 @@ class Replayer:
         self.decided += 1
         entry = {
             **_identity(write, rebuilt.request.kind),
+            "pool": decision.pool or None,
             "reason": decision.reason,
             "message": decision.message,
         }
