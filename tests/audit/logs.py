@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from functools import cache
 from collections.abc import Callable, Iterator
+from functools import cache
 from pathlib import Path
 from typing import Any
 

@@ -56,9 +56,7 @@ def test_starting_from_the_start_snapshot_the_warn_and_enforce_phases_reproduce(
     since = parse_time(next(p["started"] for p in truth()["phases"] if p["name"] == "warn"))
     result = replay(state=(PLATFORM, START), filters=Filters(since=since))
     assert result["mismatches"] == []
-    assert result["decided"] == sum(
-        1 for a in recorded_decisions() if a not in _setup_ids()
-    )
+    assert result["decided"] == sum(1 for a in recorded_decisions() if a not in _setup_ids())
 
 
 def _setup_ids() -> set[str]:
@@ -87,7 +85,9 @@ def test_each_suggested_budget_would_have_denied_nothing_in_its_pool() -> None:
 
 
 def test_a_what_if_budget_denies_what_it_cannot_hold() -> None:
-    tight = {"tenant-acme-prod": {"cpu": Decimal(1), "memory": Decimal(2**31), "storage": Decimal(2**40)}}
+    tight = {
+        "tenant-acme-prod": {"cpu": Decimal(1), "memory": Decimal(2**31), "storage": Decimal(2**40)}
+    }
     denied = replay(Policy("enforce"), budgets=tight)["denied"]
     assert {"tenant-acme-prod"} <= {d["namespace"] for d in denied}
 

@@ -36,10 +36,15 @@ def test_counts_per_namespace_and_kind_match_what_each_client_was_answered() -> 
 
 def test_the_expected_rows_agree_with_the_published_totals() -> None:
     totals = truth()["totals"]
-    reached = sum(
-        totals[a][k] for a in ("create", "update") for k in ("allowed", "denied", "dry_run")
-    ) - totals["update"]["denied_rbac"] - 1  # the one label-only patch
-    assert sum(sum(c[k] for k in ("allowed", "denied", "warned")) for c in expected_rows().values()) == reached
+    reached = (
+        sum(totals[a][k] for a in ("create", "update") for k in ("allowed", "denied", "dry_run"))
+        - totals["update"]["denied_rbac"]
+        - 1
+    )  # the one label-only patch
+    assert (
+        sum(sum(c[k] for k in ("allowed", "denied", "warned")) for c in expected_rows().values())
+        == reached
+    )
 
 
 def test_what_never_reached_the_webhook_is_told_apart() -> None:
@@ -48,7 +53,11 @@ def test_what_never_reached_the_webhook_is_told_apart() -> None:
 
 
 def test_a_stored_create_without_any_decision_is_listed_as_undecided() -> None:
-    create = next(e for e in events() if e["verb"] == "create" and e.get("responseObject", {}).get("kind") == "VMDisk")
+    create = next(
+        e
+        for e in events()
+        if e["verb"] == "create" and e.get("responseObject", {}).get("kind") == "VMDisk"
+    )
     bypassed = copy.deepcopy(create)
     bypassed["annotations"] = {"authorization.k8s.io/decision": "allow"}
     result = summarise(bypassed)
@@ -59,8 +68,10 @@ def test_a_stored_create_without_any_decision_is_listed_as_undecided() -> None:
 
 def test_an_update_that_changes_the_spec_without_a_decision_is_a_bypass() -> None:
     patch = next(
-        e for e in events()
-        if e["verb"] == "patch" and e["responseStatus"]["code"] == 200
+        e
+        for e in events()
+        if e["verb"] == "patch"
+        and e["responseStatus"]["code"] == 200
         and "spec" in (e.get("requestObject") or {})
         and "reservation.cozystack.io/decision" in e.get("annotations", {})
     )
@@ -70,7 +81,11 @@ def test_an_update_that_changes_the_spec_without_a_decision_is_a_bypass() -> Non
 
 
 def test_a_webhook_the_api_server_could_not_call_is_listed_with_its_message() -> None:
-    create = next(e for e in events() if e["verb"] == "create" and e["objectRef"].get("apiGroup") == "apps.cozystack.io")
+    create = next(
+        e
+        for e in events()
+        if e["verb"] == "create" and e["objectRef"].get("apiGroup") == "apps.cozystack.io"
+    )
     failed = copy.deepcopy(create)
     message = (
         'Internal error occurred: failed calling webhook "reservation.cozystack.io": failed to '
