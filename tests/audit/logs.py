@@ -28,7 +28,8 @@ WEBHOOK = "reservation.cozystack.io/"
 @cache
 def truth() -> dict[str, Any]:
     """The ground truth (shared: do not change it)."""
-    return json.loads(TRUTH.read_text(encoding="utf-8"))
+    loaded: dict[str, Any] = json.loads(TRUTH.read_text(encoding="utf-8"))
+    return loaded
 
 
 def events() -> list[dict[str, Any]]:
