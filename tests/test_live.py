@@ -470,3 +470,39 @@ async def test_a_fresh_install_starts_without_certificates_and_makes_its_own(
             finally:
                 process.terminate()
                 assert await asyncio.to_thread(process.wait, 30) == 0
+
+
+async def test_the_pod_level_guard_warns_from_the_live_resourcequota_and_its_status(
+    tmp_path: Path, certs: Path, caller: Caller
+) -> None:
+    async with cluster(tmp_path) as (server, kubeconfig):
+        server.create(tenant("tenant-root", "acme", {"memory": "16Gi", "cpu": "16"}))
+        for index in range(10):
+            server.create(app("VMInstance", "tenant-acme", f"vm{index}", MICRO))
+        hard = {"requests.memory": "16Gi", "limits.memory": "16Gi", "requests.cpu": "1600m"}
+        quota = server.create(
+            {
+                "apiVersion": "v1",
+                "kind": "ResourceQuota",
+                "metadata": {"name": "tenant-quota", "namespace": "tenant-acme"},
+                "spec": {"hard": hard},
+            }
+        )
+        # The quota controller's count of the pods that exist.
+        server.update_status(
+            {**quota, "status": {"hard": hard, "used": {"requests.memory": "15Gi"}}}
+        )
+        async with replica(kubeconfig, certs) as webhook:
+            await wait_ready(caller, webhook.port)
+            services = webhook.services
+            assert services is not None
+            await eventually(lambda: bool(services.quotas.book.quotas("tenant-acme")))
+            body = review("VMInstance", "tenant-acme", "eleventh", MICRO, dry_run=True)
+            answer = await caller.validate(webhook.port, body)
+    # Ten admitted VMs need 12940Mi; the running pods already use 15Gi, the larger: 1Gi left.
+    assert answer["allowed"], answer
+    assert any(
+        "ResourceQuota tenant-quota leaves 1Gi of requests.memory; this VM's pod needs 1294Mi"
+        in warning
+        for warning in answer.get("warnings", [])
+    ), answer

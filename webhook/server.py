@@ -18,6 +18,7 @@ from typing import Final
 from aiohttp import web
 
 from webhook.admission import Admission
+from webhook.core.guard import QuotaBook
 from webhook.core.state import ReservationState, recount
 from webhook.http.app import create_app, metrics_key, readiness_key
 from webhook.kube.client import KubeClient
@@ -25,6 +26,7 @@ from webhook.kube.lease import LeaderElector
 from webhook.ledger import Ledger, LedgerSettings
 from webhook.settings import Settings
 from webhook.state.live import LiveSettings, LiveState
+from webhook.state.quotas import QuotaWatch
 from webhook.tls.contexts import CertificateReloader
 from webhook.tls.rotation import MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS, CertificateRotator
 from webhook.waits import sleep_unless_stopped
@@ -62,6 +64,8 @@ class LiveServices:
             ),
         )
         self.live.required.append(lambda: self.ledger.synced)
+        # The pod-level guard: warnings only, so readiness does not wait for it.
+        self.quotas = QuotaWatch(client, read_timeout=settings.watch_read_timeout)
         self.elector = LeaderElector(
             client,
             namespace=settings.namespace,
@@ -89,6 +93,7 @@ class LiveServices:
         await asyncio.gather(
             self.live.run(stop),
             self.ledger.reflector.run(stop),
+            self.quotas.run(stop),
             self.elector.run(stop),
             self._duties(stop),
         )
@@ -140,15 +145,19 @@ class WebhookServer:
         settings: Settings,
         *,
         services: LiveServices | None = None,
+        quotas: QuotaBook | None = None,
     ) -> None:
         self.settings = settings
         self.services = services
         if services is not None:
             self.admission = Admission(
-                lambda: services.live.state, settings.policy, reserver=services.ledger
+                lambda: services.live.state,
+                settings.policy,
+                reserver=services.ledger,
+                quotas=services.quotas.book,
             )
         elif state is not None:
-            self.admission = Admission(state, settings.policy)
+            self.admission = Admission(state, settings.policy, quotas=quotas)
         else:
             raise ValueError("a webhook server needs a state or live services")
         self.app = create_app(self.admission, settings)
@@ -220,8 +229,13 @@ class WebhookServer:
         log.info("stopped")
 
 
-async def serve(state: ReservationState | None, settings: Settings) -> None:
-    """Serve until SIGTERM or SIGINT: on ``state``, or on the cluster when it is ``None``."""
+async def serve(
+    state: ReservationState | None, settings: Settings, *, quotas: QuotaBook | None = None
+) -> None:
+    """Serve until SIGTERM or SIGINT: on ``state``, or on the cluster when it is ``None``.
+
+    ``quotas`` are the ResourceQuotas read with ``state`` (the pod-level guard's warnings).
+    """
     services = None
     if state is None:
         client = (
@@ -232,7 +246,7 @@ async def serve(state: ReservationState | None, settings: Settings) -> None:
         services = LiveServices(client, settings)
         if services.rotator is not None:
             await services.rotator.bootstrap(Path(settings.cert_dir))
-    server = WebhookServer(state, settings, services=services)
+    server = WebhookServer(state, settings, services=services, quotas=quotas)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, server.stop)

@@ -61,6 +61,7 @@ class ReservationState:
         self._apps: dict[AppKey, AppRecord] = {}
         self._unknown: dict[AppKey, str] = {}  # key -> why it has no charge
         self._owned: dict[AppKey, str] = {}  # Tenant application -> namespace it owns
+        self._by_namespace: dict[str, set[AppKey]] = {}  # for the pod-level guard
 
     def __len__(self) -> int:
         return len(self._apps) + len(self._unknown)
@@ -88,6 +89,7 @@ class ReservationState:
             self._unknown[key] = problem
         else:
             self._apps[key] = record
+        self._by_namespace.setdefault(namespace, set()).add(key)
         before = previous.resources if previous else {}
         after = record.resources if record else {}
         self.tree.add_usage(namespace, rl.subtract(after, before))
@@ -99,6 +101,11 @@ class ReservationState:
         """Apply the deletion of an application."""
         previous = self._apps.pop(key, None)
         self._unknown.pop(key, None)
+        members = self._by_namespace.get(key[1])
+        if members is not None:
+            members.discard(key)
+            if not members:
+                del self._by_namespace[key[1]]
         if previous is not None:
             self.tree.add_usage(key[1], rl.scale(previous.resources, Decimal(-1)))
         if self.pending:
@@ -165,6 +172,11 @@ class ReservationState:
 
     def records(self) -> Iterator[tuple[AppKey, AppRecord]]:
         return iter(self._apps.items())
+
+    def records_in(self, namespace: str) -> Iterator[tuple[AppKey, AppRecord | None]]:
+        """The applications stored in one namespace; ``None`` for those with no charge."""
+        for key in self._by_namespace.get(namespace, ()):
+            yield key, self._apps.get(key)
 
     def unknown(self) -> Mapping[AppKey, str]:
         return self._unknown

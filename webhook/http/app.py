@@ -56,6 +56,8 @@ def create_app(admission: Admission, settings: Settings) -> web.Application:
     app[admission_key] = admission
     app[settings_key] = settings
     app[metrics_key] = Metrics(lambda: admission.state)
+    if admission.quotas is not None:
+        app[metrics_key].watch_guard(lambda: admission.state, admission.quotas)
     app[readiness_key] = Readiness()
     app.router.add_post("/validate", validate)
     app.router.add_post("/mutate", mutate)
