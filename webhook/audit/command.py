@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, cast
 
-from webhook.audit.reader import EventReader, ReadError
+from webhook.audit.reader import MALFORMED_KEPT, EventReader, Malformed, ReadError
 from webhook.audit.render import render_replay, render_summary, render_verify
 from webhook.core.applications import APPS_API_VERSION, AppKey
 from webhook.core.audit.events import AuditWrite, parse_time, write_from_event
@@ -190,9 +190,7 @@ def _writes(reader: EventReader, kinds: dict[str, str]) -> Iterator[AuditWrite]:
             except (ValueError, TypeError, AttributeError) as exc:
                 reader.events -= 1
                 reader.malformed_count += 1
-                if len(reader.malformed) < 1000:
-                    from webhook.audit.reader import Malformed
-
+                if len(reader.malformed) < MALFORMED_KEPT:
                     reader.malformed.append(Malformed("event", 0, f"not an audit event: {exc}"))
                 continue
             if write is not None:

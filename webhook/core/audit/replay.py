@@ -29,7 +29,7 @@ from webhook.core.errors import QuantityError
 from webhook.core.quantities import format_quantity, parse_quantity
 from webhook.core.tenants import TENANT_KIND
 
-__all__ = ["LEVEL_NOTE", "PoolTrack", "Replayer"]
+__all__ = ["LEVEL_NOTE", "PoolTrack", "Replayer", "recorded_resources"]
 
 _ZERO = Decimal(0)
 LEVEL_NOTE: Final = (
@@ -169,7 +169,7 @@ class Replayer:
         charge = write.webhook.get("charge")
         if charge is not None and decision.charge is not None:
             mine = rl.to_strings(decision.charge)
-            theirs = _strings(charge)
+            theirs = recorded_resources(charge)
             if theirs != mine:
                 differences["charge"] = {"recorded": theirs, "replayed": mine}
         if differences and len(self.mismatches) < LIST_CAP:
@@ -286,7 +286,7 @@ def _quantities(resources: Mapping[str, Decimal]) -> dict[str, str]:
     return {k: format_quantity(v) for k, v in sorted(resources.items())}
 
 
-def _strings(text: str) -> dict[str, str]:
+def recorded_resources(text: str) -> dict[str, str]:
     """A recorded ResourceList annotation, normalised (unreadable: as written)."""
     try:
         body = json.loads(text)

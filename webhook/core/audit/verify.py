@@ -23,7 +23,7 @@ from webhook.core import resources as rl
 from webhook.core.applications import CHARGE_ANNOTATION, parse_recorded_charge
 from webhook.core.audit.events import AuditWrite
 from webhook.core.audit.history import History
-from webhook.core.audit.replay import _strings
+from webhook.core.audit.replay import recorded_resources
 from webhook.core.audit.summary import LIST_CAP
 from webhook.core.decisions import Policy, decide
 from webhook.core.errors import EvaluationError
@@ -72,7 +72,7 @@ class Verifier:
         on_object = parse_recorded_charge(text)
         if recorded is None:
             return  # the webhook could not price it (warned as invalid): nothing recorded
-        audit_charge = _strings(recorded)
+        audit_charge = recorded_resources(recorded)
         if on_object is None:
             self._finding(
                 write,
