@@ -20,10 +20,11 @@ from aiohttp import web
 from webhook.admission import Admission
 from webhook.core.guard import QuotaBook
 from webhook.core.state import ReservationState, recount
-from webhook.http.app import create_app, metrics_key, readiness_key
+from webhook.http.app import create_app, create_metrics_app, metrics_key, readiness_key
 from webhook.kube.client import KubeClient
 from webhook.kube.lease import LeaderElector
 from webhook.ledger import Ledger, LedgerSettings
+from webhook.record_keys import RecordKeySecret
 from webhook.settings import Settings
 from webhook.state.live import LiveSettings, LiveState
 from webhook.state.quotas import QuotaWatch
@@ -73,6 +74,11 @@ class LiveServices:
             identity=settings.replica,
         )
         self.drift = 0
+        self.record_keys = RecordKeySecret(
+            client,
+            namespace=settings.namespace,
+            name=os.environ.get("WEBHOOK_RECORD_KEY_SECRET", "reservation-webhook-records"),
+        )
         # Self-managed certificates unless cert-manager issues them (the cert-manager overlay).
         self.rotator: CertificateRotator | None = None
         if os.environ.get("WEBHOOK_CERTS", "self") != "cert-manager":
@@ -90,6 +96,12 @@ class LiveServices:
         self._was_leader = False
 
     async def run(self, stop: asyncio.Event) -> None:
+        # The record keys before any application is observed: records are verified as they come.
+        keys = await self.record_keys.bootstrap(stop)
+        if keys is None:
+            await self.client.close()
+            return
+        self.live.use_keys(keys)
         await asyncio.gather(
             self.live.run(stop),
             self.ledger.reflector.run(stop),
@@ -104,6 +116,13 @@ class LiveServices:
             leader = self.elector.is_leader
             became_leader, self._was_leader = leader and not self._was_leader, leader
             await self._certificates(leader, became_leader)
+            if self._due("record-keys", CERTIFICATE_SECONDS):
+                keys = await self.record_keys.read()
+                if keys is not None and keys != self.live.keys:
+                    self.live.use_keys(keys)
+                    log.info(
+                        "record keys reloaded", extra={"fields": {"previous": len(keys.previous)}}
+                    )
             state = self.live.state
             state.pending.expire(time.time())
             if state.synced:
@@ -180,6 +199,10 @@ class WebhookServer:
             access_log=None,
             shutdown_timeout=settings.shutdown_seconds,
         )
+        self._metrics_runner = web.AppRunner(
+            create_metrics_app(metrics), handle_signals=False, access_log=None
+        )
+        self.metrics_port = 0
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.port = 0
@@ -195,9 +218,13 @@ class WebhookServer:
             ssl_context=self.reloader.context,
         )
         await site.start()
-        server = site._server  # the bound asyncio server: the real port when 0 was asked for
-        sockets = getattr(server, "sockets", None) or ()
-        self.port = sockets[0].getsockname()[1] if sockets else self.settings.listen_port
+        self.port = _bound_port(site, self.settings.listen_port)
+        await self._metrics_runner.setup()
+        metrics_site = web.TCPSite(
+            self._metrics_runner, self.settings.metrics_host, self.settings.metrics_port
+        )
+        await metrics_site.start()
+        self.metrics_port = _bound_port(metrics_site, self.settings.metrics_port)
         self.app[readiness_key].serving = True
         self._tasks.append(
             asyncio.create_task(self.reloader.run(self.settings.cert_reload_seconds, self._stop))
@@ -208,6 +235,7 @@ class WebhookServer:
                 "fields": {
                     "host": self.settings.listen_host,
                     "port": self.port,
+                    "metrics_port": self.metrics_port,
                     "serial": f"{self.reloader.serial:x}",
                 }
             },
@@ -225,6 +253,7 @@ class WebhookServer:
             "shutting down", extra={"fields": {"grace_seconds": self.settings.shutdown_seconds}}
         )
         await self._runner.cleanup()
+        await self._metrics_runner.cleanup()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         log.info("stopped")
 
@@ -252,3 +281,10 @@ async def serve(
         loop.add_signal_handler(signum, server.stop)
     await server.start()
     await server.wait()
+
+
+def _bound_port(site: web.TCPSite, asked: int) -> int:
+    """The port a site listens on: the real one when 0 was asked for."""
+    server = site._server  # the bound asyncio server
+    sockets = getattr(server, "sockets", None) or ()
+    return int(sockets[0].getsockname()[1]) if sockets else asked

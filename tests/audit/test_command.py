@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.audit.logs import LOG, PLATFORM, WEBHOOK, altered_copy
+from tests.audit.logs import LOG, PLATFORM, RULE_CHANGE, WEBHOOK, altered_copy
 from webhook.cli import main
 
 
@@ -72,11 +72,18 @@ def test_replay_json_has_the_documented_shape(capsys: pytest.CaptureFixture[str]
     assert not [d for d in result["denied"] if d["pool"] == "tenant-gamma"]
 
 
-def test_verify_exits_zero_on_the_real_log_and_one_on_an_altered_copy(
+def test_verify_exits_zero_when_nothing_is_found_and_one_otherwise(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    status, result, _ = run(capsys, "verify", str(LOG), "--state", str(PLATFORM), "-o", "json")
+    clean = tmp_path / "clean.log"
+    altered_copy(clean, lambda event: False)
+    lines = clean.read_text().splitlines(keepends=True)
+    clean.write_text("".join(line for line in lines if RULE_CHANGE not in line))
+    status, result, _ = run(capsys, "verify", str(clean), "--state", str(PLATFORM), "-o", "json")
     assert (status, result["findings"]) == (0, [])
+    status, result, _ = run(capsys, "verify", str(LOG), "--state", str(PLATFORM), "-o", "json")
+    assert status == 1
+    assert [f["auditID"] for f in result["findings"]] == [RULE_CHANGE]
 
     def strip(event: dict[str, Any]) -> bool:
         annotations = event.get("annotations", {})
@@ -89,7 +96,10 @@ def test_verify_exits_zero_on_the_real_log_and_one_on_an_altered_copy(
     [stripped] = altered_copy(copy, strip)
     status, result, _ = run(capsys, "verify", str(copy), "--state", str(PLATFORM), "-o", "json")
     assert status == 1
-    assert [(f["auditID"], f["finding"]) for f in result["findings"]] == [(stripped, "no-decision")]
+    assert [(f["auditID"], f["finding"]) for f in result["findings"]] == [
+        (stripped, "no-decision"),
+        (RULE_CHANGE, "admitted-over-budget"),
+    ]
 
 
 @pytest.mark.parametrize(

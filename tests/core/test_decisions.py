@@ -8,12 +8,10 @@ from decimal import Decimal
 
 import pytest
 
-from tests.builders import request, state, tenant, thing
+from tests.builders import request, signed, signed_record, state, tenant, thing
 from webhook.core.applications import (
     CHARGE_ANNOTATION,
     Application,
-    RecordedCharge,
-    charge_annotation,
 )
 from webhook.core.decisions import Decision, Policy, decide
 from webhook.core.state import ReservationState
@@ -107,7 +105,7 @@ def test_a_no_op_update_of_a_sparse_object_against_its_defaulted_old_self_charge
 
 
 def test_the_old_charge_recorded_on_the_old_object_wins_over_re_evaluation() -> None:
-    recorded = charge_annotation({"memory": Decimal(2 * 1024**3)}, "sha256:old")
+    recorded = signed("VMInstance", "tenant-acme", "web", MICRO, {"memory": "2Gi"}, "sha256:old")
     current = acme(thing("tenant-acme", "filler", memory="14Gi"))
     decision = decide(
         request(
@@ -204,7 +202,14 @@ def test_an_unevaluable_application_with_a_recorded_charge_keeps_it() -> None:
         "tenant-acme",
         "legacy",
         {"instanceType": "u9.huge"},
-        recorded=RecordedCharge({"memory": Decimal(15 * 1024**3)}, "sha256:recorded"),
+        recorded=signed_record(
+            "VMInstance",
+            "tenant-acme",
+            "legacy",
+            {"instanceType": "u9.huge"},
+            {"memory": "15Gi"},
+            "sha256:recorded",
+        ),
     )
     current = acme(legacy)
     record = current.record(legacy.key)
@@ -287,12 +292,35 @@ class TestTenants:
         assert decision.allowed
         assert any("overcommitted" in w for w in decision.warnings)
 
-    def test_removing_a_budget_moves_the_usage_back_and_is_checked(self) -> None:
+    def test_removing_a_budget_moves_the_usage_back_into_the_parent(self) -> None:
+        current = state(
+            {"tenant-foo": {"cpu": "10"}, "tenant-foo-bar": {"cpu": "6"}},
+            thing("tenant-foo", cpu="3"),
+            thing("tenant-foo-bar", cpu="4"),
+        )
+        decision = decide(
+            request(
+                "Tenant",
+                "tenant-foo",
+                "bar",
+                {},
+                operation="UPDATE",
+                old_spec={"resourceQuotas": {"cpu": "6"}},
+            ),
+            current,
+            ENFORCE,
+        )
+        # bar occupied its budget (6); without one it occupies its usage (4): 3 + 4 = 7
+        assert decision.allowed, decision.message
+        assert decision.reserved_after == {"cpu": Decimal(7)}
+
+    def test_removing_a_budget_below_usage_frees_nothing(self) -> None:
         current = state(
             {"tenant-foo": {"cpu": "10"}, "tenant-foo-bar": {"cpu": "2"}},
-            thing("tenant-foo", cpu="7"),
+            thing("tenant-foo", cpu="6"),
             thing("tenant-foo-bar", cpu="4"),  # overcommitted child: 4 > 2
         )
+        assert current.tree.get("tenant-foo").usage["cpu"] == 10  # type: ignore[union-attr]
         decision = decide(
             request(
                 "Tenant",
@@ -305,9 +333,8 @@ class TestTenants:
             current,
             ENFORCE,
         )
-        # contribution 2 -> 4: +2 on top of 9 reserved exceeds 10
-        assert not decision.allowed
-        assert "requested: cpu=2, used: cpu=9, limited: cpu=10" in decision.message
+        assert decision.allowed, decision.message
+        assert decision.reserved_after == {"cpu": Decimal(10)}
 
     def test_prefixed_quota_keys_are_refused_naming_the_shorthand(self) -> None:
         decision = decide(

@@ -27,6 +27,8 @@ from webhook.core.audit.verify import Verifier
 from webhook.core.decisions import MODES, Mode, Policy
 from webhook.core.errors import QuantityError, ReservationError
 from webhook.core.quantities import parse_quantity
+from webhook.core.records import RecordKeys
+from webhook.record_keys import RecordKeyError, keys_from_file
 
 __all__ = ["AuditInputError", "register"]
 
@@ -53,6 +55,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     replay = sub.add_parser("replay", help="decide every write again under a what-if policy")
     _add_logs(replay)
     _add_state(replay)
+    _add_record_keys(replay)
     _add_filters(replay)
     replay.add_argument(
         "--mode", choices=MODES, help="what-if mode (default: each write's recorded mode)"
@@ -83,6 +86,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     _add_logs(verify)
     _add_state(verify)
+    _add_record_keys(verify)
     _add_output(verify, html=False)
     verify.set_defaults(handler=_verify)
 
@@ -106,6 +110,15 @@ def _add_state(parser: argparse.ArgumentParser) -> None:
         required=True,
         metavar="DIR",
         help="manifests the log starts from (repeatable), e.g. fixtures/cozystack",
+    )
+
+
+def _add_record_keys(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--record-key-file",
+        metavar="FILE",
+        help="the webhook's record keys (line 1: current; more lines: previous): charge "
+        "records are believed, and verify checks signatures, only with them",
     )
 
 
@@ -143,7 +156,7 @@ def _summary(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    history = _history(args, budgets=_budgets(args.budget))
+    history = _history(args, budgets=_budgets(args.budget), keys=_keys(args))
     policy = _policy(args)
     replayer = Replayer(history, policy, filters=_filters(args), chart=bool(args.html))
     reader = _reader(args)
@@ -160,8 +173,9 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    history = _history(args)
-    verifier = Verifier(history)
+    keys = _keys(args)
+    history = _history(args, keys=keys)
+    verifier = Verifier(history, keys)
     reader = _reader(args)
     for write in _writes(reader, history.kinds):
         verifier.add(write)
@@ -200,12 +214,15 @@ def _writes(reader: EventReader, kinds: dict[str, str]) -> Iterator[AuditWrite]:
 
 
 def _history(
-    args: argparse.Namespace, *, budgets: dict[str, dict[str, Decimal]] | None = None
+    args: argparse.Namespace,
+    *,
+    budgets: dict[str, dict[str, Decimal]] | None = None,
+    keys: RecordKeys | None = None,
 ) -> History:
     from webhook.state.manifests import load_state, read_manifests
 
     paths = [*args.state, *getattr(args, "contracts", [])]
-    state = load_state(paths)
+    state = load_state(paths, keys=keys)
     objects: dict[AppKey, dict[str, Any]] = {}
     for manifest in read_manifests(args.state):
         body = manifest.body
@@ -214,6 +231,15 @@ def _history(
             key = (str(body.get("kind")), str(metadata.get("namespace")), str(metadata.get("name")))
             objects[key] = dict(body)
     return History(state, objects, budgets=budgets)
+
+
+def _keys(args: argparse.Namespace) -> RecordKeys | None:
+    if not args.record_key_file:
+        return None
+    try:
+        return keys_from_file(args.record_key_file)
+    except RecordKeyError as exc:
+        raise AuditInputError(str(exc)) from None
 
 
 def _filters(args: argparse.Namespace) -> Filters:

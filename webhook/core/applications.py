@@ -6,22 +6,20 @@ with labels naming the kind and the application. Admission sees the application 
 directory or a cache may hold either. Both become an :class:`Application`.
 
 The charge admitted for an application travels with it as the annotation
-:data:`CHARGE_ANNOTATION` (written by the mutating webhook): compact JSON
-``{"charge": {...}, "digest": "sha256:..."}``. It stays authoritative until the application is
-next written, so a contract change never silently re-prices existing applications.
+:data:`CHARGE_ANNOTATION` (written by the mutating webhook): a record signed by the webhook
+(:mod:`webhook.core.records`). It is read here as a claim; it stays authoritative, once
+verified, until the application is next written, so a contract change never silently re-prices
+existing applications.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any, Final
 
-from webhook.core import resources as rl
-from webhook.core.errors import QuantityError
-from webhook.core.quantities import parse_quantity
+from webhook.core.overcommit import OVERCOMMIT_ANNOTATION
+from webhook.core.records import RecordedCharge, parse_recorded_charge
 
 __all__ = [
     "APPS_API_VERSION",
@@ -31,7 +29,6 @@ __all__ = [
     "RecordedCharge",
     "application_from_helmrelease",
     "application_from_object",
-    "charge_annotation",
     "parse_recorded_charge",
 ]
 
@@ -47,18 +44,13 @@ AppKey = tuple[str, str, str]  # (kind, namespace, name)
 
 
 @dataclass(frozen=True, slots=True)
-class RecordedCharge:
-    resources: Mapping[str, Decimal]
-    digest: str
-
-
-@dataclass(frozen=True, slots=True)
 class Application:
     kind: str
     namespace: str
     name: str
     spec: Any
     recorded: RecordedCharge | None = None
+    overcommit: str | None = None  # the overcommit annotation as written (believed if vouched)
 
     @property
     def key(self) -> AppKey:
@@ -78,9 +70,16 @@ def application_from_object(obj: Mapping[str, Any]) -> Application:
         raise ValueError("metadata.name: missing")
     if not isinstance(namespace, str) or not namespace:
         raise ValueError("metadata.namespace: missing")
-    annotations = metadata.get("annotations") or {}
-    recorded = parse_recorded_charge(annotations.get(CHARGE_ANNOTATION))
-    return Application(kind, namespace, name, obj.get("spec"), recorded)
+    recorded = parse_recorded_charge(_annotation(metadata, CHARGE_ANNOTATION))
+    overcommit = _annotation(metadata, OVERCOMMIT_ANNOTATION)
+    return Application(
+        kind,
+        namespace,
+        name,
+        obj.get("spec"),
+        recorded,
+        overcommit if isinstance(overcommit, str) else None,
+    )
 
 
 def application_from_helmrelease(release: Mapping[str, Any]) -> Application | None:
@@ -97,11 +96,18 @@ def application_from_helmrelease(release: Mapping[str, Any]) -> Application | No
         raise ValueError(f"metadata: a {kind} HelmRelease needs a namespace and {NAME_LABEL}")
     if kind == "Tenant" and name == "tenant-root":
         name = "root"  # the shipped root release carries its full name in the label
-    annotations = metadata.get("annotations") or {}
-    recorded = parse_recorded_charge(annotations.get(USER_PREFIX + CHARGE_ANNOTATION))
+    recorded = parse_recorded_charge(_annotation(metadata, USER_PREFIX + CHARGE_ANNOTATION))
+    overcommit = _annotation(metadata, USER_PREFIX + OVERCOMMIT_ANNOTATION)
     spec = release.get("spec")
     values = spec.get("values") if isinstance(spec, Mapping) else None
-    return Application(kind, namespace, name, values, recorded)
+    return Application(
+        kind,
+        namespace,
+        name,
+        values,
+        recorded,
+        overcommit if isinstance(overcommit, str) else None,
+    )
 
 
 def is_helmrelease(manifest: Mapping[str, Any]) -> bool:
@@ -113,24 +119,6 @@ def is_helmrelease(manifest: Mapping[str, Any]) -> bool:
     )
 
 
-def parse_recorded_charge(text: object) -> RecordedCharge | None:
-    """The charge annotation's content; ``None`` when absent or unreadable (then re-evaluate)."""
-    if not isinstance(text, str):
-        return None
-    try:
-        body = json.loads(text)
-        charge = body["charge"]
-        digest = body["digest"]
-        if not isinstance(charge, Mapping) or not isinstance(digest, str):
-            return None
-        resources = {str(k): parse_quantity(v) for k, v in charge.items()}
-    except (ValueError, KeyError, TypeError, QuantityError):
-        return None
-    if any(v < 0 for v in resources.values()):
-        return None
-    return RecordedCharge(resources, digest)
-
-
-def charge_annotation(resources: Mapping[str, Decimal], digest: str) -> str:
-    """The annotation value recording a charge: compact, key-sorted JSON."""
-    return json.dumps({"charge": rl.to_strings(resources), "digest": digest}, separators=(",", ":"))
+def _annotation(metadata: Mapping[str, Any], name: str) -> object:
+    annotations = metadata.get("annotations")
+    return annotations.get(name) if isinstance(annotations, Mapping) else None

@@ -23,6 +23,7 @@ from typing import Any
 from webhook.core.applications import APPS_API_VERSION, application_from_object
 from webhook.core.errors import ReservationError
 from webhook.core.platform import PRESETS_CONFIGMAP, Platform, PlatformBuilder
+from webhook.core.records import RecordKeys
 from webhook.core.state import ReservationState
 from webhook.defaults import default_contracts, default_presets
 from webhook.kube.client import KubeClient, ResourceRef
@@ -60,6 +61,7 @@ class LiveState:
         settings: LiveSettings | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        keys: RecordKeys | None = None,
     ) -> None:
         settings = settings or LiveSettings()
         self.client = client
@@ -85,12 +87,18 @@ class LiveState:
             ),
         ]
         self._apps: dict[str, tuple[Reflector, asyncio.Task[None], asyncio.Event]] = {}
-        self.state = ReservationState(Platform(), readiness=lambda: self.synced)
+        self.keys = keys if keys is not None else RecordKeys.generate()
+        self.state = ReservationState(Platform(), readiness=lambda: self.synced, keys=self.keys)
         self._rebuild_due: asyncio.TimerHandle | None = None
         self._stop = asyncio.Event()
         self.platform_generation = 0
         self.problems: list[str] = []
         self.required: list[Callable[[], bool]] = []  # more that must hold to be synced
+
+    def use_keys(self, keys: RecordKeys) -> None:
+        """Verify and sign records with ``keys`` from now on (the record-key Secret changed)."""
+        self.keys = keys
+        self.state.keys = keys
 
     # -- readiness -----------------------------------------------------------------------
 
@@ -196,7 +204,7 @@ class LiveState:
             log.warning("platform object ignored", extra={"fields": {"reason": problem}})
         self.problems = problems
         previous = self.state
-        self.state = ReservationState(platform, readiness=lambda: self.synced)
+        self.state = ReservationState(platform, readiness=lambda: self.synced, keys=self.keys)
         self.state.pending.carry_over(previous.pending)
         self.platform_generation += 1
         self._restart_applications(platform)

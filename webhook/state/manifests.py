@@ -27,6 +27,7 @@ from webhook.core.applications import (
 from webhook.core.errors import ManifestError
 from webhook.core.guard import QuotaBook, quota_from_object
 from webhook.core.platform import Platform, PlatformBuilder
+from webhook.core.records import RecordKeys
 from webhook.core.state import ReservationState
 from webhook.defaults import default_contracts, default_presets
 
@@ -63,15 +64,21 @@ def load_platform(paths: Iterable[str | Path]) -> Platform:
     return _platform(read_manifests(paths))
 
 
-def load_state(paths: Iterable[str | Path], *, quotas: QuotaBook | None = None) -> ReservationState:
+def load_state(
+    paths: Iterable[str | Path],
+    *,
+    quotas: QuotaBook | None = None,
+    keys: RecordKeys | None = None,
+) -> ReservationState:
     """The platform and every application under ``paths``, as a reservation state.
 
     Applications come as ``apps.cozystack.io`` objects or as the HelmReleases Cozystack stores
     them in; ResourceQuotas go into ``quotas`` when it is given (the pod-level guard); other
-    manifests (Namespaces, preferences ...) are ignored.
+    manifests (Namespaces, preferences ...) are ignored. Charge records are believed only when
+    signed with ``keys`` (default: a key of this process, so none is).
     """
     manifests = read_manifests(paths)
-    state = ReservationState(_platform(manifests))
+    state = ReservationState(_platform(manifests), keys=keys)
     for manifest in manifests:
         app = _application(manifest)
         if app is not None:

@@ -6,17 +6,23 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.audit.logs import WEBHOOK, altered_copy, history, writes
-from webhook.core.applications import CHARGE_ANNOTATION
+from tests.audit.logs import RULE_CHANGE, WEBHOOK, altered_copy, history, writes
+from webhook.core.applications import CHARGE_ANNOTATION, parse_recorded_charge
 from webhook.core.audit.verify import Verifier
+from webhook.core.records import RecordKeys, record_annotation, sign
 
 
-def verify(*sources: str | Path) -> dict[str, Any]:
+def verify(*sources: str | Path, keys: RecordKeys | None = None) -> dict[str, Any]:
     past = history()
-    verifier = Verifier(past)
+    verifier = Verifier(past, keys)
     for write in writes(*sources, kinds=past.kinds):
         verifier.add(write)
-    return verifier.result()
+    result = verifier.result()
+    known = {"auditID": RULE_CHANGE, "finding": "admitted-over-budget"}
+    rest = [f for f in result["findings"] if {k: f[k] for k in known} != known]
+    assert len(rest) == len(result["findings"]) - 1
+    result["findings"] = rest
+    return result
 
 
 def _allowed_vm_create(event: dict[str, Any]) -> bool:
@@ -28,8 +34,8 @@ def _allowed_vm_create(event: dict[str, Any]) -> bool:
     )
 
 
-def test_the_real_log_holds_no_finding() -> None:
-    result = verify()
+def test_the_real_log_holds_no_finding_but_the_write_todays_rules_deny() -> None:
+    result = verify()  # RULE_CHANGE is checked, and set aside, in verify()
     assert result["findings"] == []
     assert result["checked"] == 54
     assert result["unverifiable"] == []
@@ -95,3 +101,60 @@ def test_a_write_recorded_allowed_past_its_budget_is_found(tmp_path: Path) -> No
     [claimed] = altered_copy(copy, claim_allowed)
     findings = verify(copy)["findings"]
     assert [(f["auditID"], f["finding"]) for f in findings] == [(claimed, "admitted-over-budget")]
+
+
+def _signed_copy(target: Path, keys: RecordKeys) -> None:
+    """The log as a signing webhook would have written it: every stored record signed."""
+    state = history().state
+
+    def sign_record(event: dict[str, Any]) -> bool:
+        stored = event.get("responseObject")
+        if not isinstance(stored, dict) or stored.get("kind") in (None, "Status"):
+            return False
+        annotations = stored.get("metadata", {}).get("annotations", {})
+        record = parse_recorded_charge(annotations.get(CHARGE_ANNOTATION))
+        if record is None:
+            return False
+        kind, metadata = stored["kind"], stored["metadata"]
+        signed = sign(
+            keys,
+            (kind, metadata["namespace"], metadata["name"]),
+            state.values_digest(kind, stored.get("spec")),
+            record.resources,
+            record.digest,
+        )
+        annotations[CHARGE_ANNOTATION] = record_annotation(signed)
+        return False  # never counted: every event is offered
+
+    altered_copy(target, sign_record)
+
+
+def test_records_the_webhook_signed_verify_with_its_keys(tmp_path: Path) -> None:
+    keys = RecordKeys.generate()
+    signed = tmp_path / "signed.log"
+    _signed_copy(signed, keys)
+    assert verify(signed, keys=keys)["findings"] == []
+    unsigned = [f["finding"] for f in verify(signed, keys=RecordKeys.generate())["findings"]]
+    assert unsigned == ["unsigned-charge"] * 54
+
+
+def test_a_charge_annotation_the_webhook_did_not_sign_is_found(tmp_path: Path) -> None:
+    keys = RecordKeys.generate()
+    signed = tmp_path / "signed.log"
+    _signed_copy(signed, keys)
+    lines = signed.read_text(encoding="utf-8").splitlines()
+    forged_id = ""
+    for number, line in enumerate(lines):
+        event = json.loads(line)
+        if forged_id or not _allowed_vm_create(event):
+            continue
+        annotations = event["responseObject"]["metadata"]["annotations"]
+        record = json.loads(annotations[CHARGE_ANNOTATION])
+        record["charge"]["memory"] = "1Mi"  # a lower charge, the signature kept
+        annotations[CHARGE_ANNOTATION] = json.dumps(record, separators=(",", ":"))
+        lines[number] = json.dumps(event, separators=(",", ":"))
+        forged_id = event["auditID"]
+    forged = tmp_path / "forged.log"
+    forged.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    findings = verify(forged, keys=keys)["findings"]
+    assert [(f["auditID"], f["finding"]) for f in findings] == [(forged_id, "unsigned-charge")]

@@ -10,8 +10,12 @@ Walking the log's stored history (see :mod:`.history`), for each write the webho
   its author met, it must not exceed a budget;
 - a stored write that should have reached the webhook must carry its decision.
 
-A charge annotation the webhook did not sign cannot be told apart yet: the webhook writes no
-signature, so verification rests on recomputing charges.
+- with the webhook's record keys, the stored charge annotation must be a record the webhook
+  signed for exactly this object and values (:mod:`webhook.core.records`); without them
+  signatures are not checked, and verification rests on recomputing charges.
+
+Charges are recomputed under today's rules and contracts: a write the webhook admitted under
+older rules (a carve-out charged differently, say) shows as a finding here, which is the point.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from webhook.core.audit.replay import recorded_resources
 from webhook.core.audit.summary import LIST_CAP
 from webhook.core.decisions import Policy, decide
 from webhook.core.errors import EvaluationError
+from webhook.core.records import RecordKeys, verifies
 
 __all__ = ["Verifier"]
 
@@ -36,8 +41,9 @@ _ENFORCE = Policy("enforce")
 class Verifier:
     """Folds audit writes into findings; :meth:`result` is its JSON form."""
 
-    def __init__(self, history: History) -> None:
+    def __init__(self, history: History, keys: RecordKeys | None = None) -> None:
         self.history = history
+        self.keys = keys
         self.checked = 0
         self.findings: list[dict[str, Any]] = []
         self.finding_count = 0
@@ -78,6 +84,18 @@ class Verifier:
                 write,
                 "unrecorded-charge",
                 f"stored without a readable {CHARGE_ANNOTATION} annotation",
+            )
+        elif self.keys is not None and not verifies(
+            self.keys,
+            (kind, write.namespace, write.name),
+            self.history.state.values_digest(kind, stored.get("spec")),
+            on_object,
+        ):
+            self._finding(
+                write,
+                "unsigned-charge",
+                f"the stored {CHARGE_ANNOTATION} annotation is not a record the webhook signed "
+                "for this object and its values",
             )
         elif rl.to_strings(on_object.resources) != audit_charge or on_object.digest != digest:
             self._finding(
@@ -128,7 +146,9 @@ class Verifier:
             "findings": self.findings,
             "findingCount": self.finding_count,
             "unverifiable": self.unverifiable,
-            "signatures": "not checked: the webhook does not sign its charge annotation",
+            "signatures": "checked with the record keys given"
+            if self.keys is not None
+            else "not checked: pass the webhook's record keys (--record-key-file)",
         }
 
 
