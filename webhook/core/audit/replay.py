@@ -149,10 +149,15 @@ class Replayer:
             track = self.pools.setdefault(decision.pool, PoolTrack())
             track.needed = rl.maximum(track.needed, decision.reserved_after)
             if decision.outcome in ("denied", "warned") and len(track.denials) < LIST_CAP:
+                over = {
+                    k: v
+                    for k, v in decision.reserved_after.items()
+                    if k in decision.budget and v > decision.budget[k]
+                }
                 track.denials.append(
                     (
                         write.timestamp,
-                        rl.to_strings(decision.reserved_after),
+                        rl.to_strings(over or decision.reserved_after),
                         f"{rebuilt.request.kind}/{write.name}",
                     )
                 )

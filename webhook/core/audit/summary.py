@@ -22,6 +22,8 @@ from typing import Any, Final
 
 from webhook.core.applications import CHARGE_ANNOTATION
 from webhook.core.audit.events import AuditWrite
+from webhook.core.errors import QuantityError
+from webhook.core.quantities import parse_quantity
 
 __all__ = [
     "OUTCOMES",
@@ -233,7 +235,8 @@ class SummaryBuilder:
         if outcome in ("allowed", "warned") and not write.dry_run:
             series.add(write.timestamp, reserved, budget)
         elif outcome == "denied" and len(series.denials) < LIST_CAP:
-            series.denials.append((write.timestamp, reserved, f"{write.kind}/{write.name}"))
+            over = {k: v for k, v in reserved.items() if k in budget and _above(v, budget[k])}
+            series.denials.append((write.timestamp, over or reserved, f"{write.kind}/{write.name}"))
 
     def _remember(self, write: AuditWrite) -> int | None:
         """Record what the write stored; return the fingerprint stored before it."""
@@ -334,6 +337,13 @@ def _identity(write: AuditWrite) -> dict[str, Any]:
         "user": write.user,
         "verb": write.verb,
     }
+
+
+def _above(value: str, limit: str) -> bool:
+    try:
+        return parse_quantity(value) > parse_quantity(limit)
+    except QuantityError:
+        return True
 
 
 def _resources(text: str | None) -> dict[str, str]:
