@@ -515,3 +515,49 @@ async def test_the_pod_level_guard_warns_from_the_live_resourcequota_and_its_sta
         in warning
         for warning in answer.get("warnings", [])
     ), answer
+
+
+POISON = "9" * 60 + ".5"  # more digits than any quantity holds
+HUGE = "1e" + "0" * 4301  # an exponent past Python's int-to-text limit
+
+
+def poisoned_spec() -> dict[str, Any]:
+    """Values a tenant can store that once killed a reflector: every common sizing field."""
+    size = {"cpu": POISON, "memory": HUGE}
+    return {
+        "storage": POISON,
+        "size": HUGE,
+        "replicas": POISON,
+        "resources": size,
+        "resourcesPreset": "u1.medium",
+        "instanceType": "u1.micro",
+        "nodeGroups": {"md0": {"minReplicas": HUGE, "maxReplicas": POISON, "resources": size}},
+        "resourceQuotas": {"memory": POISON, "cpu": HUGE},
+    }
+
+
+async def test_a_poisoned_object_of_every_kind_leaves_the_webhook_ready_for_every_other_pool(
+    tmp_path: Path, certs: Path, caller: Caller
+) -> None:
+    async with cluster(tmp_path) as (server, kubeconfig):
+        server.create(tenant("tenant-root", "acme", {"memory": "1Gi"}))
+        server.create(tenant("tenant-root", "poison", {"memory": "1Gi"}))
+        kinds = [
+            m["spec"]["application"]["kind"]
+            for m in server.objects("cozystack.io", "applicationdefinitions")
+        ]
+        assert len(kinds) > 20
+        for kind in kinds:
+            body = app(kind, "tenant-poison", f"bad-{kind.lower()}", poisoned_spec())
+            body["metadata"]["annotations"] = {"reservation.cozystack.io/charge": HUGE}
+            server.create(body)
+        async with replica(kubeconfig, certs) as webhook:
+            await wait_ready(caller, webhook.port)
+            fits = review("VMInstance", "tenant-acme", "first", MICRO)
+            assert (await caller.validate(webhook.port, fits))["allowed"]
+            store(server, fits)
+            over = review("VMInstance", "tenant-acme", "second", MICRO, uid="u2")
+            denied = await caller.validate(webhook.port, over)
+            assert not denied["allowed"]
+            assert "exceeded tenant quota" in denied["status"]["message"]
+            assert await caller.ready(webhook.port)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 
 from webhook.logs import JsonFormatter
 
@@ -33,3 +35,18 @@ def test_request_fields_are_flattened_and_cannot_collide_with_record_attributes(
     assert entry["message"] == "a b"
     assert entry["logger"] == "webhook.requests"
     assert "\n" not in line
+
+
+def test_lines_queued_by_the_event_loop_are_written_by_the_exit() -> None:
+    program = (
+        "import logging; from webhook.logs import configure; configure('INFO');"
+        "log = logging.getLogger('webhook.requests');"
+        "[log.info('validate allowed', extra={'fields': {'uid': str(i)}}) for i in range(500)];"
+        "logging.getLogger('quiet').debug('not at INFO')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True
+    )
+    lines = [json.loads(line) for line in done.stderr.splitlines()]
+    assert [entry["uid"] for entry in lines] == [str(i) for i in range(500)]
+    assert {entry["level"] for entry in lines} == {"info"}

@@ -5,19 +5,24 @@ operation, dry-run, decision, reason, pool, latency), never values or secrets: t
 passed explicitly as ``extra={"fields": {...}}`` (a dict, so names such as ``name`` cannot
 collide with the log record's own attributes) and nothing else from the request is logged.
 
-The request line is written once per admission on the event loop, so its cost is kept small
-(``benchmarks.server`` measures it at the default level): the record skips what no line prints
-(the caller's frame, thread and process names: the knobs the logging HOWTO's "Optimization"
-section names), the timestamp's text is built once per second, and the JSON is encoded by one
-compact encoder.
+The request line is logged once per admission on the event loop, so what the loop pays for it
+is kept small (``benchmarks.server`` measures it at the default level): the record skips what
+no line prints (the caller's frame, thread and process names: the knobs the logging HOWTO's
+"Optimization" section names), and the loop only queues it. A listener thread formats and
+writes it (the timestamp's text built once per second, the JSON by one compact encoder), so a
+slow reader on the other end of stderr (a container runtime's pipe) never blocks admission.
+Records are flushed at exit.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
+import queue
 import sys
 import time
+from logging.handlers import QueueHandler, QueueListener
 from typing import Final
 
 __all__ = ["JsonFormatter", "configure"]
@@ -57,8 +62,19 @@ class JsonFormatter(logging.Formatter):
         return _ENCODER.encode(entry)
 
 
+class _Enqueue(QueueHandler):
+    """Queues the record as it is: formatting happens in the listener thread, not here."""
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        return record
+
+
+_listener: QueueListener | None = None
+
+
 def configure(level: str = "INFO") -> None:
-    """Send every log record to stderr as one JSON line."""
+    """Send every log record to stderr as one JSON line, written by a listener thread."""
+    global _listener
     # No line prints the caller's source location, thread or process: don't collect them.
     logging.logThreads = False
     logging.logProcesses = False
@@ -66,6 +82,12 @@ def configure(level: str = "INFO") -> None:
     logging._srcfile = None  # skips sys._getframe per record
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
+    if _listener is not None:
+        _listener.stop()
+    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    _listener = QueueListener(records, handler)
+    _listener.start()
+    atexit.register(_listener.stop)  # flush what is queued when the process ends
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = [_Enqueue(records)]
     root.setLevel(level.upper())
