@@ -128,3 +128,31 @@ def test_bad_input_is_one_line_and_exit_two(
     assert status == 2
     assert message in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_one_hostile_event_is_reported_and_the_review_goes_on(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    lines = LOG.read_text(encoding="utf-8").splitlines()
+    refused = next(
+        i
+        for i, line in enumerate(lines)
+        if '"verb":"patch"' in line and '"code":403' in line and "cozystack.io/decision" in line
+    )
+    event = json.loads(lines[refused])
+    # nesting deeper than Python's recursion limit, within what the JSON decoder accepts
+    deep = '{"spec":' + '{"a":' * 1010 + "1" + "}" * 1011
+    text = json.dumps({**event, "requestObject": "DEEP"}).replace('"DEEP"', deep)
+    no_time = json.dumps({k: v for k, v in event.items() if not k.endswith("Timestamp")})
+    hostile = tmp_path / "audit.log"
+    hostile.write_text("\n".join([*lines[:refused], text, no_time, *lines[refused + 1 :]]) + "\n")
+    status, result, _ = run(
+        capsys, "replay", str(hostile), "--state", str(PLATFORM), "--mode", "enforce", "-o", "json"
+    )
+    assert status == 0
+    assert {"source": str(hostile), "line": refused + 2} == {
+        k: result["malformedLines"][0][k] for k in ("source", "line")
+    }
+    assert result["decided"] > 70
+    assert [f["auditID"] for f in result["failed"]] == [event["auditID"]]
+    assert result["failed"][0]["error"].startswith("RecursionError")

@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, cast
 
-from webhook.audit.reader import MALFORMED_KEPT, EventReader, Malformed, ReadError
+from webhook.audit.reader import MALFORMED_KEPT, EventReader, ReadError
 from webhook.audit.render import render_replay, render_summary, render_verify
 from webhook.core.applications import APPS_API_VERSION, AppKey
 from webhook.core.audit.events import AuditWrite, parse_time, write_from_event
@@ -144,10 +144,9 @@ def _add_output(parser: argparse.ArgumentParser, *, html: bool) -> None:
 def _summary(args: argparse.Namespace) -> int:
     reader = _reader(args)
     builder = SummaryBuilder(_filters(args), series=bool(args.html))
-    kinds: dict[str, str] = {}
-    for write in _writes(reader, kinds):
-        builder.add(write)
+    failed = _fold(reader, {}, builder.add)
     result = builder.result(events=reader.events, malformed=reader.malformed_json())
+    result["failed"] = failed
     result["malformed"] = reader.malformed_count
     _print(args, result, render_summary)
     if args.html:
@@ -160,9 +159,9 @@ def _replay(args: argparse.Namespace) -> int:
     policy = _policy(args)
     replayer = Replayer(history, policy, filters=_filters(args), chart=bool(args.html))
     reader = _reader(args)
-    for write in _writes(reader, history.kinds):
-        replayer.add(write)
+    failed = _fold(reader, history.kinds, replayer.add)
     result = replayer.result(suggest=args.suggest_budgets)
+    result["failed"] = failed
     result["events"] = reader.events
     result["malformed"] = reader.malformed_count
     result["malformedLines"] = reader.malformed_json()
@@ -177,14 +176,14 @@ def _verify(args: argparse.Namespace) -> int:
     history = _history(args, keys=keys)
     verifier = Verifier(history, keys)
     reader = _reader(args)
-    for write in _writes(reader, history.kinds):
-        verifier.add(write)
+    failed = _fold(reader, history.kinds, verifier.add)
     result = verifier.result()
+    result["failed"] = failed
     result["events"] = reader.events
     result["malformed"] = reader.malformed_count
     result["malformedLines"] = reader.malformed_json()
     _print(args, result, render_verify)
-    return EXIT_FOUND if result["findingCount"] else 0
+    return EXIT_FOUND if result["findingCount"] or failed else 0
 
 
 # -- pieces ------------------------------------------------------------------------------------
@@ -202,15 +201,34 @@ def _writes(reader: EventReader, kinds: dict[str, str]) -> Iterator[AuditWrite]:
             try:
                 write = write_from_event(event, kinds=kinds)
             except (ValueError, TypeError, AttributeError) as exc:
-                reader.events -= 1
-                reader.malformed_count += 1
-                if len(reader.malformed) < MALFORMED_KEPT:
-                    reader.malformed.append(Malformed("event", 0, f"not an audit event: {exc}"))
+                reader.reject(f"not an audit event: {exc}")
                 continue
             if write is not None:
                 yield write
     except ReadError as exc:
         raise AuditInputError(str(exc)) from None
+
+
+def _fold(
+    reader: EventReader, kinds: dict[str, str], add: Callable[[AuditWrite], None]
+) -> list[dict[str, str]]:
+    """Feed every write to ``add``; one that cannot be processed is reported, never fatal."""
+    failed: list[dict[str, str]] = []
+    for write in _writes(reader, kinds):
+        try:
+            add(write)
+        except Exception as exc:  # one hostile event must not end the review
+            if len(failed) < MALFORMED_KEPT:
+                source, line = reader.where
+                failed.append(
+                    {
+                        "auditID": write.audit_id,
+                        "source": source,
+                        "line": str(line),
+                        "error": f"{type(exc).__name__}: {exc}"[:300],
+                    }
+                )
+    return failed
 
 
 def _history(

@@ -61,6 +61,7 @@ class EventReader:
     events: int = 0
     malformed_count: int = 0
     malformed: list[Malformed] = field(default_factory=list)
+    where: tuple[str, int] = ("", 0)  # the source and line of the event last yielded
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for source in _in_order(self.sources):
@@ -68,6 +69,11 @@ class EventReader:
 
     def malformed_json(self) -> list[dict[str, Any]]:
         return [m.as_json() for m in self.malformed]
+
+    def reject(self, error: str) -> None:
+        """Count the event last yielded as malformed after all (it is not an audit event)."""
+        self.events -= 1
+        self._bad(*self.where, error)
 
     def _bad(self, source: str, line: int, error: str) -> None:
         self.malformed_count += 1
@@ -124,6 +130,7 @@ class EventReader:
                 self._bad(source, number, f"not JSON: {exc}")
                 continue
             if isinstance(event, dict):
+                self.where = (source, number)
                 yield event
             else:
                 self.events -= 1
@@ -146,11 +153,13 @@ class EventReader:
             for item in items:
                 if isinstance(item, dict):
                     self.events += 1
+                    self.where = (source, number)
                     yield item
                 else:
                     self._bad(source, number, "EventList item is not an object")
         elif isinstance(body, dict):
             self.events += 1
+            self.where = (source, number)
             yield body
         elif isinstance(body, list):
             for item in body:

@@ -124,9 +124,13 @@ def _listing(title: str, items: Sequence[Mapping[str, Any]], detail: str) -> lis
 
 
 def _malformed(result: Mapping[str, Any]) -> list[str]:
+    out: list[str] = []
     lines = result.get("malformedLines") or []
-    if not lines:
-        return []
-    out = ["", f"Malformed lines ({result['malformed']}, skipped):"]
-    out += [f"  {m['source']}:{m['line']}: {m['error']}" for m in lines[:20]]
+    if lines:
+        out += ["", f"Malformed lines ({result['malformed']}, skipped):"]
+        out += [f"  {m['source']}:{m['line']}: {m['error']}" for m in lines[:20]]
+    failed = result.get("failed") or []
+    if failed:
+        out += ["", f"Events that could not be processed ({len(failed)}, skipped):"]
+        out += [f"  {f['source']}:{f['line']} {f['auditID']}: {f['error']}" for f in failed[:20]]
     return out
