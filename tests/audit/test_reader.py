@@ -126,3 +126,23 @@ def test_other_groups_are_counted_but_never_decoded() -> None:
     assert reader.events == len(events())
     assert all("apps.cozystack.io" in json.dumps(e) for e in decoded)
     assert len(decoded) < reader.events / 2
+
+
+def test_a_large_file_shows_a_progress_bar_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    big = tmp_path / "audit.log"
+    payload = LOG.read_bytes()
+    with big.open("wb") as out:
+        for _ in range(5):  # over the few megabytes a bar starts at
+            out.write(payload)
+    screen = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", screen)
+    reader = EventReader([str(big)], progress=True)
+    assert sum(1 for _ in reader) > 0
+    assert "audit.log" in screen.getvalue()
+    assert "100%" in screen.getvalue()
+    quiet = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", quiet)
+    assert sum(1 for _ in EventReader([str(LOG)], progress=True)) > 0
+    assert quiet.getvalue() == ""  # a small file shows none

@@ -105,7 +105,7 @@ class EventReader:
         position = 0
         for line in _chain_first(first, stream):
             number += 1
-            if bar is not None and not number % 20000:
+            if bar is not None and not number & 4095:
                 now = raw.tell()
                 bar.update(now - position)
                 position = now
@@ -135,6 +135,8 @@ class EventReader:
             else:
                 self.events -= 1
                 self._bad(source, number, "not a JSON object")
+        if bar is not None:
+            bar.update(raw.tell() - position)
 
     def _batch(self, source: str, number: int, line: bytes) -> Iterator[dict[str, Any]]:
         try:

@@ -129,3 +129,21 @@ def test_patches_that_leave_spec_and_charge_alone_are_recognised() -> None:
 
 def test_every_write_of_the_log_is_read() -> None:
     assert sum(1 for _ in writes()) == 92
+
+
+def test_since_and_until_keep_one_phase() -> None:
+    from tests.audit.logs import phase_of
+    from webhook.core.audit.events import parse_time
+
+    enforce = next(p for p in truth()["phases"] if p["name"] == "enforce")
+    window = Filters(since=parse_time(enforce["started"]), until=parse_time(enforce["ended"]))
+    result = summarise(*events(), filters=window)
+    assert result["outcomes"]["warned"] == 0
+    assert result["outcomes"]["denied"] == sum(
+        1
+        for op in truth()["operations"]
+        if op["phase"] == "enforce" and op["rc"] != 0 and op["denied_by"] != "rbac"
+    )
+    assert all(
+        phase_of(u["time"]) == "enforce" for u in result["topDenials"][0:1] for u in [u["example"]]
+    )

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Literal
 from urllib.parse import parse_qs, urlsplit
@@ -70,7 +70,6 @@ class AuditWrite:
     mutation_patch: Any  # the JSONPatch the mutating webhook applied, if any
     request_object: Any = None
     response_object: Any = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def succeeded(self) -> bool:
