@@ -28,7 +28,6 @@ from webhook.core.decisions import MODES, Mode, Policy
 from webhook.core.errors import QuantityError, ReservationError
 from webhook.core.quantities import parse_quantity
 from webhook.core.records import RecordKeys
-from webhook.record_keys import RecordKeyError, keys_from_file
 
 __all__ = ["AuditInputError", "register"]
 
@@ -254,6 +253,8 @@ def _history(
 def _keys(args: argparse.Namespace) -> RecordKeys | None:
     if not args.record_key_file:
         return None
+    from webhook.record_keys import RecordKeyError, keys_from_file
+
     try:
         return keys_from_file(args.record_key_file)
     except RecordKeyError as exc:

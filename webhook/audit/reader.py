@@ -31,6 +31,10 @@ import orjson
 __all__ = ["EventReader", "Malformed"]
 
 GROUP_MARKER: Final = b"apps.cozystack.io"
+# How the API server writes an application's objectRef (compact JSON), or a re-encoder with
+# spaces: a line naming the group elsewhere only (an RBAC rule, a CRD) is not decoded.
+_APPS_EXACT: Final = b'"apiGroup":"apps.cozystack.io"'
+_APPS_SPACED: Final = b'"apiGroup": "apps.cozystack.io"'
 GZIP_MAGIC: Final = b"\x1f\x8b"
 PROGRESS_MIN_BYTES: Final = 8 * 1024 * 1024  # a progress bar for files over a few megabytes
 MALFORMED_KEPT: Final = 1000  # line numbers reported; the count stays exact
@@ -121,7 +125,9 @@ class EventReader:
                 yield from self._batch(source, number, line)
                 continue
             self.events += 1
-            if marker is not None and marker not in line:
+            if marker is not None and (
+                marker not in line or (_APPS_EXACT not in line and _APPS_SPACED not in line)
+            ):
                 continue
             try:
                 event = orjson.loads(line)
