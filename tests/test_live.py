@@ -435,8 +435,10 @@ async def test_application_watches_follow_the_definitions(tmp_path: Path, certs:
             {key: definition[key] for key in ("apiVersion", "kind", "spec")}
             | {"metadata": {"name": "bucket"}}
         )
-        await eventually(lambda: "buckets" in live._apps and live.synced)
-        assert live.state.platform.kind("Bucket") is not None
+        await eventually(
+            lambda: live.synced and live.state.platform.kind("Bucket") is not None  # swapped in
+        )
+        assert "buckets" in live._apps
 
 
 async def test_a_fresh_install_starts_without_certificates_and_makes_its_own(
@@ -561,3 +563,56 @@ async def test_a_poisoned_object_of_every_kind_leaves_the_webhook_ready_for_ever
             assert not denied["allowed"]
             assert "exceeded tenant quota" in denied["status"]["message"]
             assert await caller.ready(webhook.port)
+
+
+def poisoned(kind: str, name: str, spec: Any, annotation: str | None = None) -> dict[str, Any]:
+    obj = app(kind, "tenant-evil", name, spec)
+    if annotation is not None:
+        obj["metadata"]["annotations"] = {"reservation.cozystack.io/charge": annotation}
+    return obj
+
+
+def deep_spec(depth: int) -> Any:
+    value: Any = {"instanceType": "u1.micro"}
+    for _ in range(depth):
+        value = {"x": value}
+    return value
+
+
+POISONED = [
+    poisoned("VMDisk", "sixty-digits", {"storage": "9" * 60 + ".5"}),
+    poisoned("VMDisk", "exponent", {"storage": "1e" + "0" * 4301}),
+    poisoned("VMInstance", "deep", deep_spec(200)),
+    poisoned("Postgres", "huge-count", {"replicas": "9" * 4000}),
+    poisoned(
+        "Kubernetes",
+        "annotated",
+        {"nodeGroups": {"md0": {"maxReplicas": 1, "instanceType": "u9.none"}}},
+        '{"charge":{"memory":"1e' + "0" * 4301 + '"},"digest":"x"}',
+    ),
+]
+
+
+async def test_a_poisoned_object_of_each_kind_leaves_the_webhook_ready_and_deciding(
+    tmp_path: Path, certs: Path, caller: Caller
+) -> None:
+    async with cluster(tmp_path) as (server, kubeconfig):
+        server.create(tenant("tenant-root", "acme", {"memory": "2Gi"}))
+        server.create(tenant("tenant-root", "evil", {"memory": "2Gi"}))
+        for obj in POISONED[:3]:  # some stored before the replica lists ...
+            server.create(obj)
+        async with replica(kubeconfig, certs) as webhook:
+            await wait_ready(caller, webhook.port)
+            for obj in POISONED[3:]:  # ... and some arriving through the watch
+                server.create(obj)
+            await eventually(lambda: len(webhook.admission.state.unknown()) == len(POISONED))
+            assert await caller.ready(webhook.port)
+            other = await caller.validate(
+                webhook.port, review("VMInstance", "tenant-acme", "vm", MICRO)
+            )
+            assert other["allowed"], other
+            blocked = await caller.validate(
+                webhook.port, review("VMInstance", "tenant-evil", "vm", MICRO)
+            )
+            assert not blocked["allowed"]
+            assert "is unknown" in blocked["status"]["message"]

@@ -25,6 +25,7 @@ __all__ = [
     "Outcome",
     "admit",
     "apply_admitted",
+    "conflict",
     "internal_error",
     "with_guard_warning",
 ]
@@ -78,7 +79,7 @@ class Admission:
         if self.reserver is not None:
             decision = await self.reserver.admit(request, self.policy)
             return with_guard_warning(decision, request, self.state, self.quotas)
-        decision = decide(request, self.state, self.policy)
+        decision = conflict(request, self.state) or decide(request, self.state, self.policy)
         decision = with_guard_warning(decision, request, self.state, self.quotas)
         apply_admitted(self.state, request, decision)
         return decision
@@ -97,11 +98,29 @@ def admit(
     """Decide a decoded AdmissionReview; raises ``ReviewError`` only for a malformed review."""
     request = parse_review(body)
     try:
-        decision = decide(request, state, policy)
+        decision = conflict(request, state) or decide(request, state, policy)
         decision = with_guard_warning(decision, request, state, quotas)
     except Exception:
         decision = internal_error(request)
     return Outcome(request, decision)
+
+
+def conflict(request: AdmissionRequest, state: ReservationState) -> Decision | None:
+    """Where this process is the only store (``review``, manifest directories): a CREATE of a
+    name the state already holds is refused as the API server would refuse it, and changes
+    nothing; the first object keeps its record."""
+    if request.operation != "CREATE":
+        return None
+    key = (request.kind, request.namespace, request.name)
+    if state.record(key) is None and key not in state.unknown():
+        return None
+    return errored(
+        409,
+        "AlreadyExists",
+        "already-exists",
+        f"{request.kind} {request.name} already exists in {request.namespace}; "
+        "nothing was changed (update it instead)",
+    )
 
 
 def with_guard_warning(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -269,7 +270,9 @@ def _read_reviews(name: str) -> list[Any]:
         raise CommandError(f"{name}: cannot read: {exc}") from None
     try:
         return [json.loads(text)]
-    except json.JSONDecodeError:
+    except RecursionError:
+        raise CommandError(f"{name}: not JSON: nested too deeply") from None
+    except ValueError:  # JSONDecodeError, or a number past Python's digit limit
         pass
     bodies = []
     for number, line in enumerate(text.splitlines(), start=1):
@@ -278,6 +281,9 @@ def _read_reviews(name: str) -> list[Any]:
                 bodies.append(json.loads(line))
             except json.JSONDecodeError as exc:
                 raise CommandError(f"{name}: line {number}: not JSON: {exc.msg}") from None
+            except (ValueError, RecursionError) as exc:
+                reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+                raise CommandError(f"{name}: line {number}: not JSON: {reason}") from None
     return bodies
 
 
@@ -302,6 +308,11 @@ def _serve(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         raise CommandError(str(exc)) from None
     configure_logs(settings.log_level)
+    if settings.state and not settings.record_key_file:
+        logging.getLogger("webhook").info(
+            "charge records are signed with a key of this process: records written by another "
+            "process are not believed (give --record-key-file to keep one)"
+        )
     # Manifest directories, or the cluster (--kubeconfig, else the pod's service account).
     quotas = QuotaBook()
     state = (

@@ -1,8 +1,10 @@
 """The pools report: budget, reserved, available and overcommitted per pool, as data or a table.
 
-Also lists what an operator must look at: applications whose reservation is unknown (they block
-their pool), applications whose values no longer evaluate (they keep their recorded charge), and
-applications whose recorded charge differs from what today's contract says (drift).
+Also lists what an operator must look at, first: applications whose reservation is unknown (they
+block their pool), applications whose values no longer evaluate (they keep their recorded charge),
+platform objects left out or kept at their last good version, kinds that cannot be listed; then,
+after the pools, applications whose recorded charge differs from what today's contract says
+(drift).
 """
 
 from __future__ import annotations
@@ -76,10 +78,40 @@ def build_report(state: ReservationState) -> dict[str, Any]:
                     "currentCharge": rl.to_strings(record.current or {}),
                 }
             )
-    return {"pools": pools, "unknown": unknown, "unevaluable": failing, "drift": drift}
+    # What an operator must act on comes first: unknown reservations block their pools.
+    unavailable = [
+        {"kind": kind, "reason": reason}
+        for kind in sorted(state.platform.kinds)
+        if (reason := state.kind_unavailable(kind))
+    ]
+    return {
+        "unknown": unknown,
+        "unevaluable": failing,
+        "platformProblems": list(state.platform.problems),
+        "unavailableKinds": unavailable,
+        "pools": pools,
+        "drift": drift,
+    }
 
 
 def render_report(report: dict[str, Any]) -> str:
+    lines: list[str] = []
+    for title, key in (
+        ("Unknown reservations (their pools grant nothing more until fixed or deleted)", "unknown"),
+        ("No longer evaluable (recorded charge kept)", "unevaluable"),
+    ):
+        if report[key]:
+            lines += [f"{title}:"]
+            lines += [f"  {i['namespace']} {i['application']}: {i['reason']}" for i in report[key]]
+            lines.append("")
+    if report.get("platformProblems"):
+        lines += ["Platform problems (objects left out or kept at their last good version):"]
+        lines += [f"  {problem}" for problem in report["platformProblems"]]
+        lines.append("")
+    if report.get("unavailableKinds"):
+        lines += ["Kinds that cannot be listed (their writes are denied):"]
+        lines += [f"  {i['kind']}: {i['reason']}" for i in report["unavailableKinds"]]
+        lines.append("")
     rows = [("POOL", "BUDGET", "RESERVED", "AVAILABLE", "OVERCOMMITTED", "MEMBERS", "CARVE-OUTS")]
     for pool in report["pools"]:
         rows.append(
@@ -94,7 +126,7 @@ def render_report(report: dict[str, Any]) -> str:
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = [
+    lines += [
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
         for row in rows
     ]
@@ -108,13 +140,6 @@ def render_report(report: dict[str, Any]) -> str:
             f"{_pairs(pool['discount'])}, sold beyond budget {_pairs(pool['soldBeyondBudget'])}"
             for pool in discounted
         ]
-    for title, key in (
-        ("Unknown reservations (their pools grant nothing more)", "unknown"),
-        ("No longer evaluable (recorded charge kept)", "unevaluable"),
-    ):
-        if report[key]:
-            lines += ["", f"{title}:"]
-            lines += [f"  {i['namespace']} {i['application']}: {i['reason']}" for i in report[key]]
     if report["drift"]:
         lines += ["", "Contract drift (recorded charge kept until the next write):"]
         lines += [

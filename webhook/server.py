@@ -8,10 +8,12 @@ stops accepting, lets in-flight requests finish (bounded by ``shutdown_seconds``
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Final
 
@@ -42,6 +44,12 @@ log = logging.getLogger(__name__)
 # application, so it runs seldom and never on the admission path's cadence.
 CERTIFICATE_SECONDS: Final = 30.0
 DRIFT_SECONDS: Final = 300.0
+# A connection must deliver a complete request header within this many seconds of opening (or
+# of the previous response), else it is closed: a client that sends half a header, or holds an
+# idle connection, cannot pin a socket. aiohttp's keep-alive timer does both: it starts when the
+# connection opens and closes it if no full request has arrived by then. The API server's
+# idle connections (Go's 90 s default) simply reconnect.
+IDLE_SECONDS: Final = 15.0
 
 
 class LiveServices:
@@ -64,7 +72,7 @@ class LiveServices:
                 read_timeout=settings.watch_read_timeout,
             ),
         )
-        self.live.required.append(lambda: self.ledger.synced)
+        self.live.required["ledger (tenantreservations)"] = lambda: self.ledger.synced
         # The pod-level guard: warnings only, so readiness does not wait for it.
         self.quotas = QuotaWatch(client, read_timeout=settings.watch_read_timeout)
         self.elector = LeaderElector(
@@ -94,6 +102,8 @@ class LiveServices:
             )
         self._last: dict[str, float] = {}  # duty -> when it last ran (monotonic)
         self._was_leader = False
+        self.failures: dict[str, int] = {}  # duty -> how often it raised, since start
+        self.on_failure: Callable[[str], None] = lambda duty: None  # e.g. count in a metric
 
     async def run(self, stop: asyncio.Event) -> None:
         # The record keys before any application is observed: records are verified as they come.
@@ -112,25 +122,45 @@ class LiveServices:
         await self.client.close()
 
     async def _duties(self, stop: asyncio.Event) -> None:
+        """Every round runs each duty on its own: one that raises (a bad pool, a bad object,
+        a failed write) is logged and counted, and the others, and the next round, still run."""
         while not stop.is_set():
             leader = self.elector.is_leader
             became_leader, self._was_leader = leader and not self._was_leader, leader
-            await self._certificates(leader, became_leader)
+            await self._guarded("certificates", self._certificates(leader, became_leader))
             if self._due("record-keys", CERTIFICATE_SECONDS):
-                keys = await self.record_keys.read()
-                if keys is not None and keys != self.live.keys:
-                    self.live.use_keys(keys)
-                    log.info(
-                        "record keys reloaded", extra={"fields": {"previous": len(keys.previous)}}
-                    )
+                await self._guarded("record-keys", self._record_keys())
             state = self.live.state
-            state.pending.expire(time.time())
+            await self._guarded("expiry", _now(state.pending.expire, time.time()))
             if state.synced:
                 if self._due("drift", DRIFT_SECONDS):
-                    self.drift = len(recount(state))
+                    await self._guarded("recount", _now(self._recount, state))
                 if leader:
-                    await self.ledger.reconcile()
+                    await self._guarded("pool-status", self.ledger.reconcile())
             await sleep_unless_stopped(self.ledger.settings.reconcile_seconds, stop)
+
+    async def _record_keys(self) -> None:
+        """Every replica: follow a rotation of the record-key Secret."""
+        keys = await self.record_keys.read()
+        if keys is not None and keys != self.live.keys:
+            self.live.use_keys(keys)
+            log.info("record keys reloaded", extra={"fields": {"previous": len(keys.previous)}})
+
+    def _recount(self, state: ReservationState) -> None:
+        self.drift = len(recount(state))
+
+    async def _guarded(self, duty: str, work: Awaitable[object]) -> None:
+        try:
+            await work
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self.failures[duty] = self.failures.get(duty, 0) + 1
+            log.exception("periodic duty failed", extra={"fields": {"duty": duty}})
+            try:
+                self.on_failure(duty)
+            except Exception:  # counting must never stop the loop either
+                log.exception("counting a failed duty failed")
 
     def _due(self, duty: str, seconds: float, *, now: bool = False) -> bool:
         """Whether ``duty`` should run (at most every ``seconds``); records that it does."""
@@ -165,6 +195,7 @@ class WebhookServer:
         *,
         services: LiveServices | None = None,
         quotas: QuotaBook | None = None,
+        idle_seconds: float = IDLE_SECONDS,
     ) -> None:
         self.settings = settings
         self.services = services
@@ -187,17 +218,24 @@ class WebhookServer:
         metrics = self.app[metrics_key]
         metrics.certificate_expiry.set_function(lambda: self.reloader.not_after.timestamp())
         if services is not None:
+            services.on_failure = lambda duty: metrics.background_failures.labels(duty).inc()
             metrics.watch_live(
                 first_sync=lambda: services.live.first_sync_seconds or 0.0,
                 drift=lambda: float(services.drift),
                 conflicts=lambda: float(services.ledger.conflicts),
                 leader=lambda: services.elector.is_leader,
             )
+            metrics.watch_health(
+                unavailable=services.live.unavailable_kinds,
+                problems=services.live.problem_counts,
+            )
+            self.app[readiness_key].explain = services.live.explain
         self._runner = web.AppRunner(
             self.app,
             handle_signals=False,
             access_log=None,
             shutdown_timeout=settings.shutdown_seconds,
+            keepalive_timeout=idle_seconds,
         )
         self._metrics_runner = web.AppRunner(
             create_metrics_app(metrics), handle_signals=False, access_log=None
@@ -258,6 +296,11 @@ class WebhookServer:
         log.info("stopped")
 
 
+async def _now(function: Callable[..., object], *args: object) -> None:
+    """Run a synchronous duty as an awaitable, so one guard covers both kinds."""
+    function(*args)
+
+
 async def serve(
     state: ReservationState | None, settings: Settings, *, quotas: QuotaBook | None = None
 ) -> None:
@@ -266,6 +309,11 @@ async def serve(
     ``quotas`` are the ResourceQuotas read with ``state`` (the pod-level guard's warnings).
     """
     services = None
+    if state is not None:
+        # The loaded state lives as long as the process: keep it out of the collector's walks
+        # (a full collection over 200,000 applications pauses for tens of milliseconds).
+        gc.collect()
+        gc.freeze()
     if state is None:
         client = (
             KubeClient.from_kubeconfig(settings.kubeconfig)

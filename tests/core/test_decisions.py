@@ -193,7 +193,29 @@ def test_an_unknown_application_blocks_growth_of_its_pool_and_is_named() -> None
     decision = create_vm(current, "vm")
     assert not decision.allowed
     assert decision.reason == "unknown-usage"
-    assert "VMInstance/legacy in tenant-acme" in decision.message
+    assert "VMInstance tenant-acme/legacy is unknown" in decision.message
+    assert 'unknown instance type "u9.huge"' in decision.message  # why
+    assert "fix its spec so it evaluates, or delete it" in decision.message  # what to do
+
+
+def test_an_unevaluable_application_admitted_in_warn_mode_does_not_block_enforced_kinds() -> None:
+    # Kubernetes runs in warn: an unevaluable cluster is admitted with a warning. The VMs of the
+    # same pool, enforced, still get their decisions instead of being blocked by it.
+    policy = Policy(per_kind={"Kubernetes": "warn"})
+    broken = {"nodeGroups": {"md0": {"maxReplicas": 1, "instanceType": "u9.huge"}}}
+    current = acme()
+    cluster = decide(request("Kubernetes", "tenant-acme", "k", broken), current, policy)
+    assert cluster.allowed
+    assert cluster.outcome == "warned"
+    current.observe(Application("Kubernetes", "tenant-acme", "k", broken))
+    assert current.unknown()
+    vm_decision = decide(request("VMInstance", "tenant-acme", "vm", MICRO), current, policy)
+    assert vm_decision.allowed, vm_decision.message
+    # an enforced kind's unknown application still blocks
+    current.observe(Application("VMInstance", "tenant-acme", "legacy", {"instanceType": "u9.x"}))
+    blocked = decide(request("VMInstance", "tenant-acme", "vm2", MICRO), current, policy)
+    assert not blocked.allowed
+    assert blocked.reason == "unknown-usage"
 
 
 def test_an_unevaluable_application_with_a_recorded_charge_keeps_it() -> None:

@@ -151,8 +151,8 @@ def test_a_tenant_user_setting_changing_or_removing_a_factor_is_denied_naming_wh
     kind: str, new: str | None, old: str | None, operation: str, fix: str
 ) -> None:
     current = state({"tenant-acme": {"memory": "16Gi"}, "tenant-acme-dev": None})
-    spec: dict[str, object] = {}
-    name, namespace = ("t", "tenant-acme") if kind == "Thing" else ("dev", "tenant-acme")
+    name = "t" if kind == "Thing" else "dev"
+    namespace, spec = "tenant-acme", dict[str, str]()
     decision = decide(
         factor_write(kind, name, spec, new, old, namespace=namespace, operation=operation),
         current,

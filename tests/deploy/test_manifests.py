@@ -691,7 +691,7 @@ def test_probes_ask_the_health_endpoints_over_https(
 def test_resources_request_cpu_and_memory_and_limit_memory_only(default: list[Manifest]) -> None:
     assert container(default)["resources"] == {
         "requests": {"cpu": "100m", "memory": "256Mi"},
-        "limits": {"memory": "1Gi"},
+        "limits": {"memory": "512Mi"},
     }
 
 

@@ -87,7 +87,9 @@ def application_from_helmrelease(release: Mapping[str, Any]) -> Application | No
     metadata = release.get("metadata")
     if not isinstance(metadata, Mapping):
         raise ValueError("metadata: missing")
-    labels = metadata.get("labels") or {}
+    labels = metadata.get("labels")
+    if not isinstance(labels, Mapping):
+        return None
     if labels.get(GROUP_LABEL) != "apps.cozystack.io" or not labels.get(KIND_LABEL):
         return None
     kind, name = str(labels[KIND_LABEL]), str(labels.get(NAME_LABEL) or "")
@@ -110,6 +112,12 @@ def application_from_helmrelease(release: Mapping[str, Any]) -> Application | No
     )
 
 
+def _annotation(metadata: Mapping[str, Any], key: str) -> object:
+    """One annotation's value; annotations that are not a map hold nothing."""
+    annotations = metadata.get("annotations")
+    return annotations.get(key) if isinstance(annotations, Mapping) else None
+
+
 def is_helmrelease(manifest: Mapping[str, Any]) -> bool:
     api_version = manifest.get("apiVersion")
     return (
@@ -117,8 +125,3 @@ def is_helmrelease(manifest: Mapping[str, Any]) -> bool:
         and api_version.startswith(HELMRELEASE_API_PREFIX)
         and manifest.get("kind") == "HelmRelease"
     )
-
-
-def _annotation(metadata: Mapping[str, Any], name: str) -> object:
-    annotations = metadata.get("annotations")
-    return annotations.get(name) if isinstance(annotations, Mapping) else None

@@ -30,10 +30,11 @@ from typing import Any, Final, Literal
 from webhook.core import resources as rl
 from webhook.core.applications import (
     CHARGE_ANNOTATION,
+    AppKey,
     Application,
     application_from_object,
 )
-from webhook.core.errors import EvaluationError
+from webhook.core.errors import UNEVALUABLE, EvaluationError
 from webhook.core.kinds import APPS_GROUP
 from webhook.core.overcommit import (
     OVERCOMMIT_ANNOTATION,
@@ -143,6 +144,11 @@ def decide(request: AdmissionRequest, state: ReservationState, policy: Policy) -
             "not-an-application",
             f"{request.group or 'core'}/{request.kind} is not an {APPS_GROUP} application",
         )
+    malformed = _namespace_problem(request)
+    if malformed:  # refused in every mode: there is no namespace to charge
+        return _apply_mode(
+            "enforce", errored(400, "BadRequest", "bad-namespace", malformed), request
+        )
     mode = policy.mode_for(request.kind)
     if mode == "off":
         return skipped(f"reservation is off for {request.kind}", mode="off", kind=request.kind)
@@ -157,12 +163,45 @@ def decide(request: AdmissionRequest, state: ReservationState, policy: Policy) -
             ),
             request,
         )
-    decision = _decide_application(request, state, policy.overcommit)
+    unavailable = state.kind_unavailable(request.kind)
+    if unavailable:
+        return _apply_mode(
+            mode,
+            errored(
+                503,
+                "ServiceUnavailable",
+                "kind-not-synced",
+                f"tenant reservations: {request.kind} applications {unavailable}; writes of "
+                "this kind are denied until they can be listed",
+            ),
+            request,
+        )
+    decision = _decide_application(request, state, policy)
     return _apply_mode(mode, decision, request)
 
 
+def _namespace_problem(request: AdmissionRequest) -> str:
+    """Why the request names no namespace to charge, or ``""``.
+
+    Every ``apps.cozystack.io`` kind is namespaced, and the API server sends the namespace the
+    object is stored in; a request without one, or whose object claims another, was not sent
+    by it, and charging either namespace would be a guess.
+    """
+    if not request.namespace:
+        return f"{request.kind} {request.name or '(no name)'}: the request names no namespace"
+    for side, obj in (("object", request.object), ("oldObject", request.old_object)):
+        metadata = obj.get("metadata") if obj is not None else None
+        claimed = metadata.get("namespace") if isinstance(metadata, Mapping) else None
+        if claimed not in (None, "", request.namespace):
+            return (
+                f"{request.kind} {request.name}: {side}.metadata.namespace {str(claimed)[:64]!r} "
+                f"differs from the request's namespace {request.namespace!r}"
+            )
+    return ""
+
+
 def _decide_application(
-    request: AdmissionRequest, state: ReservationState, rules: OvercommitRules
+    request: AdmissionRequest, state: ReservationState, policy: Policy
 ) -> Decision:
     if request.object is None:
         return invalid("object", f"{request.operation} of {request.kind} carries no object")
@@ -188,11 +227,15 @@ def _decide_application(
         if kind.contract is None:
             return errored(403, "Forbidden", "no-contract", str(exc.for_kind(request.kind)))
         return invalid(f"spec.{exc.path}" if exc.path else "spec", str(exc.for_kind(request.kind)))
+    except UNEVALUABLE as exc:  # values that got past the bounds into a library
+        return invalid(
+            "spec", f"{request.kind}: the values cannot be evaluated ({type(exc).__name__})"
+        )
     values = state.values_digest(request.kind, app.spec)
     forged = _forged_annotation(request, state, app, values)
     if forged:
         return errored(403, "Forbidden", "forged-charge", forged)
-    factor = _factor_change(request, state, rules, deny=True)
+    factor = _factor_change(request, state, policy.overcommit, deny=True)
     if isinstance(factor, Decision):
         return factor
     own, changed = factor
@@ -232,10 +275,10 @@ def _decide_application(
             owned = owned_namespace(request.namespace, app.name)
             repriced = state.repricing(owned, own)
             if any(v > 0 for v in repriced.values()):
-                inner = _check(owned, repriced, state, facts)
+                inner = _check(owned, repriced, state, facts, policy)
                 if not inner.allowed:
                     facts.warnings.append(f"re-priced at the new factor: {inner.message}")
-    decision = _check(namespace, contribution, state, facts)
+    decision = _check(namespace, contribution, state, facts, policy)
     if changed and not decision.allowed and decision.reason in ("exceeded", "unknown-usage"):
         # The platform changed a factor: never refused for the pool, reported overcommitted.
         message = decision.message
@@ -275,20 +318,19 @@ def _factor_change(
 ) -> tuple[Factors | None, bool] | Decision:
     """The object's own factor once admitted, and whether this request changes it.
 
-    Unchanged, the old object's factor stands when its record vouches for it. Set, changed or
-    removed: only by the platform (``rules.admins``, from ``userInfo``), within the bounds and at
-    most one step from the old effective factor. With ``deny=False`` (the mutating side) a
-    refused change keeps the old factor instead of a denial.
+    Only the platform (``rules.admins``, from ``userInfo``) sets, changes or removes a factor,
+    within the bounds and at most one step from the old effective factor; what it writes is the
+    factor from then on. Anyone else's request must leave the annotation as it was: the old
+    factor then stands if the state believes it (a factor planted without the webhook never
+    is). With ``deny=False`` (the mutating side) a refused change keeps the old factor.
     """
     new_text = _overcommit(request.object)
     old_text = _overcommit(request.old_object) if request.operation == "UPDATE" else None
     old_app = _old_application(request)
     old_own = state.believed_own(old_app) if old_app is not None else None
-    if new_text == old_text:
-        return old_own, False
     path = f"metadata.annotations[{OVERCOMMIT_ANNOTATION}]"
     if not rules.may_set(request.user, request.groups):
-        if not deny:
+        if new_text == old_text or not deny:
             return old_own, False
         if old_text is None:
             verb, fix = "setting", "remove the annotation"
@@ -307,6 +349,8 @@ def _factor_change(
         new = parse_factors(new_text) if new_text is not None else None
     except OvercommitError as exc:
         return invalid(path, f"{path}: {exc}") if deny else (old_own, False)
+    if new == old_own:
+        return old_own, False
     inherited, _ = state.factors_for(request.namespace, None)
     before = old_own if old_own is not None else inherited
     after = new if new is not None else inherited
@@ -350,7 +394,11 @@ class _Facts:
 
 
 def _check(
-    namespace: str, change: Mapping[str, Decimal], state: ReservationState, facts: _Facts
+    namespace: str,
+    change: Mapping[str, Decimal],
+    state: ReservationState,
+    facts: _Facts,
+    policy: Policy,
 ) -> Decision:
     """Check the positive part of ``change`` against each key's nearest bounded tenant."""
     increases = rl.positive_part(change)
@@ -385,14 +433,13 @@ def _check(
     if state.unknown():
         for key in sorted(increases):
             holder = pools[key].namespace if key in pools else ""
-            blockers = state.unknown_in_pool(holder, key) if holder else []
+            blockers = [
+                k
+                for k in (state.unknown_in_pool(holder, key) if holder else [])
+                if policy.mode_for(k[0]) == "enforce"  # warn and off admit it knowingly
+            ]
             if blockers:
-                apps = ", ".join(f"{k}/{n} in {ns}" for k, ns, n in blockers)
-                message = (
-                    f"tenant quota: pool {holder} cannot grant more: the reservation "
-                    f"of {apps} is unknown (it cannot be evaluated and has no recorded charge); "
-                    "fix or delete it"
-                )
+                message = _unknown_message(holder, blockers, state.unknown())
                 return _denied_quota(
                     message, facts, pool_name, after, budget, reason="unknown-usage"
                 )
@@ -403,6 +450,18 @@ def _check(
     return _allowed(facts, pool_name, after, budget, charged)
 
 
+def _unknown_message(pool: str, blockers: list[AppKey], reasons: Mapping[AppKey, str]) -> str:
+    """A denial that names each unknown application, why, and what to do about it."""
+    kind, namespace, name = blockers[0]
+    reason = reasons.get(blockers[0], "")[:120]
+    more = f" (and {len(blockers) - 1} more; see `webhook report`)" if len(blockers) > 1 else ""
+    return (
+        f"tenant quota: pool {pool} cannot grant more while the reservation of "
+        f"{kind} {namespace}/{name} is unknown{more}: it cannot be evaluated ({reason}) and "
+        f"has no recorded charge; fix its spec so it evaluates, or delete it"
+    )
+
+
 def _tenant_change(
     request: AdmissionRequest, state: ReservationState, app: Application, facts: _Facts
 ) -> tuple[dict[str, Decimal], list[str], dict[str, Decimal]] | Decision:
@@ -410,11 +469,13 @@ def _tenant_change(
     if not TENANT_NAME.fullmatch(app.name):
         return invalid("metadata.name", f"Tenant name {app.name!r} must match ^[a-z][a-z0-9]*$")
     kind = state.platform.kind(TENANT_KIND)
-    values = kind.defaulted(app.spec) if kind is not None else app.spec
     try:
+        values = kind.defaulted(app.spec) if kind is not None else app.spec
         budget = parse_budget(values)
     except EvaluationError as exc:
         return invalid(f"spec.{exc.path}", f"Tenant: {exc.message}")
+    except UNEVALUABLE as exc:
+        return invalid("spec", f"Tenant: the values cannot be evaluated ({type(exc).__name__})")
     owned = owned_namespace(request.namespace, app.name)
     node = state.tree.get(owned)
     change: dict[str, Decimal] = dict(facts.delta)
@@ -483,14 +544,15 @@ def _old_charge(
         return apply_factors(trusted.declared, factors)
     try:
         declared = state.platform.charge(request.kind, old.spec, namespace=request.namespace)
-    except EvaluationError:
+    except UNEVALUABLE:
         return {}  # an old object that cannot be evaluated is charged nothing: check it all
     return apply_factors(declared.resources, factors)
 
 
 def _metadata(request: AdmissionRequest, *, old: bool = False) -> dict[str, object]:
     source = request.old_object if old else request.object
-    metadata = dict(source.get("metadata") or {}) if source is not None else {}
+    raw = source.get("metadata") if source is not None else None
+    metadata = dict(raw) if isinstance(raw, Mapping) else {}
     metadata.setdefault("name", request.name)
     metadata["namespace"] = request.namespace or metadata.get("namespace")
     return metadata
@@ -693,7 +755,7 @@ def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -
     if app is not None and policy.mode_for(request.kind) != "off":
         try:
             charge = state.platform.charge(request.kind, app.spec, namespace=request.namespace)
-        except EvaluationError:
+        except UNEVALUABLE:
             charge = None
     if app is not None and charge is not None:
         factor = _factor_change(request, state, policy.overcommit, deny=False)

@@ -45,6 +45,7 @@ __all__ = [
     "parse_recorded_charge",
     "record_annotation",
     "sign",
+    "signed_annotation",
     "values_digest",
     "verifies",
 ]
@@ -192,6 +193,17 @@ def verifies(
         if hmac.compare_digest(expected, record.mac):
             return True
     return False
+
+
+def signed_annotation(
+    keys: RecordKeys,
+    app: tuple[str, str, str],
+    values: str,
+    charge: Mapping[str, Decimal],
+    digest: str,
+) -> str:
+    """The annotation the webhook writes for a charge without a factor: signed, compact."""
+    return record_annotation(sign(keys, app, values, charge, digest))
 
 
 def record_annotation(record: RecordedCharge) -> str:

@@ -7,16 +7,20 @@ contract would price it differently (drift). Observing or forgetting an applicat
 proportional to the tenant depth.
 
 Applications that cannot be evaluated keep their last recorded charge; one with no recorded
-charge is *unknown*, and a pool holding an unknown application cannot grant more. A recorded
-charge counts only when it verifies (:mod:`webhook.core.records`): signed with one of
+charge is *unknown*, and a pool holding an unknown application cannot grant more for the kinds
+it could hold. Observing never raises: whatever an object holds (a value no evaluation can read,
+a nesting too deep to walk), the object is recorded as unknown with the reason and reported, so
+one poisoned object never stops the source that feeds the state. A recorded charge counts only
+when it verifies (:mod:`webhook.core.records`): signed with one of
 :attr:`ReservationState.keys` for exactly this object and its values as they stand; any other
 annotation is ignored and the application is evaluated as it stands.
 
 An overcommit factor (:mod:`webhook.core.overcommit`) divides what an application reserves.
-A factor annotation on a stored object is believed only when the object's verified record
-vouches for it (the platform set it through admission); a Tenant's factor applies to its
-subtree, nearest wins, and changing it re-prices the applications under it from what they
-committed. Per namespace the state also keeps the discount (committed minus reserved).
+A factor on a stored object is what its verified record says the platform set through
+admission (the annotation alone, written with no webhook in the way, is never believed); a
+Tenant's factor applies to its subtree, nearest wins, and changing it re-prices the
+applications under it from what they committed. Per namespace the state also keeps the
+discount (committed minus reserved).
 """
 
 from __future__ import annotations
@@ -28,8 +32,8 @@ from decimal import Decimal
 
 from webhook.core import resources as rl
 from webhook.core.applications import AppKey, Application
-from webhook.core.errors import EvaluationError
-from webhook.core.overcommit import OvercommitError, apply_factors, parse_factors
+from webhook.core.errors import UNEVALUABLE, EvaluationError
+from webhook.core.overcommit import apply_factors
 from webhook.core.pending import PendingCharges
 from webhook.core.platform import Platform
 from webhook.core.pools import TenantTree
@@ -44,7 +48,7 @@ class AppRecord:
     """What one application reserves."""
 
     namespace: str
-    resources: dict[str, Decimal]
+    resources: dict[str, Decimal]  # shared between records with the same charge: never mutate
     digest: str
     current_digest: str = ""  # set only when today's evaluation differs from the record
     problem: str = ""  # why today's evaluation failed, if it did
@@ -78,6 +82,7 @@ class ReservationState:
         synced: bool = True,
         readiness: Callable[[], bool] | None = None,
         keys: RecordKeys | None = None,
+        unavailable: Callable[[str], str] | None = None,
     ) -> None:
         self.platform = platform
         # Records signed with these keys are believed; a state made without keys has a key of
@@ -87,12 +92,13 @@ class ReservationState:
         self.pending = PendingCharges(self.tree)
         self._synced = synced
         self._readiness = readiness  # a live source's own check, asked on every read
+        self._unavailable = unavailable  # a live source: why one kind cannot be decided now
         self._apps: dict[AppKey, AppRecord] = {}
         self._unknown: dict[AppKey, str] = {}  # key -> why it has no charge
         self._owned: dict[AppKey, str] = {}  # Tenant application -> namespace it owns
-        self._by_namespace: dict[str, set[AppKey]] = {}  # for the pod-level guard
         self._tenant_factors: dict[str, dict[str, Decimal]] = {}  # owned namespace -> factor
         self._discount: dict[str, dict[str, Decimal]] = {}  # namespace -> committed - reserved
+        self._by_namespace: dict[str, set[AppKey]] = {}  # for the pod-level guard
 
     def __len__(self) -> int:
         return len(self._apps) + len(self._unknown)
@@ -105,6 +111,11 @@ class ReservationState:
     @synced.setter
     def synced(self, value: bool) -> None:
         self._synced = value
+
+    def kind_unavailable(self, kind: str) -> str:
+        """Why writes of ``kind`` cannot be decided now (its applications cannot be listed, or
+        are not listed yet) while the rest of the state can; empty when they can."""
+        return self._unavailable(kind) if self._unavailable is not None else ""
 
     # -- observing ---------------------------------------------------------------------------
 
@@ -164,10 +175,10 @@ class ReservationState:
         owned = owned_namespace(key[1], key[2])
         self._owned[key] = owned
         kind = self.platform.kind(TENANT_KIND)
-        values = kind.defaulted(app.spec) if kind else app.spec
         try:
+            values = kind.defaulted(app.spec) if kind else app.spec
             budget = parse_budget(values)
-        except EvaluationError:
+        except UNEVALUABLE:
             # A budget Cozystack would not render cannot be trusted either way: keep the last
             # one; a new tenant stays unbounded and is reported through its problem.
             node = self.tree.get(owned)
@@ -198,8 +209,8 @@ class ReservationState:
                 continue
             self.tree.add_usage(namespace, rl.subtract(reserved, record.resources))
             self._add_discount(namespace, record, -1)
-            record.resources = reserved
-            record.committed = dict(declared) if reserved != declared else None
+            record.resources = _shared(reserved)
+            record.committed = _shared(declared) if reserved != declared else None
             record.factors = dict(factors) or None
             record.factor_source = source
             self._add_discount(namespace, record, 1)
@@ -221,10 +232,10 @@ class ReservationState:
         problem = ""
         try:
             charge = self.platform.charge(app.kind, app.spec, namespace=namespace)
-        except EvaluationError as exc:
+        except UNEVALUABLE as exc:
             if recorded is None:
-                return None, str(exc)
-            problem = str(exc)
+                return None, _reason(exc)
+            problem = _reason(exc)
             declared = dict(recorded.declared)
             record = AppRecord(namespace, declared, sys.intern(recorded.digest), problem=problem)
         else:
@@ -238,8 +249,8 @@ class ReservationState:
                     record.current_digest = sys.intern(charge.digest)
                     record.current = dict(charge.resources)
         reserved = apply_factors(declared, factors)
-        record.resources = reserved
-        record.committed = declared if reserved != declared else None
+        record.resources = _shared(reserved)
+        record.committed = _shared(declared) if reserved != declared else None
         record.own = own
         record.factors = dict(factors) or None
         record.factor_source = source
@@ -279,13 +290,12 @@ class ReservationState:
 
     @staticmethod
     def _own(app: Application, recorded: RecordedCharge | None) -> dict[str, Decimal] | None:
-        if app.overcommit is None or recorded is None or recorded.own is None:
+        """The object's own factor is what its verified record says the platform set: the
+        annotation is only how the platform asks for one at admission, so a factor written or
+        removed with no webhook in the way changes nothing while the record still verifies."""
+        if recorded is None or recorded.own is None:
             return None
-        try:
-            parsed = parse_factors(app.overcommit)
-        except OvercommitError:
-            return None
-        return parsed if parsed == dict(recorded.own) else None
+        return dict(recorded.own)
 
     def repricing(self, owned: str, factors: Mapping[str, Decimal] | None) -> dict[str, Decimal]:
         """How much more (or less) the applications under ``owned`` would reserve if its
@@ -331,7 +341,7 @@ class ReservationState:
         if found is not None:
             try:
                 values = found.defaulted(spec)
-            except (ValueError, TypeError, ArithmeticError, RecursionError):
+            except UNEVALUABLE:
                 values = spec
         return values_digest(values)
 
@@ -405,6 +415,30 @@ def recount(state: ReservationState) -> dict[tuple[str, str], tuple[Decimal, Dec
             if kept != counted:
                 differences[(node.namespace, resource)] = (kept, counted)
     return differences
+
+
+# Charges repeat (a cluster holds few distinct sizes next to its applications): records share
+# one read-only map per distinct charge instead of a dict and Decimals each (~400 bytes).
+_CHARGES: dict[tuple[tuple[str, Decimal], ...], dict[str, Decimal]] = {}
+_CHARGES_MAX = 65_536
+
+
+def _shared(resources: Mapping[str, Decimal]) -> dict[str, Decimal]:
+    key = tuple(sorted(resources.items()))
+    found = _CHARGES.get(key)
+    if found is None:
+        found = dict(key)
+        if len(_CHARGES) < _CHARGES_MAX:
+            _CHARGES[key] = found
+    return found
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, EvaluationError):
+        return str(exc)
+    if isinstance(exc, RecursionError):
+        return "values nested too deeply to evaluate"
+    return f"values cannot be evaluated ({type(exc).__name__})"
 
 
 def _interned(key: AppKey) -> AppKey:

@@ -2,8 +2,9 @@
 
 ``POST /validate`` and ``POST /mutate`` take an ``admission.k8s.io/v1`` AdmissionReview and
 answer one, always echoing the request's uid. Hostile input is answered at the edge: a missing
-or empty body, a wrong content type, JSON that does not decode or is not an AdmissionReview get
-HTTP 400 with a short reason; a body over 7 MiB gets 413 and is read no further. Past parsing,
+or empty body, a wrong content type, JSON that does not decode (nested past the decoder's depth
+included) or is not an AdmissionReview get HTTP 400 with a short reason; a body over 7 MiB gets
+413 and is read no further; a body that does not arrive within the deadline gets 408. Past parsing,
 every failure is a denial: an unexpected exception (logged with its stack trace and a request
 id) and an answer not ready a second before the API server's timeout (fail closed, so the API
 server never has to time out on us).
@@ -50,9 +51,11 @@ _LOGGED_CHARS = 253  # a Kubernetes name at most; a longer value is hostile and 
 
 @dataclass
 class Readiness:
-    """What ``/readyz`` needs besides a synced state: the TLS listener is up."""
+    """What ``/readyz`` needs besides a synced state: the TLS listener is up; and, for a live
+    state, what keeps it from being synced and what only degrades it, one line each."""
 
     serving: bool = False
+    explain: Callable[[], tuple[list[str], list[str]]] | None = None
 
 
 admission_key = web.AppKey("admission", Admission)
@@ -99,14 +102,30 @@ async def livez(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
+    """Ready when the listener serves and, in enforce mode, the state is synced; the body says
+    why not, and what only one kind or one object suffers from.
+
+    In ``warn`` and ``off`` modes readiness does not wait for the applications: a write that
+    cannot be decided is allowed with a warning (warn) or not looked at (off), so being ready
+    refuses nothing, while being unready would refuse every write (``failurePolicy: Fail``).
+    Kinds set to ``enforce`` under a warn default are denied, one by one, while not synced.
+    """
+    readiness = request.app[readiness_key]
+    blocking, degraded = readiness.explain() if readiness.explain is not None else ([], [])
     problems = []
+    state_needed = request.app[settings_key].mode == "enforce"
     if not request.app[admission_key].state.synced:
-        problems.append("state not synced")
-    if not request.app[readiness_key].serving:
+        if state_needed:
+            problems.append("state not synced")
+        else:
+            degraded = [*(f"not synced: {line}" for line in blocking), *degraded]
+            blocking = []
+    if not readiness.serving:
         problems.append("TLS listener not serving")
+    lines = [f"- {line}" for line in (*blocking, *degraded)] if problems else []
     if problems:
-        return web.Response(status=503, text="; ".join(problems) + "\n")
-    return web.Response(text="ok\n")
+        return web.Response(status=503, text="\n".join(["; ".join(problems), *lines]) + "\n")
+    return web.Response(text="\n".join(["ok", *(f"- {line}" for line in degraded)]) + "\n")
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -120,8 +139,12 @@ async def _review(
     decide: Callable[[AdmissionRequest], Awaitable[Decision]],
 ) -> web.Response:
     started = time.perf_counter()
-    review = await _read_review(request)
     settings = request.app[settings_key]
+    try:  # a body trickled in slowly is cut off at the same deadline as a decision
+        async with asyncio.timeout(settings.deadline_seconds):
+            review = await _read_review(request)
+    except TimeoutError:
+        raise web.HTTPRequestTimeout(text="the request body did not arrive in time\n") from None
     try:
         async with asyncio.timeout(settings.deadline_seconds):
             decision = await decide(review)
@@ -160,6 +183,8 @@ async def _read_review(request: web.Request) -> AdmissionRequest:
         raise web.HTTPBadRequest(text="empty body\n")
     try:
         body = json.loads(raw)
+    except RecursionError:  # nesting deeper than the decoder recurses: hostile, not a fault
+        raise web.HTTPBadRequest(text="the body is not JSON: nested too deeply\n") from None
     except (ValueError, UnicodeDecodeError):
         raise web.HTTPBadRequest(text="the body is not JSON\n") from None
     try:

@@ -7,7 +7,7 @@ the pod-level guard per namespace with a ResourceQuota (need, room, unknown appl
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from decimal import Decimal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -73,6 +73,35 @@ class _PoolCollector(Collector):
         yield committed
         yield discount
         yield beyond
+
+
+class _HealthCollector(Collector):
+    def __init__(
+        self,
+        unavailable: Callable[[], Mapping[str, str]],
+        problems: Callable[[], Mapping[str, int]],
+    ) -> None:
+        self._unavailable = unavailable
+        self._problems = problems
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        kinds = GaugeMetricFamily(
+            "reservation_kind_unavailable",
+            "1 for a kind whose applications cannot be listed: its writes are denied.",
+            labels=["kind"],
+        )
+        for kind in sorted(self._unavailable()):
+            kinds.add_metric([kind], 1.0)
+        problems = GaugeMetricFamily(
+            "reservation_platform_problems",
+            "Platform objects left out or replaced by their last good version, by store "
+            "(definitions, cluster-types, namespaced-types, presets).",
+            labels=["store"],
+        )
+        for store, count in sorted(self._problems().items()):
+            problems.add_metric([store], float(count))
+        yield kinds
+        yield problems
 
 
 class _GuardCollector(Collector):
@@ -141,6 +170,13 @@ class Metrics:
             "When the serving certificate expires (Unix time).",
             registry=self.registry,
         )
+        self.background_failures = Counter(
+            "reservation_background_failures",
+            "Periodic duties (certificates, expiry, recount, pool statuses) that raised; each "
+            "is logged and retried on its next round.",
+            ["duty"],
+            registry=self.registry,
+        )
         self.registry.register(_PoolCollector(state))
 
     def watch_live(
@@ -176,6 +212,16 @@ class Metrics:
         ]
         for name, description, read in gauges:
             Gauge(name, description, registry=self.registry).set_function(read)
+
+    def watch_health(
+        self,
+        *,
+        unavailable: Callable[[], Mapping[str, str]],
+        problems: Callable[[], Mapping[str, int]],
+    ) -> None:
+        """Expose kinds whose writes are denied because they cannot be listed, and platform
+        objects left out or replaced by their last good version (by store)."""
+        self.registry.register(_HealthCollector(unavailable, problems))
 
     def watch_guard(self, state: Callable[[], ReservationState], quotas: QuotaBook) -> None:
         """Expose the pod-level guard: need, room and unknown applications per namespace."""
