@@ -21,6 +21,8 @@ AUDIT = ROOT / "fixtures" / "audit"
 LOG = AUDIT / "sample-day.log"
 TRUTH = AUDIT / "sample-day.truth.json"
 START = AUDIT / "sample-day.start-state"
+# the snapshot as applyable manifests (all-apps.raw.yaml holds the same objects again)
+START_FILES = tuple(sorted(START.glob("0*.yaml")))
 PLATFORM = ROOT / "fixtures" / "cozystack"
 WEBHOOK = "reservation.cozystack.io/"
 # The one write the webhook that wrote this log (commit 72cf01e) admitted and today's rules deny:

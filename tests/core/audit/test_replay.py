@@ -8,7 +8,7 @@ from typing import Any
 from tests.audit.logs import (
     PLATFORM,
     RULE_CHANGE,
-    START,
+    START_FILES,
     history,
     phase_of,
     recorded_decisions,
@@ -59,7 +59,7 @@ def test_enforce_denies_exactly_what_warn_warned_about_and_what_enforce_denied()
 
 def test_starting_from_the_start_snapshot_the_warn_and_enforce_phases_reproduce() -> None:
     since = parse_time(next(p["started"] for p in truth()["phases"] if p["name"] == "warn"))
-    result = replay(state=(PLATFORM, START), filters=Filters(since=since))
+    result = replay(state=(PLATFORM, *START_FILES), filters=Filters(since=since))
     assert [m["auditID"] for m in result["mismatches"]] == [RULE_CHANGE]
     assert result["decided"] == sum(1 for a in recorded_decisions() if a not in _setup_ids())
 
@@ -121,5 +121,5 @@ def test_writes_logged_without_bodies_are_named_with_what_replay_needs() -> None
 
 
 def test_a_start_state_loads_as_the_replay_starting_point() -> None:
-    state = load_state([str(PLATFORM), str(START)])
+    state = load_state([str(PLATFORM), *map(str, START_FILES)])
     assert {v.namespace for v in state.tree.pools()} >= {"tenant-acme", "tenant-beta"}

@@ -38,7 +38,11 @@ def test_the_real_log_holds_no_finding_but_the_write_todays_rules_deny() -> None
     result = verify()  # RULE_CHANGE is checked, and set aside, in verify()
     assert result["findings"] == []
     assert result["checked"] == 54
-    assert result["unverifiable"] == []
+    # Kubernetes' contract changed since the log was written: its charges cannot be recomputed
+    # under the contract that priced them, and are listed as such, not as findings
+    assert {(u["kind"], u["why"].split(";")[0].split(" ")[0]) for u in result["unverifiable"]} <= {
+        ("Kubernetes", "priced")
+    }
 
 
 def test_a_stored_charge_altered_in_a_copy_of_the_log_is_found(tmp_path: Path) -> None:
