@@ -408,7 +408,14 @@ async def test_readiness_body_names_what_is_not_synced(
         server.pause()
         try:
             await eventually(lambda: not live_of(webhook).synced, timeout=5)
-            status, body = await readyz(caller, webhook.port)
+            # Each list notices the silence on its own read timeout, the ledger's sometimes
+            # first: ask until the definitions' watch is named too.
+            async with asyncio.timeout(10):
+                while True:
+                    status, body = await readyz(caller, webhook.port)
+                    if "applicationdefinitions" in body:
+                        break
+                    await asyncio.sleep(0.1)
         finally:
             server.resume()
         assert status == 503
