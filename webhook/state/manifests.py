@@ -25,9 +25,16 @@ from webhook.core.applications import (
     application_from_object,
     is_helmrelease,
 )
+from webhook.core.contract_schema import CONTRACT_KIND
 from webhook.core.errors import ManifestError
 from webhook.core.guard import QuotaBook, quota_from_object
-from webhook.core.platform import Platform, PlatformBuilder
+from webhook.core.platform import (
+    APPLICATION_DEFINITION,
+    INSTANCETYPE_GROUP,
+    PRESETS_CONFIGMAP,
+    Platform,
+    PlatformBuilder,
+)
 from webhook.core.state import ReservationState
 from webhook.defaults import default_contracts, default_presets
 
@@ -65,6 +72,14 @@ class _Loader(_BASE_LOADER):  # type: ignore[misc]
 
 _LOADER: Any = _Loader
 _END = object()
+# Text that any manifest describing the platform must contain (its kind or group, or the preset
+# ConfigMap's name): a file without any holds only applications and other objects.
+_PLATFORM_MARKERS = (
+    APPLICATION_DEFINITION[1],
+    INSTANCETYPE_GROUP.rstrip("/"),
+    CONTRACT_KIND,
+    PRESETS_CONFIGMAP,
+)
 _STR, _SEQ, _MAP, _MERGE = (f"tag:yaml.org,2002:{name}" for name in ("str", "seq", "map", "merge"))
 
 
@@ -81,17 +96,21 @@ def read_manifests(paths: Iterable[str | Path]) -> list[Manifest]:
 
 def iter_manifests(paths: Iterable[str | Path]) -> Iterator[Manifest]:
     """The manifests under ``paths`` one by one, in a stable order (one file parsed at a time)."""
+    for file in _files(paths):
+        yield from _read_file(file)
+
+
+def _files(paths: Iterable[str | Path]) -> Iterator[Path]:
     for root in paths:
         root_path = Path(root)
         if not root_path.exists():
             raise ManifestError(str(root_path), "", "no such file or directory")
-        files = (
-            [root_path]
-            if root_path.is_file()
-            else sorted(p for p in root_path.rglob("*") if p.is_file() and p.suffix in _SUFFIXES)
-        )
-        for file in files:
-            yield from _read_file(file)
+        if root_path.is_file():
+            yield root_path
+        else:
+            yield from sorted(
+                p for p in root_path.rglob("*") if p.is_file() and p.suffix in _SUFFIXES
+            )
 
 
 def load_platform(paths: Iterable[str | Path]) -> Platform:
@@ -106,25 +125,66 @@ def load_state(paths: Iterable[str | Path], *, quotas: QuotaBook | None = None) 
     them in; ResourceQuotas go into ``quotas`` when it is given (the pod-level guard); other
     manifests (Namespaces, preferences ...) are ignored.
     """
-    # One pass: platform manifests go to the builder, applications are kept as what the state
-    # needs (kind, name, values, recorded charge) and every other part of a document is dropped
-    # as soon as it is read; the state is built once the platform is known.
+    # The platform first, from the files that can describe it (their text names a platform
+    # kind); then every other file is read and its applications priced one document at a time,
+    # so no file's parsed documents outlive it. A platform manifest found where no marker was
+    # seen (an escaped name) makes the load start over, holding applications until the end.
+    files = list(_files(paths))
+    builder = PlatformBuilder(default_contracts(), default_presets())
+    held: list[Application] = []
+    rest: list[Path] = []
+    for file in files:
+        text = _read_text(file)
+        if not any(marker in text for marker in _PLATFORM_MARKERS):
+            rest.append(file)
+            continue
+        for manifest in _read_file(file, text):
+            if not builder.add(manifest.body, source=manifest.source):
+                _take(manifest, held, quotas)
+        del text
+    state = ReservationState(builder.build())
+    for found in held:
+        state.observe(found)
+    del held
+    for file in rest:
+        for manifest in _read_file(file):
+            if _describes_platform(manifest):
+                return _load_holding_everything(files, quotas)
+            app = _application(manifest)
+            if app is not None:
+                state.observe(app)
+            elif quotas is not None and _is_quota(manifest.body):
+                _take(manifest, [], quotas)
+    return state
+
+
+def _describes_platform(manifest: Manifest) -> bool:
+    """Whether a manifest describes the platform (a malformed one raises, as in a load)."""
+    return PlatformBuilder({}, {}).add(manifest.body, source=manifest.source)
+
+
+def _load_holding_everything(files: list[Path], quotas: QuotaBook | None) -> ReservationState:
     builder = PlatformBuilder(default_contracts(), default_presets())
     apps: list[Application] = []
-    for manifest in iter_manifests(paths):
-        if builder.add(manifest.body, source=manifest.source):
-            continue
-        app = _application(manifest)
-        if app is not None:
-            apps.append(app)
-        elif quotas is not None and _is_quota(manifest.body):
-            namespace = manifest.body.get("metadata", {}).get("namespace") or ""
-            quotas.observe(str(namespace), quota_from_object(manifest.body))
+    for file in files:
+        for manifest in _read_file(file):
+            if not builder.add(manifest.body, source=manifest.source):
+                _take(manifest, apps, quotas)
     state = ReservationState(builder.build())
     apps.reverse()
     while apps:
         state.observe(apps.pop())  # each application's values go once it is priced
     return state
+
+
+def _take(manifest: Manifest, apps: list[Application], quotas: QuotaBook | None) -> None:
+    """Keep an application (as the state needs it) or a ResourceQuota; ignore the rest."""
+    app = _application(manifest)
+    if app is not None:
+        apps.append(app)
+    elif quotas is not None and _is_quota(manifest.body):
+        namespace = manifest.body.get("metadata", {}).get("namespace") or ""
+        quotas.observe(str(namespace), quota_from_object(manifest.body))
 
 
 def _is_quota(body: Mapping[str, Any]) -> bool:
@@ -149,11 +209,16 @@ def _application(manifest: Manifest) -> Application | None:
     return None
 
 
-def _read_file(file: Path) -> Iterator[Manifest]:
+def _read_text(file: Path) -> str:
     try:
-        text = file.read_text(encoding="utf-8")
+        return file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ManifestError(str(file), "", f"cannot read: {exc}") from None
+
+
+def _read_file(file: Path, text: str | None = None) -> Iterator[Manifest]:
+    if text is None:
+        text = _read_text(file)
     if file.suffix == ".json":
         try:
             document = json.loads(text)
