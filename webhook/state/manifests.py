@@ -9,6 +9,7 @@ that silently lost a manifest would admit against the wrong figures.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 from collections.abc import Iterable, Iterator, Mapping
@@ -125,6 +126,18 @@ def load_state(paths: Iterable[str | Path], *, quotas: QuotaBook | None = None) 
     them in; ResourceQuotas go into ``quotas`` when it is given (the pod-level guard); other
     manifests (Namespaces, preferences ...) are ignored.
     """
+    # Loading creates the long-lived state and little cyclic garbage: the collector's full
+    # passes over the growing heap would cost seconds and free almost nothing.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _load_state(paths, quotas)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _load_state(paths: Iterable[str | Path], quotas: QuotaBook | None) -> ReservationState:
     # The platform first, from the files that can describe it (their text names a platform
     # kind); then every other file is read and its applications priced one document at a time,
     # so no file's parsed documents outlive it. A platform manifest found where no marker was
