@@ -52,7 +52,8 @@ def rss() -> int:
 
 def write_state(directory: Path, applications: int) -> None:
     """Tenants and VMInstances as a cluster dump would hold them (charge annotation included)."""
-    from webhook.core.applications import CHARGE_ANNOTATION, charge_annotation
+    from webhook.core.applications import CHARGE_ANNOTATION
+    from webhook.core.records import RecordKeys, signed_annotation, values_digest
     from webhook.state.manifests import load_platform
 
     platform = load_platform([ROOT / "fixtures" / "cozystack"])
@@ -74,7 +75,13 @@ def write_state(directory: Path, applications: int) -> None:
                 "disks": [{"name": f"{name}-system"}, {"name": f"{name}-data"}],
             }
             charge = platform.charge("VMInstance", spec, namespace=namespace)
-            note = charge_annotation(charge.resources, charge.digest)
+            note = signed_annotation(
+                RecordKeys(b"benchmark-record-key-0123456789ab"),
+                ("VMInstance", namespace, name),
+                values_digest(platform.kinds["VMInstance"].defaulted(spec)),
+                charge.resources,
+                charge.digest,
+            )
             documents.append(
                 "apiVersion: apps.cozystack.io/v1alpha1\nkind: VMInstance\nmetadata:\n"
                 f"  name: {name}\n  namespace: {namespace}\n"

@@ -274,6 +274,7 @@ class Ledger:
         state.pending.expire(self.clock())
         for root in [n.namespace for n in state.tree.nodes() if n.bounded]:
             self._count_others(state, root)
+        discounts = state.pool_discounts()
         for pool in state.tree.pools():
             try:
                 current = self._objects.get(pool.namespace) or await self._ensure(pool.namespace)
@@ -293,6 +294,10 @@ class Ledger:
                     "pending": entries,
                     "conditions": [_condition(old, over, now)],
                 }
+                discount = discounts.get(pool.namespace)
+                if discount:  # overcommit factors apply: committed beside reserved
+                    status["committed"] = rl.to_strings(rl.add(pool.reserved, discount))
+                    status["discount"] = rl.to_strings(discount)
                 if _comparable(status) != _comparable(old):
                     await self._write_status(pool.namespace, current, status)
                     written += 1

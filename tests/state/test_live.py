@@ -27,8 +27,10 @@ async def readyz(caller: Caller, port: int) -> tuple[int, str]:
         return response.status, await response.text()
 
 
-async def metrics(caller: Caller, port: int) -> str:
-    async with caller.session.get(f"https://localhost:{port}/metrics") as response:
+async def metrics(caller: Caller, webhook: WebhookServer) -> str:
+    """What the metrics port (plain HTTP, its own port) serves."""
+    url = f"http://127.0.0.1:{webhook.metrics_port}/metrics"
+    async with caller.session.get(url) as response:
         return await response.text()
 
 
@@ -118,7 +120,7 @@ async def test_an_unserved_kind_denies_only_its_own_writes_and_says_why(
             assert status == 200
             assert "kind Widget: cannot be listed" in body
             assert "404" in body
-            exposed = await metrics(caller, webhook.port)
+            exposed = await metrics(caller, webhook)
             assert 'reservation_kind_unavailable{kind="Widget"} 1.0' in exposed
             assert 'kind="Widget",mode="enforce",reason="kind-not-synced"' in exposed
 
@@ -204,7 +206,7 @@ async def test_a_definition_without_plural_is_skipped_and_every_other_kind_works
             assert "Platform problems" in report
             assert "plural: missing" in report
             assert 'reservation_platform_problems{store="definitions"} 1.0' in await metrics(
-                caller, webhook.port
+                caller, webhook
             )
 
 
@@ -355,7 +357,7 @@ async def test_a_garbage_preset_table_keeps_the_last_good_one_and_is_reported(
             assert status == 200
             assert "presets.yaml: not YAML" in body
             assert 'reservation_platform_problems{store="presets"} 1.0' in await metrics(
-                caller, webhook.port
+                caller, webhook
             )
             assert "presets.yaml: not YAML" in render_report(build_report(live.state))
 
@@ -392,7 +394,7 @@ async def test_a_malformed_instance_type_keeps_its_last_good_size(
             assert status == 200
             assert "spec.memory.guest" in body
             assert 'reservation_platform_problems{store="namespaced-types"} 1.0' in (
-                await metrics(caller, webhook.port)
+                await metrics(caller, webhook)
             )
 
 

@@ -193,3 +193,20 @@ def test_applications_in_files_without_platform_manifests_are_priced_against_it(
     record = state.record(("VMInstance", "tenant-acme", "vm"))
     assert record is not None
     assert record.resources["memory"] == 3 * 1024**3
+
+
+def test_a_second_object_of_the_same_name_fails_the_load_naming_both_files(
+    tmp_path: Path,
+) -> None:
+    for name in ("a.json", "b.json"):
+        manifest = {
+            "apiVersion": APPS_API_VERSION,
+            "kind": "VMDisk",
+            "metadata": {"name": "disk", "namespace": "tenant-acme"},
+            "spec": {"storage": "1Gi" if name == "a.json" else "100Gi"},
+        }
+        (tmp_path / name).write_text(json.dumps(manifest))
+    with pytest.raises(ManifestError) as raised:
+        load_state([FIXTURES / "cozystack", tmp_path])
+    assert raised.value.source == f"{tmp_path}/b.json"
+    assert f"VMDisk tenant-acme/disk is already defined in {tmp_path}/a.json" in str(raised.value)

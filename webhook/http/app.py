@@ -1,4 +1,4 @@
-"""The aiohttp application: AdmissionReview endpoints, health and metrics.
+"""The aiohttp applications: AdmissionReview endpoints and health; metrics on a port of their own.
 
 ``POST /validate`` and ``POST /mutate`` take an ``admission.k8s.io/v1`` AdmissionReview and
 answer one, always echoing the request's uid. Hostile input is answered at the edge: a missing
@@ -8,6 +8,11 @@ included) or is not an AdmissionReview get HTTP 400 with a short reason; a body 
 every failure is a denial: an unexpected exception (logged with its stack trace and a request
 id) and an answer not ready a second before the API server's timeout (fail closed, so the API
 server never has to time out on us).
+
+``/metrics`` is served by :func:`create_metrics_app` on a separate port, so a NetworkPolicy can
+admit the API server's callers to the admission port and only the scraper to the metrics port.
+Metric labels take known values only: a kind no ApplicationDefinition declares is counted as
+``other``, so no request can add a label value (or a byte) to what ``/metrics`` returns.
 """
 
 from __future__ import annotations
@@ -28,15 +33,20 @@ from webhook.http.metrics import Metrics
 from webhook.settings import MAX_REQUEST_BYTES, Settings
 
 __all__ = [
+    "UNKNOWN_KIND_LABEL",
     "Readiness",
     "admission_key",
     "create_app",
+    "create_metrics_app",
     "metrics_key",
     "readiness_key",
     "settings_key",
 ]
 
 log = logging.getLogger("webhook.requests")
+
+UNKNOWN_KIND_LABEL = "other"
+_LOGGED_CHARS = 253  # a Kubernetes name at most; a longer value is hostile and cut
 
 
 @dataclass
@@ -66,6 +76,13 @@ def create_app(admission: Admission, settings: Settings) -> web.Application:
     app.router.add_post("/mutate", mutate)
     app.router.add_get("/livez", livez)
     app.router.add_get("/readyz", readyz)
+    return app
+
+
+def create_metrics_app(registry: Metrics) -> web.Application:
+    """The plain-HTTP application serving ``/metrics`` (and nothing that takes a body)."""
+    app = web.Application(client_max_size=1024)
+    app[metrics_key] = registry
     app.router.add_get("/metrics", metrics)
     return app
 
@@ -143,7 +160,8 @@ async def _review(
         decision = internal_error(review)
     elapsed = time.perf_counter() - started
     try:
-        _observe(request.app[metrics_key], endpoint, review, decision, elapsed)
+        known = request.app[admission_key].state.platform.kind(review.kind) is not None
+        _observe(request.app[metrics_key], endpoint, review, decision, elapsed, known=known)
     except Exception:  # reporting must never change or lose an answer
         logging.getLogger(__name__).exception("recording a decision failed")
     body = review_response(review.uid, decision.response())
@@ -176,13 +194,18 @@ async def _read_review(request: web.Request) -> AdmissionRequest:
 
 
 def _observe(
-    metrics: Metrics, endpoint: str, review: AdmissionRequest, decision: Decision, elapsed: float
+    metrics: Metrics,
+    endpoint: str,
+    review: AdmissionRequest,
+    decision: Decision,
+    elapsed: float,
+    *,
+    known: bool,
 ) -> None:
     metrics.latency.labels(endpoint, decision.outcome).observe(elapsed)
     if endpoint == "validate":
-        metrics.decisions.labels(
-            review.kind, decision.outcome, decision.reason, decision.mode
-        ).inc()
+        kind = review.kind if known else UNKNOWN_KIND_LABEL
+        metrics.decisions.labels(kind, decision.outcome, decision.reason, decision.mode).inc()
     if not log.isEnabledFor(logging.INFO):
         return
     log.info(
@@ -192,9 +215,9 @@ def _observe(
         extra={
             "fields": {
                 "uid": review.uid,
-                "kind": review.kind,
-                "namespace": review.namespace,
-                "name": review.name,
+                "kind": review.kind[:_LOGGED_CHARS],
+                "namespace": review.namespace[:_LOGGED_CHARS],
+                "name": review.name[:_LOGGED_CHARS],
                 "user": review.user,
                 "operation": review.operation,
                 "dry_run": review.dry_run,

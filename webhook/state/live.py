@@ -46,6 +46,7 @@ from webhook.core.applications import (
 from webhook.core.errors import ManifestError, ReservationError
 from webhook.core.kinds import kind_from_definition
 from webhook.core.platform import PRESETS_CONFIGMAP, PRESETS_KEY, Platform, PlatformBuilder
+from webhook.core.records import RecordKeys
 from webhook.core.state import ReservationState
 from webhook.core.tenants import TENANT_KIND
 from webhook.defaults import default_contracts, default_presets
@@ -96,6 +97,7 @@ class LiveState:
         settings: LiveSettings | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        keys: RecordKeys | None = None,
     ) -> None:
         settings = settings or LiveSettings()
         self.client = client
@@ -121,6 +123,7 @@ class LiveState:
         ]
         self._apps: dict[str, _AppWatch] = {}  # by plural
         self._held: dict[str, dict[tuple[str, str], Held]] = {}  # kind -> (ns, name) -> held
+        self.keys = keys if keys is not None else RecordKeys.generate()
         self.state = self._new_state(Platform())
         self._rebuild_due: asyncio.TimerHandle | None = None
         self._repricing: asyncio.Task[None] | None = None
@@ -134,8 +137,16 @@ class LiveState:
 
     def _new_state(self, platform: Platform) -> ReservationState:
         return ReservationState(
-            platform, readiness=lambda: self.synced, unavailable=self.kind_unavailable
+            platform,
+            readiness=lambda: self.synced,
+            unavailable=self.kind_unavailable,
+            keys=self.keys,
         )
+
+    def use_keys(self, keys: RecordKeys) -> None:
+        """Verify and sign records with ``keys`` from now on (the record-key Secret changed)."""
+        self.keys = keys
+        self.state.keys = keys
 
     # -- readiness -----------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ from webhook.core.platform import (
     Platform,
     PlatformBuilder,
 )
+from webhook.core.records import RecordKeys
 from webhook.core.state import ReservationState
 from webhook.defaults import default_contracts, default_presets
 
@@ -119,85 +120,107 @@ def load_platform(paths: Iterable[str | Path]) -> Platform:
     return _platform(read_manifests(paths))
 
 
-def load_state(paths: Iterable[str | Path], *, quotas: QuotaBook | None = None) -> ReservationState:
+def load_state(
+    paths: Iterable[str | Path],
+    *,
+    quotas: QuotaBook | None = None,
+    keys: RecordKeys | None = None,
+) -> ReservationState:
     """The platform and every application under ``paths``, as a reservation state.
 
     Applications come as ``apps.cozystack.io`` objects or as the HelmReleases Cozystack stores
     them in; ResourceQuotas go into ``quotas`` when it is given (the pod-level guard); other
-    manifests (Namespaces, preferences ...) are ignored.
+    manifests (Namespaces, preferences ...) are ignored. Charge records are believed only when
+    signed with ``keys`` (default: a key of this process, so none is).
     """
     # Loading creates the long-lived state and little cyclic garbage: the collector's full
     # passes over the growing heap would cost seconds and free almost nothing.
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _load_state(paths, quotas)
+        return _Load(quotas, keys).run(list(_files(paths)))
     finally:
         if enabled:
             gc.enable()
 
 
-def _load_state(paths: Iterable[str | Path], quotas: QuotaBook | None) -> ReservationState:
-    # The platform first, from the files that can describe it (their text names a platform
-    # kind); then every other file is read and its applications priced one document at a time,
-    # so no file's parsed documents outlive it. A platform manifest found where no marker was
-    # seen (an escaped name) makes the load start over, holding applications until the end.
-    files = list(_files(paths))
-    builder = PlatformBuilder(default_contracts(), default_presets())
-    held: list[Application] = []
-    rest: list[Path] = []
-    for file in files:
-        text = _read_text(file)
-        if not any(marker in text for marker in _PLATFORM_MARKERS):
-            rest.append(file)
-            continue
-        for manifest in _read_file(file, text):
-            if not builder.add(manifest.body, source=manifest.source):
-                _take(manifest, held, quotas)
-        del text
-    state = ReservationState(builder.build())
-    for found in held:
-        state.observe(found)
-    del held
-    for file in rest:
-        for manifest in _read_file(file):
-            if _describes_platform(manifest):
-                return _load_holding_everything(files, quotas)
-            app = _application(manifest)
-            if app is not None:
-                state.observe(app)
-            elif quotas is not None and _is_quota(manifest.body):
-                _take(manifest, [], quotas)
-    return state
+class _Load:
+    """One ``--state`` load.
+
+    The platform first, from the files that can describe it (their text names a platform kind);
+    then every other file is read and its applications priced one document at a time, so no
+    file's parsed documents outlive it. A platform manifest found where no marker was seen (an
+    escaped name) makes the load start over, holding applications until the platform is known.
+    """
+
+    def __init__(self, quotas: QuotaBook | None, keys: RecordKeys | None) -> None:
+        self.quotas = quotas
+        self.keys = keys
+        self.seen: dict[tuple[str, str, str], str] = {}  # application -> where it was first
+
+    def run(self, files: list[Path]) -> ReservationState:
+        builder = PlatformBuilder(default_contracts(), default_presets())
+        held: list[Application] = []
+        rest: list[Path] = []
+        for file in files:
+            text = _read_text(file)
+            if not any(marker in text for marker in _PLATFORM_MARKERS):
+                rest.append(file)
+                continue
+            for manifest in _read_file(file, text):
+                if not builder.add(manifest.body, source=manifest.source):
+                    self.take(manifest, held)
+            del text
+        state = ReservationState(builder.build(), keys=self.keys)
+        for found in held:
+            state.observe(found)
+        del held
+        for file in rest:
+            for manifest in _read_file(file):
+                if _describes_platform(manifest):
+                    self.seen.clear()
+                    return self.holding_everything(files)
+                app = self.take(manifest, None)
+                if app is not None:
+                    state.observe(app)
+        return state
+
+    def holding_everything(self, files: list[Path]) -> ReservationState:
+        builder = PlatformBuilder(default_contracts(), default_presets())
+        apps: list[Application] = []
+        for file in files:
+            for manifest in _read_file(file):
+                if not builder.add(manifest.body, source=manifest.source):
+                    self.take(manifest, apps)
+        state = ReservationState(builder.build(), keys=self.keys)
+        apps.reverse()
+        while apps:
+            state.observe(apps.pop())  # each application's values go once it is priced
+        return state
+
+    def take(self, manifest: Manifest, into: list[Application] | None) -> Application | None:
+        """The application a manifest holds (appended to ``into`` when given), checked to be
+        defined once; a ResourceQuota goes to the quota book; anything else is ignored."""
+        app = _application(manifest)
+        if app is not None:
+            first = self.seen.setdefault(app.key, manifest.source)
+            if first != manifest.source:  # a second object of one name would replace the first
+                raise ManifestError(
+                    manifest.source,
+                    "metadata.name",
+                    f"{app.kind} {app.namespace}/{app.name} is already defined in {first}",
+                )
+            if into is not None:
+                into.append(app)
+        elif self.quotas is not None and _is_quota(manifest.body):
+            namespace = manifest.body.get("metadata", {}).get("namespace") or ""
+            self.quotas.observe(str(namespace), quota_from_object(manifest.body))
+        return app
 
 
 def _describes_platform(manifest: Manifest) -> bool:
     """Whether a manifest describes the platform (a malformed one raises, as in a load)."""
     return PlatformBuilder({}, {}).add(manifest.body, source=manifest.source)
-
-
-def _load_holding_everything(files: list[Path], quotas: QuotaBook | None) -> ReservationState:
-    builder = PlatformBuilder(default_contracts(), default_presets())
-    apps: list[Application] = []
-    for file in files:
-        for manifest in _read_file(file):
-            if not builder.add(manifest.body, source=manifest.source):
-                _take(manifest, apps, quotas)
-    state = ReservationState(builder.build())
-    apps.reverse()
-    while apps:
-        state.observe(apps.pop())  # each application's values go once it is priced
-    return state
-
-
-def _take(manifest: Manifest, apps: list[Application], quotas: QuotaBook | None) -> None:
-    """Keep an application (as the state needs it) or a ResourceQuota; ignore the rest."""
-    app = _application(manifest)
-    if app is not None:
-        apps.append(app)
-    elif quotas is not None and _is_quota(manifest.body):
-        namespace = manifest.body.get("metadata", {}).get("namespace") or ""
-        quotas.observe(str(namespace), quota_from_object(manifest.body))
 
 
 def _is_quota(body: Mapping[str, Any]) -> bool:
