@@ -324,7 +324,9 @@ async def test_only_spec_and_charge_annotation_are_held_from_an_application(
         async with replica(kubeconfig, certs) as webhook:
             await wait_ready(caller, webhook.port)
             held = live_of(webhook)._held["VMInstance"][("tenant-acme", "vm")]
-            assert held == ('{"instanceType":"u1.micro"}', None)
+            # ... and its resourceVersion, which orders observations for the ledger.
+            assert held[:2] == ('{"instanceType":"u1.micro"}', None)
+            assert held[2] > 0
 
 
 # -- item 7: garbage preset tables and malformed instance types ----------------------------
