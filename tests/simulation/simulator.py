@@ -1,0 +1,754 @@
+"""The simulator: replicas, clients and an API server, every choice drawn from one seed.
+
+A run sets up tenants with budgets and a few applications, starts 2 or 3 replicas, then takes
+a few dozen steps. Each step is one choice of the seeded generator among what can happen now:
+
+- a client asks a random replica to admit a create, grow, shrink or budget change (sometimes
+  the scripted stale-settle sequence: shrink an application, grow it back through one replica,
+  create another through a different one);
+- the API server stores an admitted change (or a later admission step rejects it), or a client
+  deletes an application;
+- a pending API call is answered (or fails), a watch delivers its next event (in order within
+  its resource, in any order across resources and replicas), sends a bookmark, ends with
+  ``410 Gone``, or stays silent until the read timeout;
+- the clock moves (a little, past a grace period, or past a read timeout);
+- a replica restarts, the Lease moves, or someone else writes a TenantReservation (so the next
+  ledger write conflicts).
+
+After every step the oracle recomputes every pool from the stored objects and fails the run if
+a step pushed one past its budget. Then the run quiesces (everything delivered, every grace
+period passed) and every replica must be synced, hold nothing, see exactly the stored charges
+and budgets, and decide at the exact edge of every pool as the stored objects say.
+
+The trace records every choice; :func:`run` returns it with the verdict, and a failing seed
+replays exactly with ``python -m tests.simulation --seed N``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import random
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.builders import THING_DEFINITION
+from tests.simulation.apiserver import SimAPI
+from tests.simulation.loop import VirtualLoop
+from tests.simulation.oracle import Figures, overshoots, pools
+from tests.simulation.replica import GRACE_SECONDS, READ_TIMEOUT, Replica
+from webhook.core.decisions import Decision, Policy
+from webhook.core.reviews import parse_review
+from webhook.kube import reflector as reflector_module
+from webhook.state import live as live_module
+from webhook.waits import sleep_unless_stopped
+
+Obj = dict[str, Any]
+SCHEDULED = {"tenants", "things", "tenantreservations"}
+ROOT = Path(__file__).resolve().parents[2]
+TENANT_DEFINITION = ROOT / "fixtures/cozystack/applicationdefinitions/tenant.yaml"
+NAMES = ("x", "y", "z")
+GI = 1024**3
+POLICY = Policy(mode="enforce")
+HEARTBEAT_SECONDS = 10.0
+EPOCH = 1_800_000_000.0  # the wall clock at virtual time 0 (2027): entries carry wall times
+
+
+@dataclass
+class Admitted:
+    """A change a replica allowed, waiting for the API server to store it (or not)."""
+
+    uid: str
+    operation: str
+    plural: str
+    namespace: str
+    name: str
+    spec: Obj
+    old_version: str  # the resourceVersion the client read; "" for a create
+
+
+@dataclass
+class Outcome:
+    seed: int
+    ok: bool
+    problem: str
+    trace: list[str]
+    steps: int
+    admitted: int = 0
+    stored: int = 0
+
+    def report(self, command: str) -> str:
+        lines = [f"seed {self.seed}: {self.problem}", *self.trace, f"replay: {command}"]
+        return "\n".join(lines)
+
+
+class Violation(Exception):
+    pass
+
+
+@dataclass
+class Workload:
+    """The tenants and namespaces one seed draws."""
+
+    tenants: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+    namespaces: list[str] = field(default_factory=list)
+
+
+class Simulation:
+    """One seeded run."""
+
+    def __init__(self, seed: int, *, steps: int | None = None) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.trace: list[str] = []
+        self.loop = VirtualLoop()
+        self.api = SimAPI(SCHEDULED, self._log)
+        self.replicas: dict[str, Replica] = {}
+        self.leader = "r1"
+        self.admitting: dict[str, tuple[str, asyncio.Task[Decision]]] = {}
+        self.admitted: list[Admitted] = []
+        self.script: list[tuple[Any, ...]] = []
+        self.requests = 0
+        self.allowed = 0
+        self.stored = 0
+        self.restarts = 0
+        self.steps = steps if steps is not None else self.rng.randint(25, 60)
+        self.workload = Workload()
+        # How eagerly each (replica, resource) stream is fed: a slow one lags behind the others.
+        self.lag: dict[tuple[str, str], float] = {}
+        self.heartbeat = self.rng.choice((1.0, 0.9, 0.6))
+
+    # -- clocks and trace ----------------------------------------------------------------
+
+    def monotonic(self) -> float:
+        return self.loop.time()
+
+    def wall(self) -> float:
+        return EPOCH + self.loop.time()
+
+    def _log(self, line: str) -> None:
+        self.trace.append(f"{self.loop.time():9.3f} {line}")
+
+    def _is_leader(self, name: str) -> bool:
+        return name == self.leader
+
+    # -- setup ---------------------------------------------------------------------------
+
+    def _setup(self) -> None:
+        rng = self.rng
+        self.api.create("applicationdefinitions", _tenant_definition())
+        self.api.create("applicationdefinitions", THING_DEFINITION)
+        tenants = self.workload.tenants
+        tenants[("tenant-root", "a")] = {
+            "memory": f"{rng.choice((8, 12, 16))}Gi",
+            "cpu": str(rng.choice((4, 8))),
+        }
+        namespaces = ["tenant-a"]
+        if rng.random() < 0.6:
+            tenants[("tenant-a", "b")] = rng.choice(
+                ({"memory": f"{rng.choice((2, 4, 6))}Gi"}, {"cpu": "2"}, {})
+            )
+            namespaces.append("tenant-a-b")
+        if rng.random() < 0.3:
+            tenants[("tenant-root", "c")] = {"memory": f"{rng.choice((4, 8))}Gi"}
+            namespaces.append("tenant-c")
+        self.workload.namespaces = namespaces
+        for (namespace, name), quotas in tenants.items():
+            spec = {"resourceQuotas": dict(quotas)} if quotas else {}
+            self.api.create("tenants", _app("Tenant", namespace, name, spec))
+        for _ in range(rng.randint(0, 3)):
+            namespace, name = rng.choice(namespaces), rng.choice(NAMES)
+            obj = _app("Thing", namespace, name, {"memory": f"{rng.randint(1, 4)}Gi"})
+            trial = {**self.api.objects, ("things", namespace, name): obj}
+            if ("things", namespace, name) not in self.api.objects and not overshoots(
+                {}, pools(trial)
+            ):
+                self.api.create("things", obj)
+        count = rng.choice((2, 3))
+        for index in range(1, count + 1):
+            for plural in sorted(SCHEDULED):
+                self.lag[(f"r{index}", plural)] = rng.choice((1.0, 1.0, 0.3, 0.05))
+        self._log(
+            f"setup  tenants {sorted((f'{n}/{t}', q) for (n, t), q in tenants.items())} "
+            f"replicas {count} steps {self.steps}"
+        )
+        for (plural, namespace, name), obj in sorted(self.api.objects.items()):
+            if plural in ("tenants", "things"):
+                self._log(f"stored {plural} {namespace}/{name} {obj.get('spec')}")
+        for index in range(1, count + 1):
+            self._start(f"r{index}")
+        self._warm_up()
+
+    def _start(self, name: str) -> None:
+        self.replicas[name] = Replica(
+            self.api, name, monotonic=self.monotonic, wall=self.wall, is_leader=self._is_leader
+        )
+
+    def _warm_up(self) -> None:
+        """Answer and deliver everything until every replica has synced once."""
+        for _ in range(400):
+            self.loop.run_until_idle()
+            if all(r.synced for r in self.replicas.values()) and not self.api.calls:
+                return
+            for call in list(self.api.calls):
+                self.api.answer(call)
+            for stream in list(self.api.streams):
+                while self.api.pending(stream) > 0 and not stream.closed:
+                    self.api.deliver(stream)
+            self.loop.advance(0.25)
+        raise Violation("the replicas never synced at start")
+
+    # -- the steps -----------------------------------------------------------------------
+
+    def _choices(self) -> list[tuple[float, Callable[[], None]]]:
+        api = self.api
+        choices: list[tuple[float, Callable[[], None]]] = [
+            (1.5, self._tick_small),
+            (0.25, self._tick_grace),
+            (0.08, self._tick_read_timeout),
+        ]
+        if len(self.admitting) < 4:
+            choices.append((3.0, self._client))
+        if self.admitted:
+            choices.append((2.5, self._store))
+        if any(p == "things" for p, _, _ in api.objects):
+            choices.append((0.3, self._delete))
+        if api.calls:
+            choices.append((5.0, self._answer))
+        for stream in api.streams:
+            weight = self.lag.get((stream.replica, stream.plural), 1.0)
+            if api.pending(stream) > 0:
+                choices.append((2.0 * weight, lambda s=stream: api.deliver(s)))  # type: ignore[misc]
+            else:
+                choices.append((0.3 * weight, lambda s=stream: api.bookmark(s)))  # type: ignore[misc]
+        if api.streams:
+            choices.append((0.1, self._gone))
+        choices.append((0.04, self._restart))
+        choices.append((0.08, self._move_lease))
+        choices.append((0.15, self._touch))
+        return choices
+
+    def _step(self) -> None:
+        choices = self._choices()
+        total = sum(w for w, _ in choices)
+        pick = self.rng.random() * total
+        for weight, action in choices:
+            pick -= weight
+            if pick < 0:
+                action()
+                return
+        choices[-1][1]()
+
+    def _tick_small(self) -> None:
+        self._advance(self.rng.choice((0.05, 0.2, 0.5, 1.0, 2.0)))
+
+    def _tick_grace(self) -> None:
+        self._advance(GRACE_SECONDS + self.rng.uniform(-2.0, 4.0))
+
+    def _tick_read_timeout(self) -> None:
+        self._advance(READ_TIMEOUT + self.rng.uniform(-5.0, 5.0))
+
+    def _advance(self, seconds: float) -> None:
+        """Move the clock; on a long wait the server heartbeats most caught-up watches (a
+        bookmark), and the others stay silent into their read timeout."""
+        self._log(f"tick   +{seconds:.3f}s")
+        while seconds > HEARTBEAT_SECONDS:
+            for stream in list(self.api.streams):
+                if self.api.pending(stream) == 0 and self.rng.random() < self.heartbeat:
+                    self.api.bookmark(stream)
+            self.loop.advance(HEARTBEAT_SECONDS)
+            seconds -= HEARTBEAT_SECONDS
+        self.loop.advance(seconds)
+
+    def _answer(self) -> None:
+        call = self.rng.choice(self.api.calls)
+        roll = self.rng.random()
+        if roll < 0.04:
+            from webhook.kube.client import ApiError
+
+            self.api.answer(call, fail=ApiError(0, "Unreachable", "connection reset"))
+        else:
+            self.api.answer(call)
+
+    def _gone(self) -> None:
+        self.api.gone(self.rng.choice(self.api.streams))
+
+    def _restart(self) -> None:
+        if self.restarts >= 2:
+            return
+        self.restarts += 1
+        name = self.rng.choice(sorted(self.replicas))
+        self._log(f"restart {name}")
+        self.replicas.pop(name).stop()
+        for uid, (replica, task) in list(self.admitting.items()):
+            if replica == name:
+                task.cancel()
+                self.admitting.pop(uid)
+                self._log(f"lost   {uid}: the webhook call failed (replica restarted)")
+        self.loop.run_until_idle()
+        self._start(name)
+
+    def _move_lease(self) -> None:
+        self.leader = self.rng.choice(sorted(self.replicas))
+        self._log(f"lease  -> {self.leader}")
+
+    def _touch(self) -> None:
+        """Someone else (kubectl label, another controller) writes a TenantReservation."""
+        stored = [k for k in sorted(self.api.objects) if k[0] == "tenantreservations"]
+        if not stored:
+            return
+        key = self.rng.choice(stored)
+        obj = self.api.get(*key)
+        assert obj is not None
+        labels = dict(obj["metadata"].get("labels") or {})
+        labels["touched"] = str(int(labels.get("touched", "0")) + 1)
+        obj["metadata"]["labels"] = labels
+        written = self.api.replace("tenantreservations", obj)
+        self._log(f"touch  {key[1]}/{key[2]} rv {written['metadata']['resourceVersion']}")
+
+    # -- clients -------------------------------------------------------------------------
+
+    def _things(self) -> list[tuple[str, str, str]]:
+        return [k for k in sorted(self.api.objects) if k[0] == "things"]
+
+    def _client(self) -> None:
+        rng = self.rng
+        if not self.script and rng.random() < 0.12:
+            self._plan_stale_settle()
+        if self.script:
+            op = self.script.pop(0)
+            getattr(self, f"_op_{op[0]}")(*op[1:])
+            return
+        roll = rng.random()
+        things = self._things()
+        if roll < 0.4 or not things:
+            namespace, name = rng.choice(self.workload.namespaces), rng.choice(NAMES)
+            self._op_create(namespace, name, rng.randint(1, 6), self._any_replica())
+        elif roll < 0.65:
+            _, namespace, name = rng.choice(things)
+            self._op_resize(namespace, name, +rng.randint(1, 4), self._any_replica())
+        elif roll < 0.85:
+            _, namespace, name = rng.choice(things)
+            self._op_resize(namespace, name, -rng.randint(1, 4), self._any_replica())
+        else:
+            self._op_budget(self._any_replica())
+
+    def _any_replica(self) -> str:
+        return self.rng.choice(sorted(self.replicas))
+
+    def _plan_stale_settle(self) -> None:
+        """A shrink, a grow back through one replica, a create through another: the order of
+        events that lets a stale copy settle another replica's entry."""
+        things = self._things()
+        if not things or len(self.replicas) < 2:
+            return
+        _, namespace, name = self.rng.choice(things)
+        first, second = self.rng.sample(sorted(self.replicas), 2)
+        amount = self.rng.randint(2, 4)
+        other = self.rng.choice([n for n in NAMES if n != name])
+        self.script = [
+            ("resize", namespace, name, -amount, first),
+            ("resize", namespace, name, +amount, first),
+            ("create", namespace, other, amount + self.rng.randint(0, 2), second),
+        ]
+        self._log(f"script stale-settle on {namespace}/{name} via {first} then {second}")
+
+    def _op_create(self, namespace: str, name: str, gib: int, replica: str) -> None:
+        spec = {"memory": f"{gib}Gi"}
+        if self.rng.random() < 0.3:
+            spec["cpu"] = str(self.rng.randint(1, 2))
+        self._admit(replica, "CREATE", "Thing", namespace, name, spec, None)
+
+    def _op_resize(self, namespace: str, name: str, change: int, replica: str) -> None:
+        old = self.api.get("things", namespace, name)
+        if old is None or replica not in self.replicas:
+            return
+        memory = int(Decimal(_gib(old["spec"].get("memory", "0"))))
+        spec = {**old["spec"], "memory": f"{max(1, memory + change)}Gi"}
+        self._admit(replica, "UPDATE", "Thing", namespace, name, spec, old)
+
+    def _op_budget(self, replica: str) -> None:
+        key = self.rng.choice(sorted(self.workload.tenants))
+        old = self.api.get("tenants", *key)
+        quotas = dict(((old or {}).get("spec") or {}).get("resourceQuotas") or {})
+        if old is None or not quotas:
+            return
+        resource = self.rng.choice(sorted(quotas))
+        value = Decimal(_gib(quotas[resource]))
+        value = max(Decimal(1), value + self.rng.choice((-2, -1, 1, 2)))
+        quotas[resource] = f"{value}Gi" if resource == "memory" else str(value)
+        spec = {**old["spec"], "resourceQuotas": quotas}
+        self._admit(replica, "UPDATE", "Tenant", key[0], key[1], spec, old)
+
+    def _admit(
+        self,
+        replica: str,
+        operation: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        spec: Obj,
+        old: Obj | None,
+    ) -> None:
+        if replica not in self.replicas:
+            return
+        self.requests += 1
+        uid = f"u{self.requests}"
+        obj = _app(kind, namespace, name, spec)
+        if old is not None:
+            obj["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+        review = {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": uid,
+                "kind": {"group": "apps.cozystack.io", "version": "v1alpha1", "kind": kind},
+                "resource": {
+                    "group": "apps.cozystack.io",
+                    "version": "v1alpha1",
+                    "resource": kind.lower() + "s",
+                },
+                "namespace": namespace,
+                "name": name,
+                "operation": operation,
+                "userInfo": {"username": "tenant"},
+                "object": obj,
+                "oldObject": old,
+            },
+        }
+        request = parse_review(review)
+        plural = kind.lower() + "s"
+        before = f" from {old['spec']} rv {old['metadata']['resourceVersion']}" if old else ""
+        self._log(
+            f"admit  {uid} via {replica}: {operation} {kind} {namespace}/{name} {spec}{before}"
+        )
+        task = asyncio.ensure_future(
+            self.replicas[replica].ledger.admit(request, POLICY), loop=self.loop
+        )
+        self.admitting[uid] = (replica, task)
+        version = str(old["metadata"]["resourceVersion"]) if old else ""
+        change = Admitted(uid, operation, plural, namespace, name, spec, version)
+        task.add_done_callback(lambda t: self._decided(change, t))
+
+    def _decided(self, change: Admitted, task: asyncio.Task[Decision]) -> None:
+        if self.admitting.pop(change.uid, None) is None or task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            self._log(f"crash  {change.uid}: {error!r}")
+            self.errors.append(f"admission {change.uid} raised {error!r}")
+            return
+        decision = task.result()
+        verdict = "allowed" if decision.allowed else f"denied ({decision.reason})"
+        self._log(f"decide {change.uid}: {verdict}")
+        if decision.allowed:
+            self.allowed += 1
+            self.admitted.append(change)
+
+    errors: list[str]
+
+    def _store(self) -> None:
+        change = self.admitted.pop(self.rng.randrange(len(self.admitted)))
+        if self.rng.random() < 0.08:
+            self._log(f"reject {change.uid}: a later admission step refused it")
+            return
+        self._persist(change)
+
+    def _persist(self, change: Admitted) -> None:
+        api = self.api
+        kind = "Thing" if change.plural == "things" else "Tenant"
+        current = api.get(change.plural, change.namespace, change.name)
+        from webhook.kube.client import ApiError
+
+        try:
+            if change.operation == "CREATE":
+                stored = api.create(
+                    change.plural, _app(kind, change.namespace, change.name, change.spec)
+                )
+            else:
+                if current is None:
+                    raise ApiError(404, "NotFound", "gone")
+                body = _app(kind, change.namespace, change.name, change.spec)
+                body["metadata"]["resourceVersion"] = change.old_version
+                stored = api.replace(change.plural, body)
+        except ApiError as exc:
+            self._log(f"store  {change.uid}: {exc.status} {exc.reason}")
+            return
+        self.stored += 1
+        self._log(
+            f"store  {change.uid}: {change.plural} {change.namespace}/{change.name} "
+            f"{change.spec} rv {stored['metadata']['resourceVersion']}"
+        )
+
+    def _delete(self) -> None:
+        _, namespace, name = self.rng.choice(self._things())
+        deleted = self.api.delete("things", namespace, name)
+        assert deleted is not None
+        self._log(f"delete things {namespace}/{name} rv {deleted['metadata']['resourceVersion']}")
+
+    # -- checks --------------------------------------------------------------------------
+
+    def _check(self, before: Figures) -> Figures:
+        after = pools(self.api.objects)
+        found = overshoots(before, after)
+        if found:
+            raise Violation("pool over budget: " + "; ".join(found))
+        if self.errors:
+            raise Violation(self.errors[0])
+        for replica in self.replicas.values():
+            for error in replica.failures():
+                raise Violation(f"{replica.name}: a background task died: {error!r}")
+        return after
+
+    def _quiesce(self, figures: Figures) -> Figures:
+        """Deliver everything, let every grace period pass, then wait for convergence."""
+        self._log("quiesce")
+        deadline = self.loop.time() + GRACE_SECONDS + 4 * READ_TIMEOUT
+        last_admission = self.loop.time()
+        while True:
+            busy = bool(self.admitting or self.admitted or self.api.calls)
+            for call in list(self.api.calls):
+                self.api.answer(call)
+            for stream in list(self.api.streams):
+                while self.api.pending(stream) > 0 and not stream.closed:
+                    self.api.deliver(stream)
+                    busy = True
+            while self.admitted:
+                self._persist(self.admitted.pop(0))
+                figures = self._check(figures)
+            self.loop.run_until_idle()
+            figures = self._check(figures)
+            if busy:
+                last_admission = self.loop.time()
+                continue
+            settled = self.loop.time() > last_admission + GRACE_SECONDS + 5
+            if settled and self._converged() is None:
+                return figures
+            if self.loop.time() > deadline:
+                raise Violation(f"no convergence after quiescing: {self._converged()}")
+            for stream in list(self.api.streams):
+                self.api.bookmark(stream)
+            self.loop.advance(1.0)
+
+    def _converged(self) -> str | None:
+        """Why the replicas' views do not match the stored objects yet (None: they do)."""
+        from webhook.core.state import ReservationState
+
+        for name, replica in sorted(self.replicas.items()):
+            state = replica.live.state
+            if not replica.synced:
+                return f"{name} is not synced"
+            if len(state.pending):
+                holds = [f"{h.id}:{h.key}" for h in state.pending.holds()]
+                return f"{name} still holds {holds}"
+            fresh = ReservationState(state.platform)
+            for (plural, _, _), obj in sorted(self.api.objects.items()):
+                if plural in ("tenants", "things"):
+                    from webhook.core.applications import application_from_object
+
+                    fresh.observe(application_from_object(obj))
+            mine = {k: dict(r.resources) for k, r in state.records()}
+            stored = {k: dict(r.resources) for k, r in fresh.records()}
+            if mine != stored:
+                return f"{name} sees {mine}, stored {stored}"
+            budgets = {n.namespace: n.budget for n in state.tree.nodes() if n.budget}
+            expected = {n.namespace: n.budget for n in fresh.tree.nodes() if n.budget}
+            if budgets != expected:
+                return f"{name} sees budgets {budgets}, stored {expected}"
+        for (plural, namespace, _), obj in sorted(self.api.objects.items()):
+            if plural == "tenantreservations" and (obj.get("status") or {}).get("pending"):
+                return f"the ledger of {namespace} still lists {obj['status']['pending']}"
+        return None
+
+    def _probe(self) -> None:
+        """At rest, every replica decides at the exact edge of every pool as stored."""
+        figures = pools(self.api.objects)
+        for (pool, key), (usage, budget) in sorted(figures.items()):
+            if key != "memory" or usage > budget:
+                continue
+            room = budget - usage
+            for name, replica in sorted(self.replicas.items()):
+                for amount, fits in ((room, True), (room + 1, False)):
+                    if amount <= 0:
+                        continue
+                    self.requests += 1
+                    review = {
+                        "apiVersion": "admission.k8s.io/v1",
+                        "kind": "AdmissionReview",
+                        "request": {
+                            "uid": f"probe{self.requests}",
+                            "kind": {
+                                "group": "apps.cozystack.io",
+                                "version": "v1alpha1",
+                                "kind": "Thing",
+                            },
+                            "resource": {
+                                "group": "apps.cozystack.io",
+                                "version": "v1alpha1",
+                                "resource": "things",
+                            },
+                            "namespace": pool,
+                            "name": "probe",
+                            "operation": "CREATE",
+                            "dryRun": True,
+                            "userInfo": {"username": "tenant"},
+                            "object": _app("Thing", pool, "probe", {"memory": str(amount)}),
+                        },
+                    }
+                    task = asyncio.ensure_future(
+                        replica.ledger.admit(parse_review(review), POLICY), loop=self.loop
+                    )
+                    self.loop.run_until_idle()
+                    if not task.done():
+                        raise Violation(f"{name}: a dry run did not answer at rest")
+                    decision = task.result()
+                    self._log(
+                        f"probe  {name} {pool} memory {amount}: "
+                        f"{'allowed' if decision.allowed else decision.reason}"
+                    )
+                    if decision.allowed != fits:
+                        raise Violation(
+                            f"{name} at rest {'denies' if fits else 'allows'} {amount} bytes of "
+                            f"memory in {pool}, where {usage} of {budget} is used: its view "
+                            "did not converge"
+                        )
+
+    # -- the run -------------------------------------------------------------------------
+
+    def run(self) -> Outcome:
+        self.errors = []
+        asyncio.set_event_loop(self.loop)
+        try:
+            with _deterministic(self.rng):
+                try:
+                    self._setup()
+                    figures = self._check(pools(self.api.objects))
+                    for index in range(self.steps):
+                        self._log(f"step {index}")
+                        self._step()
+                        self.loop.run_until_idle()
+                        figures = self._check(figures)
+                    self._quiesce(figures)
+                    self._probe()
+                except Violation as exc:
+                    return self._outcome(False, str(exc))
+                return self._outcome(True, "")
+        finally:
+            self._shutdown()
+
+    def _outcome(self, ok: bool, problem: str) -> Outcome:
+        return Outcome(
+            self.seed, ok, problem, list(self.trace), self.steps, self.allowed, self.stored
+        )
+
+    def _shutdown(self) -> None:
+        for replica in self.replicas.values():
+            replica.stop()
+        for _, task in self.admitting.values():
+            task.cancel()
+        with contextlib.suppress(Exception):
+            self.loop.run_until_idle()
+        pending = [t for t in asyncio.all_tasks(self.loop) if not t.done()]
+        for task in pending:
+            task.cancel()
+        with contextlib.suppress(Exception):
+            self.loop.run_until_idle()
+        asyncio.set_event_loop(None)
+        self.loop.close()
+
+
+LIVE_POLL_SECONDS = 1.0
+
+
+async def _slow_poll(seconds: float, stop: asyncio.Event) -> bool:
+    return await sleep_unless_stopped(max(seconds, LIVE_POLL_SECONDS), stop)
+
+
+@contextlib.contextmanager
+def _deterministic(rng: random.Random) -> Iterator[None]:
+    """Route the reflectors' backoff jitter through the seed, quiet the production logs, and
+    slow the live state's 50 ms bookkeeping poll (it only notes the first sync) to 1 s, which
+    on virtual time would otherwise cost most of a run."""
+    patches = [(reflector_module, "random", rng), (live_module, "sleep_unless_stopped", _slow_poll)]
+    saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
+    logger = logging.getLogger("webhook")
+    level = logger.level
+    for module, name, value in patches:
+        setattr(module, name, value)
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
+        logger.setLevel(level)
+
+
+@functools.cache
+def _tenant_definition() -> Obj:
+    loaded: Obj = yaml.safe_load(TENANT_DEFINITION.read_text())
+    return loaded
+
+
+def _app(kind: str, namespace: str, name: str, spec: Obj) -> Obj:
+    return {
+        "apiVersion": "apps.cozystack.io/v1alpha1",
+        "kind": kind,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+def _gib(value: str) -> str:
+    return str(value).removesuffix("Gi")
+
+
+def run(seed: int, *, steps: int | None = None) -> Outcome:
+    """One seeded run, from setup to the convergence check."""
+    return Simulation(seed, steps=steps).run()
+
+
+@dataclass
+class Summary:
+    """What a batch of seeds explored, and the first failure if any."""
+
+    seeds: int = 0
+    steps: int = 0
+    admitted: int = 0
+    stored: int = 0
+    failure: Outcome | None = None
+
+    def describe(self, elapsed: float) -> str:
+        verdict = f"seed {self.failure.seed} failed" if self.failure else "all passed"
+        return (
+            f"{self.seeds} seeds, {self.steps} steps, {self.admitted} admitted, "
+            f"{self.stored} stored in {elapsed:.1f}s: {verdict}"
+        )
+
+
+def explore(seeds: Iterable[int], *, stop_at_first: bool = True) -> Summary:
+    """Run every seed (until the first failure); the totals and that failure."""
+    summary = Summary()
+    for seed in seeds:
+        outcome = run(seed)
+        summary.seeds += 1
+        summary.steps += outcome.steps
+        summary.admitted += outcome.admitted
+        summary.stored += outcome.stored
+        if not outcome.ok and summary.failure is None:
+            summary.failure = outcome
+            if stop_at_first:
+                break
+    return summary
+
+
+def replay_command(seed: int, reverted: bool = False) -> str:
+    flag = " --revert-settle" if reverted else ""
+    return f".venv/bin/python -m tests.simulation --seed {seed}{flag}"
