@@ -81,7 +81,14 @@ class SimAPI:
         self.logs: dict[str, list[tuple[int, str, Obj]]] = {}
         self.calls: list[Call] = []
         self.streams: list[Stream] = []
+        # The newest resourceVersion of each resource the server has sent each replica (in an
+        # event, a bookmark or a list): what that replica could know of, at the latest.
+        self.told: dict[tuple[str, str], int] = {}
         self._ids = 0
+
+    def _tell(self, replica: str, plural: str, version: int) -> None:
+        key = (replica, plural)
+        self.told[key] = max(self.told.get(key, 0), version)
 
     # -- storage -------------------------------------------------------------------------
 
@@ -131,7 +138,8 @@ class SimAPI:
             if obj.get("spec") != current.get("spec"):
                 updated["metadata"]["generation"] = current["metadata"].get("generation", 1) + 1
             updated["spec"] = copy.deepcopy(obj.get("spec"))
-            updated["metadata"]["labels"] = copy.deepcopy(metadata.get("labels"))
+            for field_name in ("labels", "annotations"):
+                updated["metadata"][field_name] = copy.deepcopy(metadata.get(field_name))
         stored = self._bump(plural, "MODIFIED", updated)
         self.objects[key] = stored
         return copy.deepcopy(stored)
@@ -170,6 +178,8 @@ class SimAPI:
             return
         if call.plural in self.scheduled:
             self.trace(f"answer {call.describe()}: {_summary(result)}")
+            if "items" in result:
+                self._tell(call.replica, call.plural, int(result["metadata"]["resourceVersion"]))
         if not call.future.done():
             call.future.set_result(result)
 
@@ -210,14 +220,16 @@ class SimAPI:
         return len(self.logs.get(stream.plural, [])) - stream.cursor
 
     def deliver(self, stream: Stream) -> None:
-        _, event, obj = self.logs[stream.plural][stream.cursor]
+        version, event, obj = self.logs[stream.plural][stream.cursor]
         stream.cursor += 1
+        self._tell(stream.replica, stream.plural, version)
         self.trace(f"event  {stream.describe()} {event} {_summary(obj)}")
         stream.queue.put_nowait({"type": event, "object": copy.deepcopy(obj)})
 
     def bookmark(self, stream: Stream) -> None:
         """Everything up to now has been sent: only when the stream is caught up."""
         self.trace(f"mark   {stream.describe()} rv {self.version}")
+        self._tell(stream.replica, stream.plural, self.version)
         stream.queue.put_nowait(
             {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": str(self.version)}}}
         )

@@ -65,15 +65,20 @@ def pools(objects: Mapping[tuple[str, str, str], Obj]) -> Figures:
     return figures
 
 
-def overshoots(before: Figures, after: Figures) -> list[str]:
-    """Every (pool, key) that a step pushed past its budget.
+def overshoots(before: Figures, after: Figures) -> dict[tuple[str, str], str]:
+    """Every (pool, key) that a step pushed past its budget, with the figures.
 
     Usage above the budget is allowed only where the step did not raise it: a budget lowered
     below what is used stays overcommitted, but nothing new may be admitted into that pool.
     """
-    found = []
+    found = {}
     for (pool, key), (usage, budget) in sorted(after.items()):
         previous = before.get((pool, key), (Decimal(0), budget))[0]
         if usage > budget and usage > previous:
-            found.append(f"{pool} {key}: {usage} used of {budget} (was {previous})")
+            found[(pool, key)] = f"{pool} {key}: {usage} used of {budget} (was {previous})"
     return found
+
+
+def lowered(before: Figures, after: Figures) -> list[tuple[str, str]]:
+    """The (pool, key) whose budget a step lowered."""
+    return [k for k, (_, budget) in sorted(after.items()) if k in before and budget < before[k][1]]

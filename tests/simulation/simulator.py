@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import functools
 import logging
 import random
@@ -39,14 +40,18 @@ from typing import Any
 
 import yaml
 
+from tests import builders
 from tests.builders import THING_DEFINITION
 from tests.simulation.apiserver import SimAPI
 from tests.simulation.loop import VirtualLoop
-from tests.simulation.oracle import Figures, overshoots, pools
+from tests.simulation.oracle import Figures, lowered, overshoots, pools
 from tests.simulation.replica import GRACE_SECONDS, READ_TIMEOUT, Replica
-from webhook.core.decisions import Decision, Policy
+from webhook.core.applications import application_from_object
+from webhook.core.decisions import Decision, Policy, mutate
 from webhook.core.reviews import parse_review
+from webhook.core.state import ReservationState
 from webhook.kube import reflector as reflector_module
+from webhook.kube.client import ApiError
 from webhook.state import live as live_module
 from webhook.waits import sleep_unless_stopped
 
@@ -58,6 +63,11 @@ NAMES = ("x", "y", "z")
 GI = 1024**3
 POLICY = Policy(mode="enforce")
 HEARTBEAT_SECONDS = 10.0
+# The API server's side of the contract the grace period relies on: a webhook call answered
+# after timeoutSeconds (10 s by default) fails the request, and an admitted request is stored
+# promptly after its last admission step or not at all.
+WEBHOOK_TIMEOUT = 10.0
+STORE_DEADLINE = 5.0
 EPOCH = 1_800_000_000.0  # the wall clock at virtual time 0 (2027): entries carry wall times
 
 
@@ -68,10 +78,20 @@ class Admitted:
     uid: str
     operation: str
     plural: str
-    namespace: str
-    name: str
-    spec: Obj
+    obj: Obj  # as the mutating webhook left it: what the API server stores
     old_version: str  # the resourceVersion the client read; "" for a create
+    sent: float  # when the API server called the webhook
+    told: int = 0  # the newest Tenant version the deciding replica had been sent
+    answered: float = 0.0  # when the webhook allowed it
+    version: int = 0  # the resourceVersion it was stored at
+
+    @property
+    def namespace(self) -> str:
+        return str(self.obj["metadata"]["namespace"])
+
+    @property
+    def name(self) -> str:
+        return str(self.obj["metadata"]["name"])
 
 
 @dataclass
@@ -121,6 +141,8 @@ class Simulation:
         self.restarts = 0
         self.steps = steps if steps is not None else self.rng.randint(25, 60)
         self.workload = Workload()
+        self.landing: Admitted | None = None  # the change the current step stored
+        self.lowered: dict[tuple[str, str], int] = {}  # (pool, key) -> version that lowered it
         # How eagerly each (replica, resource) stream is fed: a slow one lags behind the others.
         self.lag: dict[tuple[str, str], float] = {}
         self.heartbeat = self.rng.choice((1.0, 0.9, 0.6))
@@ -163,9 +185,13 @@ class Simulation:
         for (namespace, name), quotas in tenants.items():
             spec = {"resourceQuotas": dict(quotas)} if quotas else {}
             self.api.create("tenants", _app("Tenant", namespace, name, spec))
+        annotated = rng.random() < 0.7
+        setup_state = ReservationState(builders.platform())
         for _ in range(rng.randint(0, 3)):
             namespace, name = rng.choice(namespaces), rng.choice(NAMES)
             obj = _app("Thing", namespace, name, {"memory": f"{rng.randint(1, 4)}Gi"})
+            if annotated:  # admitted through the webhook; else stored before it was installed
+                obj = _mutated(_review("setup", "CREATE", obj, None), setup_state)
             trial = {**self.api.objects, ("things", namespace, name): obj}
             if ("things", namespace, name) not in self.api.objects and not overshoots(
                 {}, pools(trial)
@@ -271,8 +297,6 @@ class Simulation:
         call = self.rng.choice(self.api.calls)
         roll = self.rng.random()
         if roll < 0.04:
-            from webhook.kube.client import ApiError
-
             self.api.answer(call, fail=ApiError(0, "Unreachable", "connection reset"))
         else:
             self.api.answer(call)
@@ -397,6 +421,8 @@ class Simulation:
         spec: Obj,
         old: Obj | None,
     ) -> None:
+        """The API server's admission of one request: the mutating webhook records the charge
+        annotation, then the validating webhook (the ledger) decides."""
         if replica not in self.replicas:
             return
         self.requests += 1
@@ -404,37 +430,24 @@ class Simulation:
         obj = _app(kind, namespace, name, spec)
         if old is not None:
             obj["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
-        review = {
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": uid,
-                "kind": {"group": "apps.cozystack.io", "version": "v1alpha1", "kind": kind},
-                "resource": {
-                    "group": "apps.cozystack.io",
-                    "version": "v1alpha1",
-                    "resource": kind.lower() + "s",
-                },
-                "namespace": namespace,
-                "name": name,
-                "operation": operation,
-                "userInfo": {"username": "tenant"},
-                "object": obj,
-                "oldObject": old,
-            },
-        }
-        request = parse_review(review)
-        plural = kind.lower() + "s"
+        ledger = self.replicas[replica].ledger
+        obj = _mutated(_review(uid, operation, obj, old), ledger.live.state)
+        request = parse_review(_review(uid, operation, obj, old))
         before = f" from {old['spec']} rv {old['metadata']['resourceVersion']}" if old else ""
         self._log(
             f"admit  {uid} via {replica}: {operation} {kind} {namespace}/{name} {spec}{before}"
         )
-        task = asyncio.ensure_future(
-            self.replicas[replica].ledger.admit(request, POLICY), loop=self.loop
-        )
+        task = asyncio.ensure_future(ledger.admit(request, POLICY), loop=self.loop)
         self.admitting[uid] = (replica, task)
-        version = str(old["metadata"]["resourceVersion"]) if old else ""
-        change = Admitted(uid, operation, plural, namespace, name, spec, version)
+        change = Admitted(
+            uid,
+            operation,
+            kind.lower() + "s",
+            obj,
+            str(old["metadata"]["resourceVersion"]) if old else "",
+            sent=self.loop.time(),
+            told=self.api.told.get((replica, "tenants"), 0),
+        )
         task.add_done_callback(lambda t: self._decided(change, t))
 
     def _decided(self, change: Admitted, task: asyncio.Task[Decision]) -> None:
@@ -447,9 +460,13 @@ class Simulation:
             return
         decision = task.result()
         verdict = "allowed" if decision.allowed else f"denied ({decision.reason})"
-        self._log(f"decide {change.uid}: {verdict}")
-        if decision.allowed:
+        late = self.loop.time() - change.sent > WEBHOOK_TIMEOUT
+        self._log(
+            f"decide {change.uid}: {verdict}{' too late: the call timed out' if late else ''}"
+        )
+        if decision.allowed and not late:
             self.allowed += 1
+            change.answered = self.loop.time()
             self.admitted.append(change)
 
     errors: list[str]
@@ -463,28 +480,25 @@ class Simulation:
 
     def _persist(self, change: Admitted) -> None:
         api = self.api
-        kind = "Thing" if change.plural == "things" else "Tenant"
-        current = api.get(change.plural, change.namespace, change.name)
-        from webhook.kube.client import ApiError
-
+        if self.loop.time() - change.answered > STORE_DEADLINE:
+            self._log(f"store  {change.uid}: the request timed out before it was stored")
+            return
         try:
             if change.operation == "CREATE":
-                stored = api.create(
-                    change.plural, _app(kind, change.namespace, change.name, change.spec)
-                )
+                stored = api.create(change.plural, change.obj)
             else:
-                if current is None:
-                    raise ApiError(404, "NotFound", "gone")
-                body = _app(kind, change.namespace, change.name, change.spec)
+                body = copy.deepcopy(change.obj)
                 body["metadata"]["resourceVersion"] = change.old_version
                 stored = api.replace(change.plural, body)
         except ApiError as exc:
             self._log(f"store  {change.uid}: {exc.status} {exc.reason}")
             return
         self.stored += 1
+        self.landing = change
+        change.version = int(stored["metadata"]["resourceVersion"])
         self._log(
             f"store  {change.uid}: {change.plural} {change.namespace}/{change.name} "
-            f"{change.spec} rv {stored['metadata']['resourceVersion']}"
+            f"{change.obj['spec']} rv {change.version}"
         )
 
     def _delete(self) -> None:
@@ -497,9 +511,16 @@ class Simulation:
 
     def _check(self, before: Figures) -> Figures:
         after = pools(self.api.objects)
+        landing, self.landing = self.landing, None
+        for key in lowered(before, after):
+            self.lowered[key] = landing.version if landing else self.api.version
         found = overshoots(before, after)
+        if landing is not None:
+            # Decided before the replica could know of a lowered budget: allowed, the lowering
+            # went below what was (about to be) used. Once told, nothing new may land there.
+            found = {k: v for k, v in found.items() if self.lowered.get(k, 0) <= landing.told}
         if found:
-            raise Violation("pool over budget: " + "; ".join(found))
+            raise Violation("pool over budget: " + "; ".join(found.values()))
         if self.errors:
             raise Violation(self.errors[0])
         for replica in self.replicas.values():
@@ -539,8 +560,6 @@ class Simulation:
 
     def _converged(self) -> str | None:
         """Why the replicas' views do not match the stored objects yet (None: they do)."""
-        from webhook.core.state import ReservationState
-
         for name, replica in sorted(self.replicas.items()):
             state = replica.live.state
             if not replica.synced:
@@ -551,8 +570,6 @@ class Simulation:
             fresh = ReservationState(state.platform)
             for (plural, _, _), obj in sorted(self.api.objects.items()):
                 if plural in ("tenants", "things"):
-                    from webhook.core.applications import application_from_object
-
                     fresh.observe(application_from_object(obj))
             mine = {k: dict(r.resources) for k, r in state.records()}
             stored = {k: dict(r.resources) for k, r in fresh.records()}
@@ -579,29 +596,8 @@ class Simulation:
                     if amount <= 0:
                         continue
                     self.requests += 1
-                    review = {
-                        "apiVersion": "admission.k8s.io/v1",
-                        "kind": "AdmissionReview",
-                        "request": {
-                            "uid": f"probe{self.requests}",
-                            "kind": {
-                                "group": "apps.cozystack.io",
-                                "version": "v1alpha1",
-                                "kind": "Thing",
-                            },
-                            "resource": {
-                                "group": "apps.cozystack.io",
-                                "version": "v1alpha1",
-                                "resource": "things",
-                            },
-                            "namespace": pool,
-                            "name": "probe",
-                            "operation": "CREATE",
-                            "dryRun": True,
-                            "userInfo": {"username": "tenant"},
-                            "object": _app("Thing", pool, "probe", {"memory": str(amount)}),
-                        },
-                    }
+                    obj = _app("Thing", pool, "probe", {"memory": str(amount)})
+                    review = _review(f"probe{self.requests}", "CREATE", obj, None, dry_run=True)
                     task = asyncio.ensure_future(
                         replica.ledger.admit(parse_review(review), POLICY), loop=self.loop
                     )
@@ -689,6 +685,46 @@ def _deterministic(rng: random.Random) -> Iterator[None]:
         for module, name, value in saved:
             setattr(module, name, value)
         logger.setLevel(level)
+
+
+def _review(uid: str, operation: str, obj: Obj, old: Obj | None, *, dry_run: bool = False) -> Obj:
+    """The AdmissionReview the API server sends for ``obj``."""
+    kind = str(obj["kind"])
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "apps.cozystack.io", "version": "v1alpha1", "kind": kind},
+            "resource": {
+                "group": "apps.cozystack.io",
+                "version": "v1alpha1",
+                "resource": kind.lower() + "s",
+            },
+            "namespace": obj["metadata"]["namespace"],
+            "name": obj["metadata"]["name"],
+            "operation": operation,
+            "dryRun": dry_run,
+            "userInfo": {"username": "tenant"},
+            "object": obj,
+            "oldObject": old,
+        },
+    }
+
+
+def _mutated(review: Obj, state: ReservationState) -> Obj:
+    """The object as the mutating webhook leaves it (its JSONPatch applied)."""
+    obj: Obj = copy.deepcopy(review["request"]["object"])
+    for operation in mutate(parse_review(review), state, POLICY).patch:
+        assert operation["op"] == "add", operation
+        *parents, leaf = [
+            p.replace("~1", "/").replace("~0", "~") for p in str(operation["path"]).split("/")[1:]
+        ]
+        target = obj
+        for part in parents:
+            target = target.setdefault(part, {})
+        target[leaf] = copy.deepcopy(operation["value"])
+    return obj
 
 
 @functools.cache

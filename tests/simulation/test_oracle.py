@@ -52,9 +52,9 @@ def test_growing_past_the_budget_is_an_overshoot() -> None:
             ("things", "tenant-a", "y", {"memory": "12Gi"}),
         )
     )
-    assert overshoots(before, after) == [
-        f"tenant-a memory: {24 * GI} used of {16 * GI} (was {12 * GI})"
-    ]
+    assert overshoots(before, after) == {
+        ("tenant-a", "memory"): f"tenant-a memory: {24 * GI} used of {16 * GI} (was {12 * GI})"
+    }
 
 
 def test_a_budget_lowered_below_usage_is_no_overshoot_but_anything_added_there_is() -> None:
@@ -65,7 +65,7 @@ def test_a_budget_lowered_below_usage_is_no_overshoot_but_anything_added_there_i
     lowered = pools(
         stored(("tenants", "tenant-root", "a", {"resourceQuotas": {"memory": "8Gi"}}), full)
     )
-    assert overshoots(before, lowered) == []
+    assert overshoots(before, lowered) == {}
     grown = pools(
         stored(
             ("tenants", "tenant-root", "a", {"resourceQuotas": {"memory": "8Gi"}}),
@@ -73,4 +73,4 @@ def test_a_budget_lowered_below_usage_is_no_overshoot_but_anything_added_there_i
             ("things", "tenant-a", "y", {"memory": "1Gi"}),
         )
     )
-    assert overshoots(lowered, grown) != []
+    assert list(overshoots(lowered, grown)) == [("tenant-a", "memory")]
