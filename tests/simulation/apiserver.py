@@ -21,16 +21,17 @@ an existing name is ``409 AlreadyExists``, an update carrying a stale resourceVe
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
+import pickle
 from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from webhook.kube.client import ApiError, KubeClient, WatchTimeout
 
 Obj = dict[str, Any]
 Key = tuple[str, str, str]  # plural, namespace, name
+T = TypeVar("T")
 
 PLATFORM_BOOKMARK_SECONDS = 30.0
 
@@ -98,29 +99,29 @@ class SimAPI:
 
     def _bump(self, plural: str, event: str, obj: Obj) -> Obj:
         self.version += 1
-        obj = copy.deepcopy(obj)
+        obj = _copy(obj)
         obj.setdefault("metadata", {})["resourceVersion"] = str(self.version)
-        self.logs.setdefault(plural, []).append((self.version, event, copy.deepcopy(obj)))
+        self.logs.setdefault(plural, []).append((self.version, event, _copy(obj)))
         return obj
 
     def get(self, plural: str, namespace: str, name: str) -> Obj | None:
         found = self.objects.get((plural, namespace, name))
-        return copy.deepcopy(found) if found is not None else None
+        return None if found is None else _copy(found)
 
     def items(self, plural: str) -> list[Obj]:
-        return [copy.deepcopy(o) for (p, _, _), o in sorted(self.objects.items()) if p == plural]
+        return [_copy(o) for (p, _, _), o in sorted(self.objects.items()) if p == plural]
 
     def create(self, plural: str, obj: Obj) -> Obj:
         metadata = obj.get("metadata") or {}
         key = (plural, str(metadata.get("namespace") or ""), str(metadata["name"]))
         if key in self.objects:
             raise ApiError(409, "AlreadyExists", f"{'/'.join(key)} already exists")
-        obj = copy.deepcopy(obj)
+        obj = _copy(obj)
         obj["metadata"] = {**metadata, "generation": 1}
         obj["metadata"].pop("resourceVersion", None)
         stored = self._bump(plural, "ADDED", obj)
         self.objects[key] = stored
-        return copy.deepcopy(stored)
+        return _copy(stored)
 
     def replace(self, plural: str, obj: Obj, *, status: bool = False) -> Obj:
         metadata = obj.get("metadata") or {}
@@ -131,18 +132,18 @@ class SimAPI:
         expected = metadata.get("resourceVersion")
         if expected and expected != current["metadata"]["resourceVersion"]:
             raise ApiError(409, "Conflict", f"{'/'.join(key)}: the object has been modified")
-        updated = copy.deepcopy(current)
+        updated = _copy(current)
         if status:
-            updated["status"] = copy.deepcopy(obj.get("status"))
+            updated["status"] = _copy(obj.get("status"))
         else:
             if obj.get("spec") != current.get("spec"):
                 updated["metadata"]["generation"] = current["metadata"].get("generation", 1) + 1
-            updated["spec"] = copy.deepcopy(obj.get("spec"))
+            updated["spec"] = _copy(obj.get("spec"))
             for field_name in ("labels", "annotations"):
-                updated["metadata"][field_name] = copy.deepcopy(metadata.get(field_name))
+                updated["metadata"][field_name] = _copy(metadata.get(field_name))
         stored = self._bump(plural, "MODIFIED", updated)
         self.objects[key] = stored
-        return copy.deepcopy(stored)
+        return _copy(stored)
 
     def delete(self, plural: str, namespace: str, name: str) -> Obj | None:
         current = self.objects.pop((plural, namespace, name), None)
@@ -224,7 +225,7 @@ class SimAPI:
         stream.cursor += 1
         self._tell(stream.replica, stream.plural, version)
         self.trace(f"event  {stream.describe()} {event} {_summary(obj)}")
-        stream.queue.put_nowait({"type": event, "object": copy.deepcopy(obj)})
+        stream.queue.put_nowait({"type": event, "object": _copy(obj)})
 
     def bookmark(self, stream: Stream) -> None:
         """Everything up to now has been sent: only when the stream is caught up."""
@@ -271,7 +272,7 @@ class SimClient(KubeClient):
     ) -> Obj:
         plural, namespace, name, subresource = _parse(path)
         future: asyncio.Future[Obj] = asyncio.get_running_loop().create_future()
-        payload = json.loads(json.dumps(body)) if body is not None else None
+        payload = _copy(dict(body)) if isinstance(body, Mapping) else None
         call = Call(
             self.api._next_id(),
             self.replica,
@@ -321,6 +322,12 @@ class SimClient(KubeClient):
                 yield event
         finally:
             self.api.close(stream)
+
+
+def _copy(obj: T) -> T:
+    """A deep copy of JSON-like data (several times faster than ``copy.deepcopy``)."""
+    copied: T = pickle.loads(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL))
+    return copied
 
 
 def _parse(path: str) -> tuple[str, str, str, str]:
