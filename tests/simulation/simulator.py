@@ -53,6 +53,7 @@ from webhook.core.contracts import Contract, compile_contract
 from webhook.core.decisions import Decision, Policy, mutate
 from webhook.core.reviews import parse_review
 from webhook.core.state import ReservationState
+from webhook.core.tenants import parent_namespace
 from webhook.kube import reflector as reflector_module
 from webhook.kube.client import ApiError
 from webhook.state import live as live_module
@@ -138,11 +139,16 @@ class Simulation:
         self.leader = "r1"
         self.admitting: dict[str, tuple[str, asyncio.Task[Decision]]] = {}
         self.admitted: list[Admitted] = []
-        self.script: list[tuple[Any, ...]] = []
+        # The scripted client: each step, and what it waits for before the next one
+        # ("decided", "stored", or "" for nothing).
+        self.script: list[tuple[Callable[[], str | None], str]] = []
+        self.waiting = ""
+        self.waited: str | None = None
         self.requests = 0
         self.allowed = 0
         self.stored = 0
         self.restarts = 0
+        self.taken = 0
         self.steps = steps if steps is not None else self.rng.randint(20, 45)
         self.workload = Workload()
         self._figures: Figures = {}
@@ -350,12 +356,16 @@ class Simulation:
 
     def _client(self) -> None:
         rng = self.rng
-        if not self.script and rng.random() < 0.12:
+        if not self.script and rng.random() < 0.15:
             self._plan_stale_settle()
         if self.script:
-            op = self.script.pop(0)
-            getattr(self, f"_op_{op[0]}")(*op[1:])
-            return
+            if self._script_ready():
+                op, self.waiting = self.script.pop(0)
+                uid = op()
+                self.waited = uid if self.waiting else None
+                return
+            if rng.random() < 0.7:
+                return  # the scripted client waits; others may still come in
         roll = rng.random()
         things = self._things()
         if roll < 0.4 or not things:
@@ -370,52 +380,81 @@ class Simulation:
         else:
             self._op_budget(self._any_replica())
 
+    def _script_ready(self) -> bool:
+        """Whether the scripted client's previous request got as far as it waits for."""
+        uid = self.waited
+        if uid is None or uid in self.admitting:
+            return uid is None
+        return self.waiting != "stored" or all(c.uid != uid for c in self.admitted)
+
     def _any_replica(self) -> str:
         return self.rng.choice(sorted(self.replicas))
 
     def _plan_stale_settle(self) -> None:
-        """A shrink, a grow back through one replica, a create through another: the order of
-        events that lets a stale copy settle another replica's entry."""
-        things = self._things()
+        """The order of events that lets a stale copy settle another replica's entry: replica
+        B's application watch falls behind; an application is shrunk, then grown back through
+        replica A; B counts A's entry while it still shows the old size; B catches up with the
+        shrink and is asked for a create that fits only if A's growth is forgotten."""
+        things = [k for k in self._things() if _gib_of(self.api.objects[k]) >= 2]
         if not things or len(self.replicas) < 2:
             return
         _, namespace, name = self.rng.choice(things)
         first, second = self.rng.sample(sorted(self.replicas), 2)
-        amount = self.rng.randint(2, 4)
-        other = self.rng.choice([n for n in NAMES if n != name])
+        amount = self.rng.randint(1, _gib_of(self.api.objects[("things", namespace, name)]) - 1)
+        small, big = self.rng.sample([n for n in NAMES if n != name], 2)
+        lag = self.lag.get((second, "things"), 1.0)
+
+        def set_lag(value: float) -> Callable[[], str | None]:
+            def apply() -> None:
+                self.lag[(second, "things")] = value
+                self._log(f"lag    {second} things {value}")
+
+            return apply
+
         self.script = [
-            ("resize", namespace, name, -amount, first),
-            ("resize", namespace, name, +amount, first),
-            ("create", namespace, other, amount + self.rng.randint(0, 2), second),
+            (set_lag(0.0), ""),
+            (lambda: self._op_resize(namespace, name, -amount, first), "stored"),
+            (lambda: self._op_resize(namespace, name, +amount, first), "decided"),
+            (lambda: self._op_create(namespace, small, 1, second), "decided"),
+            (set_lag(lag), ""),
+            (lambda: self._op_fill(namespace, big, amount, second), ""),
         ]
         self._log(f"script stale-settle on {namespace}/{name} via {first} then {second}")
 
-    def _op_create(self, namespace: str, name: str, gib: int, replica: str) -> None:
+    def _op_fill(self, namespace: str, name: str, extra: int, replica: str) -> str | None:
+        """A create as large as the room left in the namespace's memory pool, plus ``extra``."""
+        pool = _bounder(self._pools(), namespace, "memory")
+        if pool is None:
+            return None
+        usage, budget = self._pools()[(pool, "memory")]
+        gib = int((budget - usage) // GI) + extra
+        return self._op_create(namespace, name, gib, replica) if gib > 0 else None
+
+    def _op_create(self, namespace: str, name: str, gib: int, replica: str) -> str | None:
         spec = {"memory": f"{gib}Gi"}
         if self.rng.random() < 0.3:
             spec["cpu"] = str(self.rng.randint(1, 2))
-        self._admit(replica, "CREATE", "Thing", namespace, name, spec, None)
+        return self._admit(replica, "CREATE", "Thing", namespace, name, spec, None)
 
-    def _op_resize(self, namespace: str, name: str, change: int, replica: str) -> None:
+    def _op_resize(self, namespace: str, name: str, change: int, replica: str) -> str | None:
         old = self.api.get("things", namespace, name)
-        if old is None or replica not in self.replicas:
-            return
-        memory = int(Decimal(_gib(old["spec"].get("memory", "0"))))
-        spec = {**old["spec"], "memory": f"{max(1, memory + change)}Gi"}
-        self._admit(replica, "UPDATE", "Thing", namespace, name, spec, old)
+        if old is None:
+            return None
+        spec = {**old["spec"], "memory": f"{max(1, _gib_of(old) + change)}Gi"}
+        return self._admit(replica, "UPDATE", "Thing", namespace, name, spec, old)
 
-    def _op_budget(self, replica: str) -> None:
+    def _op_budget(self, replica: str) -> str | None:
         key = self.rng.choice(sorted(self.workload.tenants))
         old = self.api.get("tenants", *key)
         quotas = dict(((old or {}).get("spec") or {}).get("resourceQuotas") or {})
         if old is None or not quotas:
-            return
+            return None
         resource = self.rng.choice(sorted(quotas))
         value = Decimal(_gib(quotas[resource]))
         value = max(Decimal(1), value + self.rng.choice((-2, -1, 1, 2)))
         quotas[resource] = f"{value}Gi" if resource == "memory" else str(value)
         spec = {**old["spec"], "resourceQuotas": quotas}
-        self._admit(replica, "UPDATE", "Tenant", key[0], key[1], spec, old)
+        return self._admit(replica, "UPDATE", "Tenant", key[0], key[1], spec, old)
 
     def _admit(
         self,
@@ -426,11 +465,11 @@ class Simulation:
         name: str,
         spec: Obj,
         old: Obj | None,
-    ) -> None:
+    ) -> str | None:
         """The API server's admission of one request: the mutating webhook records the charge
         annotation, then the validating webhook (the ledger) decides."""
         if replica not in self.replicas:
-            return
+            return None
         self.requests += 1
         uid = f"u{self.requests}"
         obj = _app(kind, namespace, name, spec)
@@ -455,6 +494,7 @@ class Simulation:
             told=self.api.told.get((replica, "tenants"), 0),
         )
         task.add_done_callback(lambda t: self._decided(change, t))
+        return uid
 
     def _decided(self, change: Admitted, task: asyncio.Task[Decision]) -> None:
         if self.admitting.pop(change.uid, None) is None or task.cancelled():
@@ -638,7 +678,10 @@ class Simulation:
                 try:
                     self._setup()
                     figures = self._check(pools(self.api.objects))
-                    for index in range(self.steps):
+                    index = 0
+                    while index < self.steps or (self.script and index < self.steps + 60):
+                        index += 1
+                        self.taken = index
                         self._log(f"step {index}")
                         self._step()
                         self.loop.run_until_idle()
@@ -653,7 +696,7 @@ class Simulation:
 
     def _outcome(self, ok: bool, problem: str) -> Outcome:
         return Outcome(
-            self.seed, ok, problem, list(self.trace), self.steps, self.allowed, self.stored
+            self.seed, ok, problem, list(self.trace), self.taken, self.allowed, self.stored
         )
 
     def _shutdown(self) -> None:
@@ -768,6 +811,20 @@ def _app(kind: str, namespace: str, name: str, spec: Obj) -> Obj:
         "metadata": {"name": name, "namespace": namespace},
         "spec": spec,
     }
+
+
+def _gib_of(obj: Obj) -> int:
+    """The memory of a stored Thing, in whole GiB (the simulation sizes in GiB)."""
+    return int(Decimal(_gib(str((obj.get("spec") or {}).get("memory", "0")))))
+
+
+def _bounder(figures: Figures, namespace: str, key: str) -> str | None:
+    """The pool that bounds ``key`` for an application in ``namespace``."""
+    while namespace:
+        if (namespace, key) in figures:
+            return namespace
+        namespace = parent_namespace(namespace)
+    return None
 
 
 def _gib(value: str) -> str:
