@@ -78,7 +78,10 @@ class Replica:
         """LiveServices._duties without certificates and drift: expiry and the leader's pass."""
         while not self._stop.is_set():
             state = self.live.state
-            state.pending.expire(self.wall())
+            if hasattr(self.ledger, "sweep"):
+                self.ledger.sweep()
+            else:
+                state.pending.expire(self.wall())
             if state.synced and self.is_leader(self.name):
                 await self.ledger.reconcile()
             await sleep_unless_stopped(self.ledger.settings.reconcile_seconds, self._stop)

@@ -139,11 +139,11 @@ class Simulation:
         self.leader = "r1"
         self.admitting: dict[str, tuple[str, asyncio.Task[Decision]]] = {}
         self.admitted: list[Admitted] = []
-        # The scripted client: each step, and what it waits for before the next one
-        # ("decided", "stored", or "" for nothing).
-        self.script: list[tuple[Callable[[], str | None], str]] = []
-        self.waiting = ""
-        self.waited: str | None = None
+        # The scripted client: each step, when it is ready to run.
+        self.script: list[tuple[Callable[[], bool], Callable[[], None]]] = []
+        self.versions: dict[str, int] = {}  # uid -> resourceVersion it was stored at
+        self.allowed_uids: set[str] = set()
+        self.scripted: set[tuple[str, str, str]] = set()  # what the scripted client works on
         self.requests = 0
         self.allowed = 0
         self.stored = 0
@@ -152,6 +152,7 @@ class Simulation:
         self.steps = steps if steps is not None else self.rng.randint(20, 45)
         self.workload = Workload()
         self._figures: Figures = {}
+        self.checked: Figures = {}  # the oracle's figures at the last check
         self._figures_at = -1
         self.landing: Admitted | None = None  # the change the current step stored
         self.lowered: dict[tuple[str, str], int] = {}  # (pool, key) -> version that lowered it
@@ -297,6 +298,16 @@ class Simulation:
         """Move the clock; on a long wait the server heartbeats most caught-up watches (a
         bookmark), and the others stay silent into their read timeout."""
         self._log(f"tick   +{seconds:.3f}s")
+        # The API server finishes what it admitted within its request deadline: a change due
+        # before the clock gets there is stored now (or, rarely, fails in storage).
+        due = self.loop.time() + seconds
+        for change in [c for c in self.admitted if c.answered + STORE_DEADLINE <= due]:
+            self.admitted.remove(change)
+            if self.rng.random() < 0.05:
+                self._log(f"store  {change.uid}: the request timed out before it was stored")
+            else:
+                self._persist(change)
+                self._check()
         while seconds > HEARTBEAT_SECONDS:
             for stream in list(self.api.streams):
                 if self.api.pending(stream) == 0 and self.rng.random() < self.heartbeat:
@@ -359,17 +370,19 @@ class Simulation:
         if not self.script and rng.random() < 0.15:
             self._plan_stale_settle()
         if self.script:
-            if self._script_ready():
-                op, self.waiting = self.script.pop(0)
-                uid = op()
-                self.waited = uid if self.waiting else None
+            ready, op = self.script[0]
+            if ready():
+                self.script.pop(0)
+                op()
                 return
-            if rng.random() < 0.7:
+            if rng.random() < 0.85:
                 return  # the scripted client waits; others may still come in
         roll = rng.random()
-        things = self._things()
+        things = [k for k in self._things() if not self.script or k not in self.scripted]
         if roll < 0.4 or not things:
             namespace, name = rng.choice(self.workload.namespaces), rng.choice(NAMES)
+            if ("things", namespace, name) in self.scripted and self.script:
+                return
             self._op_create(namespace, name, rng.randint(1, 6), self._any_replica())
         elif roll < 0.65:
             _, namespace, name = rng.choice(things)
@@ -380,12 +393,19 @@ class Simulation:
         else:
             self._op_budget(self._any_replica())
 
-    def _script_ready(self) -> bool:
-        """Whether the scripted client's previous request got as far as it waits for."""
-        uid = self.waited
-        if uid is None or uid in self.admitting:
-            return uid is None
-        return self.waiting != "stored" or all(c.uid != uid for c in self.admitted)
+    def _decided_(self, uids: dict[str, str | None], step: str) -> Callable[[], bool]:
+        """Ready once the scripted request ``step`` has been answered by its replica."""
+        return lambda: uids.get(step) is None or uids[step] not in self.admitting
+
+    def _stored_(self, uids: dict[str, str | None], step: str) -> Callable[[], bool]:
+        """Ready once the scripted request ``step`` is stored (or will never be)."""
+        return lambda: (
+            self._decided_(uids, step)() and all(c.uid != uids[step] for c in self.admitted)
+        )
+
+    def _went_through(self, uid: str | None) -> bool:
+        """Whether a request was allowed (and, when stored by now, stored)."""
+        return uid is not None and (uid in self.versions or uid in self.allowed_uids)
 
     def _any_replica(self) -> str:
         return self.rng.choice(sorted(self.replicas))
@@ -394,7 +414,8 @@ class Simulation:
         """The order of events that lets a stale copy settle another replica's entry: replica
         B's application watch falls behind; an application is shrunk, then grown back through
         replica A; B counts A's entry while it still shows the old size; B catches up with the
-        shrink and is asked for a create that fits only if A's growth is forgotten."""
+        shrink (and not yet the growth) and is asked for a create that fits only if A's growth
+        is forgotten."""
         things = [k for k in self._things() if _gib_of(self.api.objects[k]) >= 2]
         if not things or len(self.replicas) < 2:
             return
@@ -403,21 +424,55 @@ class Simulation:
         amount = self.rng.randint(1, _gib_of(self.api.objects[("things", namespace, name)]) - 1)
         small, big = self.rng.sample([n for n in NAMES if n != name], 2)
         lag = self.lag.get((second, "things"), 1.0)
+        uids: dict[str, str | None] = {}
+        self.scripted = {("things", namespace, n) for n in (name, small, big)}
 
-        def set_lag(value: float) -> Callable[[], str | None]:
-            def apply() -> None:
-                self.lag[(second, "things")] = value
-                self._log(f"lag    {second} things {value}")
+        def set_lag(value: float) -> None:
+            self.lag[(second, "things")] = value
+            self._log(f"lag    {second} things {value}")
 
-            return apply
+        def told_shrink(replica: str) -> Callable[[], bool]:
+            """Ready once ``replica`` has been sent the shrink (or it never happened)."""
+
+            def ready() -> bool:
+                version = self.versions.get(uids.get("shrink") or "", 0)
+                return self.api.told.get((replica, "things"), 0) >= version
+
+            return ready
+
+        def step(key: str, op: Callable[[], str | None], needs: str = "") -> Callable[[], None]:
+            def run() -> None:
+                if needs and not self._went_through(uids.get(needs)):
+                    self.script.clear()  # the sequence broke down: give up on it
+                    set_lag(lag)
+                    self._log(f"script abandoned: {needs} did not go through")
+                    return
+                uids[key] = op()
+
+            return run
+
+        def synced() -> bool:
+            return all(r.synced for r in self.replicas.values())
+
+        def always() -> bool:
+            return True
 
         self.script = [
-            (set_lag(0.0), ""),
-            (lambda: self._op_resize(namespace, name, -amount, first), "stored"),
-            (lambda: self._op_resize(namespace, name, +amount, first), "decided"),
-            (lambda: self._op_create(namespace, small, 1, second), "decided"),
-            (set_lag(lag), ""),
-            (lambda: self._op_fill(namespace, big, amount, second), ""),
+            (synced, lambda: set_lag(0.0)),
+            (always, step("shrink", lambda: self._op_resize(namespace, name, -amount, first))),
+            (
+                lambda: self._stored_(uids, "shrink")() and told_shrink(first)(),
+                step("grow", lambda: self._op_resize(namespace, name, +amount, first), "shrink"),
+            ),
+            (
+                self._decided_(uids, "grow"),
+                step("count", lambda: self._op_create(namespace, small, 1, second), "grow"),
+            ),
+            (self._decided_(uids, "count"), lambda: set_lag(lag)),
+            (
+                told_shrink(second),
+                step("fill", lambda: self._op_fill(namespace, big, amount, second)),
+            ),
         ]
         self._log(f"script stale-settle on {namespace}/{name} via {first} then {second}")
 
@@ -427,7 +482,15 @@ class Simulation:
         if pool is None:
             return None
         usage, budget = self._pools()[(pool, "memory")]
-        gib = int((budget - usage) // GI) + extra
+        coming = 0  # admitted, not stored yet: growth the replica rightly counts
+        for change in self.admitted:
+            if (
+                change.plural == "things"
+                and _bounder(self._pools(), change.namespace, "memory") == pool
+            ):
+                old = self.api.get("things", change.namespace, change.name)
+                coming += max(0, _gib_of(change.obj) - (_gib_of(old) if old else 0))
+        gib = int((budget - usage) // GI) - coming + extra
         return self._op_create(namespace, name, gib, replica) if gib > 0 else None
 
     def _op_create(self, namespace: str, name: str, gib: int, replica: str) -> str | None:
@@ -512,6 +575,7 @@ class Simulation:
         )
         if decision.allowed and not late:
             self.allowed += 1
+            self.allowed_uids.add(change.uid)
             change.answered = self.loop.time()
             self.admitted.append(change)
 
@@ -542,13 +606,17 @@ class Simulation:
         self.stored += 1
         self.landing = change
         change.version = int(stored["metadata"]["resourceVersion"])
+        self.versions[change.uid] = change.version
         self._log(
             f"store  {change.uid}: {change.plural} {change.namespace}/{change.name} "
             f"{change.obj['spec']} rv {change.version}"
         )
 
     def _delete(self) -> None:
-        _, namespace, name = self.rng.choice(self._things())
+        things = [k for k in self._things() if not self.script or k not in self.scripted]
+        if not things:
+            return
+        _, namespace, name = self.rng.choice(things)
         deleted = self.api.delete("things", namespace, name)
         assert deleted is not None
         self._log(f"delete things {namespace}/{name} rv {deleted['metadata']['resourceVersion']}")
@@ -561,8 +629,11 @@ class Simulation:
             self._figures, self._figures_at = pools(self.api.objects), self.api.version
         return self._figures
 
-    def _check(self, before: Figures) -> Figures:
+    def _check(self) -> None:
+        """Judge the stored objects now against what they were at the previous check."""
+        before = self.checked
         after = self._pools()
+        self.checked = after
         landing, self.landing = self.landing, None
         for key in lowered(before, after):
             self.lowered[key] = landing.version if landing else self.api.version
@@ -578,9 +649,8 @@ class Simulation:
         for replica in self.replicas.values():
             for error in replica.failures():
                 raise Violation(f"{replica.name}: a background task died: {error!r}")
-        return after
 
-    def _quiesce(self, figures: Figures) -> Figures:
+    def _quiesce(self) -> None:
         """Deliver everything, let every grace period pass, then wait for convergence."""
         self._log("quiesce")
         deadline = self.loop.time() + GRACE_SECONDS + 4 * READ_TIMEOUT
@@ -595,15 +665,15 @@ class Simulation:
                     progressed = True
             while self.admitted:
                 self._persist(self.admitted.pop(0))
-                figures = self._check(figures)
+                self._check()
             self.loop.run_until_idle()
-            figures = self._check(figures)
+            self._check()
             if progressed:
                 quiet_since = self.loop.time()
                 continue
             settled = self.loop.time() > quiet_since + GRACE_SECONDS + 5
             if settled and not self.admitting and self._converged() is None:
-                return figures
+                return
             if self.loop.time() > deadline:
                 raise Violation(f"no convergence after quiescing: {self._converged()}")
             for stream in list(self.api.streams):
@@ -677,7 +747,8 @@ class Simulation:
             with _deterministic(self.rng):
                 try:
                     self._setup()
-                    figures = self._check(pools(self.api.objects))
+                    self.checked = pools(self.api.objects)
+                    self._check()
                     index = 0
                     while index < self.steps or (self.script and index < self.steps + 60):
                         index += 1
@@ -685,8 +756,8 @@ class Simulation:
                         self._log(f"step {index}")
                         self._step()
                         self.loop.run_until_idle()
-                        figures = self._check(figures)
-                    self._quiesce(figures)
+                        self._check()
+                    self._quiesce()
                     self._probe()
                 except Violation as exc:
                     return self._outcome(False, str(exc))
