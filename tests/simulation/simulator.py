@@ -782,6 +782,7 @@ class Simulation:
             task.cancel()
         with contextlib.suppress(Exception):
             self.loop.run_until_idle()
+            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
         asyncio.set_event_loop(None)
         self.loop.close()
 
