@@ -99,8 +99,8 @@ class LiveServices:
             leader = self.elector.is_leader
             became_leader, self._was_leader = leader and not self._was_leader, leader
             await self._certificates(leader, became_leader)
+            self.ledger.sweep()
             state = self.live.state
-            state.pending.expire(time.time())
             if state.synced:
                 if self._due("drift", DRIFT_SECONDS):
                     self.drift = len(recount(state))

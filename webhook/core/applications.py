@@ -33,6 +33,7 @@ __all__ = [
     "application_from_object",
     "charge_annotation",
     "parse_recorded_charge",
+    "resource_version",
 ]
 
 APPS_API_VERSION: Final = "apps.cozystack.io/v1alpha1"
@@ -59,6 +60,7 @@ class Application:
     name: str
     spec: Any
     recorded: RecordedCharge | None = None
+    version: int = 0  # metadata.resourceVersion when stored (0: not known)
 
     @property
     def key(self) -> AppKey:
@@ -80,7 +82,18 @@ def application_from_object(obj: Mapping[str, Any]) -> Application:
         raise ValueError("metadata.namespace: missing")
     annotations = metadata.get("annotations") or {}
     recorded = parse_recorded_charge(annotations.get(CHARGE_ANNOTATION))
-    return Application(kind, namespace, name, obj.get("spec"), recorded)
+    version = resource_version(metadata.get("resourceVersion"))
+    return Application(kind, namespace, name, obj.get("spec"), recorded, version)
+
+
+def resource_version(value: object) -> int:
+    """A resourceVersion as a number to order by (0 when absent or not a plain revision).
+
+    Kubernetes calls resourceVersions opaque, but every object of one etcd shares its revision
+    counter, and the ledger relies on that order (see ``webhook.ledger``)."""
+    if isinstance(value, str) and value.isdigit() and len(value) <= 20:
+        return int(value)
+    return 0
 
 
 def application_from_helmrelease(release: Mapping[str, Any]) -> Application | None:

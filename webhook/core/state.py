@@ -20,7 +20,7 @@ from decimal import Decimal
 from webhook.core import resources as rl
 from webhook.core.applications import AppKey, Application
 from webhook.core.errors import EvaluationError
-from webhook.core.pending import PendingCharges
+from webhook.core.pending import Hold, PendingCharges
 from webhook.core.platform import Platform
 from webhook.core.pools import TenantTree
 from webhook.core.tenants import TENANT_KIND, owned_namespace, parse_budget
@@ -37,6 +37,7 @@ class AppRecord:
     digest: str
     current_digest: str = ""  # set only when today's evaluation differs from the record
     problem: str = ""  # why today's evaluation failed, if it did
+    version: int = 0  # the stored object's resourceVersion, when the source has one
 
     @property
     def drifted(self) -> bool:
@@ -55,12 +56,13 @@ class ReservationState:
     ) -> None:
         self.platform = platform
         self.tree = TenantTree()
-        self.pending = PendingCharges(self.tree)
+        self.pending = PendingCharges(self.tree, shows=self._shows)
         self._synced = synced
         self._readiness = readiness  # a live source's own check, asked on every read
         self._apps: dict[AppKey, AppRecord] = {}
         self._unknown: dict[AppKey, str] = {}  # key -> why it has no charge
         self._owned: dict[AppKey, str] = {}  # Tenant application -> namespace it owns
+        self._tenant_versions: dict[AppKey, int] = {}  # Tenant application -> resourceVersion
 
     def __len__(self) -> int:
         return len(self._apps) + len(self._unknown)
@@ -82,6 +84,8 @@ class ReservationState:
         namespace = key[1]
         budget = self._observe_tenant(key, app) if app.kind == TENANT_KIND else None
         record, problem = self._price(app, namespace)
+        if record is not None:
+            record.version = app.version
         previous = self._apps.pop(key, None)
         self._unknown.pop(key, None)
         if record is None:
@@ -93,33 +97,35 @@ class ReservationState:
         self.tree.add_usage(namespace, rl.subtract(after, before))
         if self.pending and (record is not None or budget is not None):
             observed = budget if budget is not None else record.resources if record else {}
-            self.pending.settle(key, observed)
+            self.pending.settle(key, observed, app.version)
 
-    def forget(self, key: AppKey) -> None:
-        """Apply the deletion of an application."""
+    def forget(self, key: AppKey, *, version: int = 0) -> None:
+        """Apply the deletion of an application (seen at resourceVersion ``version``)."""
         previous = self._apps.pop(key, None)
         self._unknown.pop(key, None)
         if previous is not None:
             self.tree.add_usage(key[1], rl.scale(previous.resources, Decimal(-1)))
         if self.pending:
-            self.pending.settle(key, None)
+            self.pending.settle(key, None, version)
+        self._tenant_versions.pop(key, None)
         owned = self._owned.pop(key, None)
         if owned is not None:
             self.tree.set_budget(owned, {})
             self.tree.declare(owned, declared=False)
 
-    def replace_kind(self, kind: str, apps: list[Application]) -> None:
-        """Make ``kind``'s applications exactly ``apps`` (after a full list)."""
+    def replace_kind(self, kind: str, apps: list[Application], *, version: int = 0) -> None:
+        """Make ``kind``'s applications exactly ``apps`` (after a full list at ``version``)."""
         present = {app.key for app in apps}
         stale = [k for k in [*self._apps, *self._unknown] if k[0] == kind and k not in present]
         for key in stale:
-            self.forget(key)
+            self.forget(key, version=version)
         for app in apps:
             self.observe(app)
 
     def _observe_tenant(self, key: AppKey, app: Application) -> dict[str, Decimal]:
         owned = owned_namespace(key[1], key[2])
         self._owned[key] = owned
+        self._tenant_versions[key] = app.version
         kind = self.platform.kind(TENANT_KIND)
         values = kind.defaulted(app.spec) if kind else app.spec
         try:
@@ -154,6 +160,24 @@ class ReservationState:
             namespace, dict(app.recorded.resources), sys.intern(app.recorded.digest), drift
         )
         return record, ""
+
+    def _shows(self, hold: Hold) -> bool:
+        """Whether the state shows ``hold``'s application as admitted, newer than the admission
+        (a copy that only matches the figures may predate it, and settles nothing)."""
+        if hold.key[0] == TENANT_KIND:
+            node = self.tree.get(owned_namespace(hold.key[1], hold.key[2]))
+            return (
+                self._tenant_versions.get(hold.key, 0) > hold.after
+                and node is not None
+                and node.declared
+                and node.budget == dict(hold.charge)
+            )
+        record = self._apps.get(hold.key)
+        return (
+            record is not None
+            and record.version > hold.after
+            and dict(record.resources) == dict(hold.charge)
+        )
 
     # -- questions ---------------------------------------------------------------------------
 
@@ -191,8 +215,6 @@ def recount(state: ReservationState) -> dict[tuple[str, str], tuple[Decimal, Dec
         totals = own.setdefault(app_key[1], {})
         for key, value in record.resources.items():
             totals[key] = totals.get(key, Decimal(0)) + value
-    for hold in state.pending.holds():
-        own[hold.namespace] = rl.add(own.get(hold.namespace, {}), hold.increase)
     for node in state.tree.nodes():
         remote = state.pending.remote(node.namespace)
         if remote:

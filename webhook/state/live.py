@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.core.applications import APPS_API_VERSION, application_from_object
+from webhook.core.applications import APPS_API_VERSION, application_from_object, resource_version
 from webhook.core.errors import ReservationError
 from webhook.core.platform import PRESETS_CONFIGMAP, Platform, PlatformBuilder
 from webhook.core.state import ReservationState
@@ -236,7 +237,7 @@ class LiveState:
                     log.warning(
                         "application ignored", extra={"fields": {"kind": kind, "reason": str(exc)}}
                     )
-            state.replace_kind(kind, apps)
+            state.replace_kind(kind, apps, version=resource_version(reflector.resource_version))
 
         def event(event_type: str, obj: Obj) -> None:
             try:
@@ -247,11 +248,11 @@ class LiveState:
                 )
                 return
             if event_type == "DELETED":
-                state.forget(app.key)
+                state.forget(app.key, version=app.version)
             else:
                 state.observe(app)
 
-        return Reflector(
+        reflector = Reflector(
             self.client,
             ref,
             on_replace=replace,
@@ -260,6 +261,19 @@ class LiveState:
             read_timeout=self.settings.read_timeout,
             clock=self.clock,
         )
+        return reflector
+
+    def observed_version(self, kind: str) -> int:
+        """The revision up to which the state has seen every write of ``kind`` (0: none yet).
+
+        A kind the platform does not know has no objects the state counts: every revision."""
+        found = self.state.platform.kind(kind)
+        if found is None:
+            return sys.maxsize
+        entry = self._apps.get(found.plural)
+        if entry is None or not entry[0].listed:
+            return 0
+        return resource_version(entry[0].resource_version)
 
 
 def _uid(obj: Obj) -> str:
