@@ -77,11 +77,8 @@ class Replica:
     async def _duties(self) -> None:
         """LiveServices._duties without certificates and drift: expiry and the leader's pass."""
         while not self._stop.is_set():
+            self.ledger.sweep()
             state = self.live.state
-            if hasattr(self.ledger, "sweep"):
-                self.ledger.sweep()
-            else:
-                state.pending.expire(self.wall())
             if state.synced and self.is_leader(self.name):
                 await self.ledger.reconcile()
             await sleep_unless_stopped(self.ledger.settings.reconcile_seconds, self._stop)
