@@ -45,6 +45,7 @@ def register(server: EmulatedAPIServer) -> None:
         "VirtualMachineInstancetype",
     )
     server.resource("", "v1", "configmaps", "ConfigMap")
+    server.resource("", "v1", "resourcequotas", "ResourceQuota", status=True)
     server.resource("coordination.k8s.io", "v1", "leases", "Lease")
     server.resource("", "v1", "secrets", "Secret")
     for plural, kind in (

@@ -215,3 +215,69 @@ def test_review_admits_sixteen_u1_micro_vms_in_16gi_and_denies_the_seventeenth(
     # declared units: 1Gi per VM, whatever virt-launcher pods would request on top
     assert [a["allowed"] for a in answers] == [True] * 16 + [False]
     assert "used: memory=16Gi, limited: memory=16Gi" in answers[-1]["status"]["message"]
+
+
+# -- offline paths: the namespace is the request's, a name is created once ---------------------
+
+
+def test_review_refuses_a_request_without_a_namespace_and_charges_nothing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    body = review("VMInstance", "tenant-acme", "vm", {"instanceType": "u1.micro"})
+    body["request"]["namespace"] = ""
+    follow = review("VMInstance", "tenant-acme", "vm", {"instanceType": "u1.micro"}, uid="u2")
+    _, out, _ = run(
+        capsys, "review", *STATE, write(tmp_path, "a.json", body), write(tmp_path, "b.json", follow)
+    )
+    refused, created = responses(out)
+    assert not refused["allowed"]
+    assert refused["status"]["code"] == 400
+    assert "names no namespace" in refused["status"]["message"]
+    assert created["allowed"]  # the refused one was not stored under the object's namespace
+
+
+def test_review_refuses_an_object_claiming_another_namespace_in_every_mode(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    body = review("VMInstance", "tenant-acme", "vm", {"instanceType": "u1.micro"})
+    body["request"]["namespace"] = "tenant-other"
+    for mode in ("enforce", "warn", "off"):
+        _, out, _ = run(capsys, "review", *STATE, "--mode", mode, write(tmp_path, "a.json", body))
+        (answer,) = responses(out)
+        assert not answer["allowed"], mode
+        assert "differs from the request's namespace 'tenant-other'" in answer["status"]["message"]
+
+
+def test_a_second_create_of_an_existing_name_is_a_conflict_that_changes_nothing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    small = review("VMInstance", "tenant-acme", "vm", {"instanceType": "u1.micro"}, uid="u1")
+    big = review("VMInstance", "tenant-acme", "vm", {"instanceType": "u1.large"}, uid="u2")
+    grow = review(
+        "VMInstance",
+        "tenant-acme",
+        "other",
+        {"instanceType": "u1.micro"},
+        uid="u3",
+    )
+    files = [write(tmp_path, f"{i}.json", b) for i, b in enumerate((small, big, grow))]
+    _, out, _ = run(capsys, "review", *STATE, *files)
+    first, second, third = responses(out)
+    assert first["allowed"]
+    assert not second["allowed"]
+    assert second["status"]["code"] == 409
+    assert "already exists" in second["status"]["message"]
+    # the pool still holds the first VM (1Gi) only: 4Gi carved out by ci + 1Gi + 1Gi
+    assert json.loads(third["auditAnnotations"]["reserved-after"])["memory"] == "6Gi"
+
+
+def test_review_of_100k_level_nested_json_is_a_clean_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    status, out, err = run(capsys, "review", *STATE, str(path))
+    assert status == 2
+    assert out == ""
+    assert "nested too deeply" in err
+    assert "Traceback" not in err

@@ -470,3 +470,138 @@ async def test_a_fresh_install_starts_without_certificates_and_makes_its_own(
             finally:
                 process.terminate()
                 assert await asyncio.to_thread(process.wait, 30) == 0
+
+
+async def test_the_pod_level_guard_warns_from_the_live_resourcequota_and_its_status(
+    tmp_path: Path, certs: Path, caller: Caller
+) -> None:
+    async with cluster(tmp_path) as (server, kubeconfig):
+        server.create(tenant("tenant-root", "acme", {"memory": "16Gi", "cpu": "16"}))
+        for index in range(10):
+            server.create(app("VMInstance", "tenant-acme", f"vm{index}", MICRO))
+        hard = {"requests.memory": "16Gi", "limits.memory": "16Gi", "requests.cpu": "1600m"}
+        quota = server.create(
+            {
+                "apiVersion": "v1",
+                "kind": "ResourceQuota",
+                "metadata": {"name": "tenant-quota", "namespace": "tenant-acme"},
+                "spec": {"hard": hard},
+            }
+        )
+        # The quota controller's count of the pods that exist.
+        server.update_status(
+            {**quota, "status": {"hard": hard, "used": {"requests.memory": "15Gi"}}}
+        )
+        async with replica(kubeconfig, certs) as webhook:
+            await wait_ready(caller, webhook.port)
+            services = webhook.services
+            assert services is not None
+            await eventually(lambda: bool(services.quotas.book.quotas("tenant-acme")))
+            body = review("VMInstance", "tenant-acme", "eleventh", MICRO, dry_run=True)
+            answer = await caller.validate(webhook.port, body)
+    # Ten admitted VMs need 12940Mi; the running pods already use 15Gi, the larger: 1Gi left.
+    assert answer["allowed"], answer
+    assert any(
+        "ResourceQuota tenant-quota leaves 1Gi of requests.memory; this VM's pod needs 1294Mi"
+        in warning
+        for warning in answer.get("warnings", [])
+    ), answer
+
+
+POISON = "9" * 60 + ".5"  # more digits than any quantity holds
+HUGE = "1e" + "0" * 4301  # an exponent past Python's int-to-text limit
+
+
+def poisoned_spec() -> dict[str, Any]:
+    """Values a tenant can store that once killed a reflector: every common sizing field."""
+    size = {"cpu": POISON, "memory": HUGE}
+    return {
+        "storage": POISON,
+        "size": HUGE,
+        "replicas": POISON,
+        "resources": size,
+        "resourcesPreset": "u1.medium",
+        "instanceType": "u1.micro",
+        "nodeGroups": {"md0": {"minReplicas": HUGE, "maxReplicas": POISON, "resources": size}},
+        "resourceQuotas": {"memory": POISON, "cpu": HUGE},
+    }
+
+
+async def test_a_poisoned_object_of_every_kind_leaves_the_webhook_ready_for_every_other_pool(
+    tmp_path: Path, certs: Path, caller: Caller
+) -> None:
+    async with cluster(tmp_path) as (server, kubeconfig):
+        server.create(tenant("tenant-root", "acme", {"memory": "1Gi"}))
+        server.create(tenant("tenant-root", "poison", {"memory": "1Gi"}))
+        kinds = [
+            m["spec"]["application"]["kind"]
+            for m in server.objects("cozystack.io", "applicationdefinitions")
+        ]
+        assert len(kinds) > 20
+        for kind in kinds:
+            body = app(kind, "tenant-poison", f"bad-{kind.lower()}", poisoned_spec())
+            body["metadata"]["annotations"] = {"reservation.cozystack.io/charge": HUGE}
+            server.create(body)
+        async with replica(kubeconfig, certs) as webhook:
+            await wait_ready(caller, webhook.port)
+            fits = review("VMInstance", "tenant-acme", "first", MICRO)
+            assert (await caller.validate(webhook.port, fits))["allowed"]
+            store(server, fits)
+            over = review("VMInstance", "tenant-acme", "second", MICRO, uid="u2")
+            denied = await caller.validate(webhook.port, over)
+            assert not denied["allowed"]
+            assert "exceeded tenant quota" in denied["status"]["message"]
+            assert await caller.ready(webhook.port)
+
+
+def poisoned(kind: str, name: str, spec: Any, annotation: str | None = None) -> dict[str, Any]:
+    obj = app(kind, "tenant-evil", name, spec)
+    if annotation is not None:
+        obj["metadata"]["annotations"] = {"reservation.cozystack.io/charge": annotation}
+    return obj
+
+
+def deep_spec(depth: int) -> Any:
+    value: Any = {"instanceType": "u1.micro"}
+    for _ in range(depth):
+        value = {"x": value}
+    return value
+
+
+POISONED = [
+    poisoned("VMDisk", "sixty-digits", {"storage": "9" * 60 + ".5"}),
+    poisoned("VMDisk", "exponent", {"storage": "1e" + "0" * 4301}),
+    poisoned("VMInstance", "deep", deep_spec(200)),
+    poisoned("Postgres", "huge-count", {"replicas": "9" * 4000}),
+    poisoned(
+        "Kubernetes",
+        "annotated",
+        {"nodeGroups": {"md0": {"maxReplicas": 1, "instanceType": "u9.none"}}},
+        '{"charge":{"memory":"1e' + "0" * 4301 + '"},"digest":"x"}',
+    ),
+]
+
+
+async def test_a_poisoned_object_of_each_kind_leaves_the_webhook_ready_and_deciding(
+    tmp_path: Path, certs: Path, caller: Caller
+) -> None:
+    async with cluster(tmp_path) as (server, kubeconfig):
+        server.create(tenant("tenant-root", "acme", {"memory": "2Gi"}))
+        server.create(tenant("tenant-root", "evil", {"memory": "2Gi"}))
+        for obj in POISONED[:3]:  # some stored before the replica lists ...
+            server.create(obj)
+        async with replica(kubeconfig, certs) as webhook:
+            await wait_ready(caller, webhook.port)
+            for obj in POISONED[3:]:  # ... and some arriving through the watch
+                server.create(obj)
+            await eventually(lambda: len(webhook.admission.state.unknown()) == len(POISONED))
+            assert await caller.ready(webhook.port)
+            other = await caller.validate(
+                webhook.port, review("VMInstance", "tenant-acme", "vm", MICRO)
+            )
+            assert other["allowed"], other
+            blocked = await caller.validate(
+                webhook.port, review("VMInstance", "tenant-evil", "vm", MICRO)
+            )
+            assert not blocked["allowed"]
+            assert "is unknown" in blocked["status"]["message"]

@@ -153,3 +153,24 @@ def test_sigterm_stops_the_server_and_exits_zero(certs: Path) -> None:
     finally:
         if process.poll() is None:
             process.kill()
+
+
+async def test_a_client_sending_half_a_header_is_disconnected(certs: Path) -> None:
+    settings = Settings(state=STATE, cert_dir=str(certs), listen_port=0)
+    running = WebhookServer(load_state(settings.state), settings, idle_seconds=0.3)
+    await running.start()
+    try:
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", running.port, ssl=client_context(certs), server_hostname="localhost"
+        )
+        writer.write(b"POST /validate HTTP/1.1\r\nHost: localhost\r\nContent-")
+        await writer.drain()
+        # the server closes the connection: read() returns end of stream, not a hang
+        assert await asyncio.wait_for(reader.read(), timeout=30) == b""
+        writer.close()
+        # and it still answers everyone else
+        answer = await post(running, certs, json.loads(SAMPLE.read_text()))
+        assert answer["response"]["allowed"]
+    finally:
+        running.stop()
+        await running.wait()

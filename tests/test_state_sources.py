@@ -83,9 +83,10 @@ SCENARIOS = [
         request("VMInstance", "tenant-acme", "vm", MICRO),
         (
             False,
-            "tenant quota: pool tenant-acme cannot grant more: the reservation of "
-            "VMInstance/legacy in tenant-acme is unknown (it cannot be evaluated and has no "
-            "recorded charge); fix or delete it",
+            "tenant quota: pool tenant-acme cannot grant more while the reservation of "
+            "VMInstance tenant-acme/legacy is unknown: it cannot be evaluated (VMInstance: "
+            'instanceType: unknown instance type "u9.huge") and has no recorded charge; fix its '
+            "spec so it evaluates, or delete it",
         ),
         id="an-unknown-reservation-blocks-its-pool",
     ),

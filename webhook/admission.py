@@ -12,14 +12,23 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from webhook.core.decisions import Decision, Policy, decide, errored, mutate
+from webhook.core.guard import QuotaBook, guard_warning
 from webhook.core.reviews import AdmissionRequest, parse_review, review_response
 from webhook.core.state import ReservationState
 
-__all__ = ["Admission", "Outcome", "admit", "apply_admitted", "internal_error"]
+__all__ = [
+    "Admission",
+    "Outcome",
+    "admit",
+    "apply_admitted",
+    "conflict",
+    "internal_error",
+    "with_guard_warning",
+]
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +64,12 @@ class Admission:
         policy: Policy,
         *,
         reserver: Reserver | None = None,
+        quotas: QuotaBook | None = None,
     ) -> None:
         self._state = state if callable(state) else (lambda: state)
         self.policy = policy
         self.reserver = reserver
+        self.quotas = quotas
 
     @property
     def state(self) -> ReservationState:
@@ -66,8 +77,10 @@ class Admission:
 
     async def validate(self, request: AdmissionRequest) -> Decision:
         if self.reserver is not None:
-            return await self.reserver.admit(request, self.policy)
-        decision = decide(request, self.state, self.policy)
+            decision = await self.reserver.admit(request, self.policy)
+            return with_guard_warning(decision, request, self.state, self.quotas)
+        decision = conflict(request, self.state) or decide(request, self.state, self.policy)
+        decision = with_guard_warning(decision, request, self.state, self.quotas)
         apply_admitted(self.state, request, decision)
         return decision
 
@@ -75,14 +88,63 @@ class Admission:
         return mutate(request, self.state, self.policy)
 
 
-def admit(body: object, state: ReservationState, policy: Policy) -> Outcome:
+def admit(
+    body: object,
+    state: ReservationState,
+    policy: Policy,
+    *,
+    quotas: QuotaBook | None = None,
+) -> Outcome:
     """Decide a decoded AdmissionReview; raises ``ReviewError`` only for a malformed review."""
     request = parse_review(body)
     try:
-        decision = decide(request, state, policy)
+        decision = conflict(request, state) or decide(request, state, policy)
+        decision = with_guard_warning(decision, request, state, quotas)
     except Exception:
         decision = internal_error(request)
     return Outcome(request, decision)
+
+
+def conflict(request: AdmissionRequest, state: ReservationState) -> Decision | None:
+    """Where this process is the only store (``review``, manifest directories): a CREATE of a
+    name the state already holds is refused as the API server would refuse it, and changes
+    nothing; the first object keeps its record."""
+    if request.operation != "CREATE":
+        return None
+    key = (request.kind, request.namespace, request.name)
+    if state.record(key) is None and key not in state.unknown():
+        return None
+    return errored(
+        409,
+        "AlreadyExists",
+        "already-exists",
+        f"{request.kind} {request.name} already exists in {request.namespace}; "
+        "nothing was changed (update it instead)",
+    )
+
+
+def with_guard_warning(
+    decision: Decision,
+    request: AdmissionRequest,
+    state: ReservationState,
+    quotas: QuotaBook | None,
+) -> Decision:
+    """Add the pod-level guard's warning to an allowed write whose pods will not start.
+
+    The reservation decides; the namespace's ResourceQuotas only decide whether the pods run,
+    so this never turns an answer around. Work is done only for namespaces with a quota.
+    """
+    if quotas is None or not decision.allowed or decision.charge is None:
+        return decision
+    found = quotas.quotas(request.namespace)
+    if not found:
+        return decision
+    key = (request.kind, request.namespace, request.name)
+    charges = ((k, r.resources if r else None) for k, r in state.records_in(request.namespace))
+    warning = guard_warning(key, decision.charge, charges, found)
+    if warning is None:
+        return decision
+    return replace(decision, warnings=(*decision.warnings, warning))
 
 
 def internal_error(request: AdmissionRequest) -> Decision:

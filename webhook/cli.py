@@ -20,7 +20,9 @@ import yaml
 from webhook.admission import admit, apply_admitted
 from webhook.core.contract_schema import CONTRACT_SCHEMA
 from webhook.core.decisions import MODES, Mode, Policy
-from webhook.core.errors import ReservationError
+from webhook.core.errors import QuantityError, ReservationError
+from webhook.core.guard import QuotaBook
+from webhook.core.quantities import parse_quantity
 from webhook.core.reviews import ReviewError
 from webhook.logs import configure as configure_logs
 from webhook.report import build_report, explain_charge, render_report
@@ -79,6 +81,29 @@ def _parser() -> argparse.ArgumentParser:
     _add_state(report)
     report.add_argument("--json", action="store_true", help="print JSON instead of a table")
     report.set_defaults(handler=_report)
+
+    guard = commands.add_parser(
+        "guard",
+        help="will admitted applications' pods fit their namespace's ResourceQuotas?",
+        description="Per tenant namespace: the pod-level guard (ResourceQuotas), what admitted "
+        "applications' pods will request, and the factor on resourceQuotas that lets them all "
+        "run. Exit status 1 with --fail-on short when some namespace is short.",
+    )
+    _add_state(guard)
+    guard.add_argument(
+        "--mix",
+        action="append",
+        default=[],
+        metavar="SIZE",
+        help="a target VM memory size (e.g. 1Gi): print the factor a budget of such VMs needs",
+    )
+    guard.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    guard.add_argument(
+        "--fail-on",
+        choices=("short",),
+        help="exit 1 when admitted applications cannot all run in some namespace",
+    )
+    guard.set_defaults(handler=_guard)
 
     serve = commands.add_parser("serve", help="serve AdmissionReviews over TLS")
     serve.add_argument(
@@ -158,14 +183,15 @@ def _policy(args: argparse.Namespace) -> Policy:
 
 
 def _review(args: argparse.Namespace) -> int:
-    state = load_state(args.state)
+    quotas = QuotaBook()
+    state = load_state(args.state, quotas=quotas)
     policy = _policy(args)
     status = 0
     for name in args.files:
         for index, body in enumerate(_read_reviews(name)):
             where = name if index == 0 else f"{name}#{index}"
             try:
-                outcome = admit(body, state, policy)
+                outcome = admit(body, state, policy, quotas=quotas)
             except ReviewError as exc:
                 print(f"webhook review: {where}: {exc}", file=sys.stderr)
                 status = EXIT_INPUT
@@ -182,7 +208,9 @@ def _read_reviews(name: str) -> list[Any]:
         raise CommandError(f"{name}: cannot read: {exc}") from None
     try:
         return [json.loads(text)]
-    except json.JSONDecodeError:
+    except RecursionError:
+        raise CommandError(f"{name}: not JSON: nested too deeply") from None
+    except ValueError:  # JSONDecodeError, or a number past Python's digit limit
         pass
     bodies = []
     for number, line in enumerate(text.splitlines(), start=1):
@@ -191,6 +219,9 @@ def _read_reviews(name: str) -> list[Any]:
                 bodies.append(json.loads(line))
             except json.JSONDecodeError as exc:
                 raise CommandError(f"{name}: line {number}: not JSON: {exc.msg}") from None
+            except (ValueError, RecursionError) as exc:
+                reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+                raise CommandError(f"{name}: line {number}: not JSON: {reason}") from None
     return bodies
 
 
@@ -213,12 +244,33 @@ def _serve(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
     configure_logs(settings.log_level)
     # Manifest directories, or the cluster (--kubeconfig, else the pod's service account).
-    state = load_state(settings.state) if settings.state else None
+    quotas = QuotaBook()
+    state = load_state(settings.state, quotas=quotas) if settings.state else None
     try:
-        asyncio.run(serve(state, settings))
+        asyncio.run(serve(state, settings, quotas=quotas))
     except CertificateError as exc:
         raise CommandError(str(exc)) from None
     return 0
+
+
+def _guard(args: argparse.Namespace) -> int:
+    from webhook.guard_report import build_guard_report, render_guard_report
+
+    mixes = []
+    for size in args.mix:
+        try:
+            mixes.append(parse_quantity(size))
+        except QuantityError as exc:
+            raise CommandError(f"--mix {size!r}: {exc}") from None
+    quotas = QuotaBook()
+    state = load_state(args.state, quotas=quotas)
+    report = build_guard_report(state, quotas, mixes)
+    if args.output == "json":
+        print(json.dumps(report, indent=2))
+    else:
+        print(render_guard_report(report))
+    short = any(row["short"] for row in report["namespaces"])
+    return 1 if args.fail_on == "short" and short else 0
 
 
 def _certs_generate(args: argparse.Namespace) -> int:

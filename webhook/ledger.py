@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
@@ -126,13 +125,12 @@ class Ledger:
         self.settings = settings
         self.clock = clock
         self._objects: dict[str, Obj] = {}  # pool -> newest TenantReservation seen or written
-        self._parsed: dict[tuple[str, str], tuple[str, Hold]] = {}  # (pool, id) -> entry
+        self._parsed: dict[str, dict[str, tuple[Obj, Hold]]] = {}  # pool -> id -> entry, hold
         self._pools: dict[str, _Pool] = {}
         self._state: ReservationState | None = None  # the state the objects were tracked into
         self.conflicts = 0
         self.writes = 0
         self.failures = 0  # writes refused for anything but a conflict
-        self.largest = 0  # bytes of the largest status written
         self.reflector = Reflector(
             client,
             TENANT_RESERVATIONS,
@@ -162,7 +160,10 @@ class Ledger:
         node = state.tree.get(request.namespace)
         if node is None or not node.declared:
             # A namespace no Tenant owns: the API server would not store the object (Cozystack
-            # creates tenant namespaces from Tenants), so nothing is held for it.
+            # creates tenant namespaces from Tenants), so nothing is held for it: an
+            # unauthenticated caller cannot fill a pool through namespaces that do not exist.
+            if decision.mode != "enforce":
+                return decision
             return errored(
                 403,
                 "Forbidden",
@@ -238,11 +239,15 @@ class Ledger:
                             decision = _full(pool)
                         else:
                             entry = self._entry(waiter.request, decision, pool)
-                            if len(json.dumps(entry)) > MAX_ENTRY_BYTES:
+                            if _size(entry) > MAX_ENTRY_BYTES:
                                 decision = _too_large()
                             else:
                                 pending.adjust(pool, decision.charged_pools[pool])
                                 added.append(entry)
+                                self._parsed.setdefault(pool, {})[entry["id"]] = (
+                                    entry,
+                                    _hold_of(entry, decision, pool),
+                                )
                     answers.append((waiter, decision))
                 entries = self._current_entries(current)
                 if not added and len(kept) == len(entries):
@@ -435,7 +440,6 @@ class Ledger:
                 raise _Conflict() from None
             self.failures += 1
             raise
-        self.largest = max(self.largest, len(json.dumps(status)))
         self._remember(written)
         return written
 
@@ -479,27 +483,30 @@ class Ledger:
         assert self._state is not None
         pool = str((obj.get("metadata") or {}).get("name") or "")
         version = _version(obj)
-        holds = [self._hold(pool, entry, version) for entry in self._current_entries(obj)]
-        self._state.pending.track(pool, holds, version=version)
-        listed = {h.id for h in holds}
-        for slot in [s for s in self._parsed if s[0] == pool and s[1] not in listed]:
-            del self._parsed[slot]
+        known = self._parsed.get(pool, {})
+        parsed: dict[str, tuple[Obj, Hold]] = {}
+        for entry in self._current_entries(obj):
+            hold = self._hold(pool, entry, version, known)
+            parsed[hold.id] = (entry, hold)
+        self._state.pending.track(pool, [h for _, h in parsed.values()], version=version)
+        if parsed:
+            self._parsed[pool] = parsed
+        else:
+            self._parsed.pop(pool, None)
 
-    def _hold(self, pool: str, entry: Mapping[str, Any], version: int) -> Hold:
+    @staticmethod
+    def _hold(pool: str, entry: Obj, version: int, known: Mapping[str, tuple[Obj, Hold]]) -> Hold:
+        """The entry as a hold; parsed once per entry, not once per version of the object."""
         hold_id = str(entry.get("id") or "")
         after = resource_version(entry.get("revision")) or version
-        raw = json.dumps(
-            [entry.get("application"), entry.get("charge"), entry.get("expected")],
-            sort_keys=True,
-        )
-        cached = self._parsed.get((pool, hold_id))
-        if cached is not None and cached[0] == raw:
+        cached = known.get(hold_id)
+        if cached is not None and _same(cached[0], entry):
             hold = cached[1]
             return hold if hold.after == after else _with_after(hold, after)
         kind, _, rest = str(entry.get("application") or "").partition("/")
         namespace, _, name = rest.partition("/")
         key: AppKey = (kind, namespace, name)
-        hold = Hold(
+        return Hold(
             id=hold_id,
             key=key,
             namespace=pool,
@@ -507,8 +514,6 @@ class Ledger:
             charge=_quantities(entry.get("expected")),
             after=after,
         )
-        self._parsed[(pool, hold_id)] = (raw, hold)
-        return hold
 
     def _replace(self, items: list[Obj]) -> None:
         names = set()
@@ -619,6 +624,29 @@ def _too_large() -> Decision:
 def _expired(entry: Mapping[str, Any], now: str) -> bool:
     expires = entry.get("expires")
     return not isinstance(expires, str) or len(expires) != len(now) or expires <= now
+
+
+def _hold_of(entry: Obj, decision: Decision, pool: str) -> Hold:
+    """The hold for an entry this replica writes, without parsing back what it formatted."""
+    kind, namespace, name = str(entry["application"]).split("/", 2)
+    return Hold(
+        id=str(entry["id"]),
+        key=(kind, namespace, name),
+        namespace=pool,
+        increase=dict(decision.charged_pools[pool]),
+        charge=dict(decision.expected or {}),
+    )
+
+
+def _size(entry: Mapping[str, Any]) -> int:
+    """An entry's size as JSON, closely over-estimated without serialising it."""
+    size = 128  # the keys, quotes and punctuation of a full entry
+    for value in entry.values():
+        if isinstance(value, Mapping):
+            size += sum(len(str(k)) + len(str(v)) + 6 for k, v in value.items())
+        else:
+            size += len(str(value))
+    return size
 
 
 def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:

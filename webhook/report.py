@@ -1,8 +1,9 @@
 """The pools report: budget, reserved, available and overcommitted per pool, as data or a table.
 
-Also lists what an operator must look at: applications whose reservation is unknown (they block
-their pool), applications whose values no longer evaluate (they keep their recorded charge), and
-applications whose recorded charge differs from what today's contract says (drift).
+Also lists what an operator must look at, first: applications whose reservation is unknown (they
+block their pool), applications whose values no longer evaluate (they keep their recorded charge);
+then, after the pools, applications whose recorded charge differs from what today's contract says
+(drift).
 """
 
 from __future__ import annotations
@@ -43,10 +44,20 @@ def build_report(state: ReservationState) -> dict[str, Any]:
             failing.append({**where, "reason": record.problem})
         if record.drifted:
             drift.append({**where, "recorded": record.digest, "current": record.current_digest})
-    return {"pools": pools, "unknown": unknown, "unevaluable": failing, "drift": drift}
+    # What an operator must act on comes first: unknown reservations block their pools.
+    return {"unknown": unknown, "unevaluable": failing, "pools": pools, "drift": drift}
 
 
 def render_report(report: dict[str, Any]) -> str:
+    lines: list[str] = []
+    for title, key in (
+        ("Unknown reservations (their pools grant nothing more until fixed or deleted)", "unknown"),
+        ("No longer evaluable (recorded charge kept)", "unevaluable"),
+    ):
+        if report[key]:
+            lines += [f"{title}:"]
+            lines += [f"  {i['namespace']} {i['application']}: {i['reason']}" for i in report[key]]
+            lines.append("")
     rows = [("POOL", "BUDGET", "RESERVED", "AVAILABLE", "OVERCOMMITTED", "MEMBERS", "CARVE-OUTS")]
     for pool in report["pools"]:
         rows.append(
@@ -61,19 +72,12 @@ def render_report(report: dict[str, Any]) -> str:
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = [
+    lines += [
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
         for row in rows
     ]
     if len(rows) == 1:
         lines.append("(no tenant declares a quota)")
-    for title, key in (
-        ("Unknown reservations (their pools grant nothing more)", "unknown"),
-        ("No longer evaluable (recorded charge kept)", "unevaluable"),
-    ):
-        if report[key]:
-            lines += ["", f"{title}:"]
-            lines += [f"  {i['namespace']} {i['application']}: {i['reason']}" for i in report[key]]
     if report["drift"]:
         lines += ["", "Contract drift (recorded charge kept until the next write):"]
         lines += [

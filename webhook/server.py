@@ -12,12 +12,14 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Final
 
 from aiohttp import web
 
 from webhook.admission import Admission
+from webhook.core.guard import QuotaBook
 from webhook.core.state import ReservationState, recount
 from webhook.http.app import create_app, metrics_key, readiness_key
 from webhook.kube.client import KubeClient
@@ -25,6 +27,7 @@ from webhook.kube.lease import LeaderElector
 from webhook.ledger import Ledger, LedgerSettings
 from webhook.settings import Settings
 from webhook.state.live import LiveSettings, LiveState
+from webhook.state.quotas import QuotaWatch
 from webhook.tls.contexts import CertificateReloader
 from webhook.tls.rotation import MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS, CertificateRotator
 from webhook.waits import sleep_unless_stopped
@@ -39,6 +42,12 @@ log = logging.getLogger(__name__)
 # application, so it runs seldom and never on the admission path's cadence.
 CERTIFICATE_SECONDS: Final = 30.0
 DRIFT_SECONDS: Final = 300.0
+# A connection must deliver a complete request header within this many seconds of opening (or
+# of the previous response), else it is closed: a client that sends half a header, or holds an
+# idle connection, cannot pin a socket. aiohttp's keep-alive timer does both: it starts when the
+# connection opens and closes it if no full request has arrived by then. The API server's
+# idle connections (Go's 90 s default) simply reconnect.
+IDLE_SECONDS: Final = 15.0
 
 
 class LiveServices:
@@ -62,6 +71,8 @@ class LiveServices:
             ),
         )
         self.live.required.append(lambda: self.ledger.synced)
+        # The pod-level guard: warnings only, so readiness does not wait for it.
+        self.quotas = QuotaWatch(client, read_timeout=settings.watch_read_timeout)
         self.elector = LeaderElector(
             client,
             namespace=settings.namespace,
@@ -84,29 +95,50 @@ class LiveServices:
             )
         self._last: dict[str, float] = {}  # duty -> when it last ran (monotonic)
         self._was_leader = False
+        self.failures: dict[str, int] = {}  # duty -> how often it raised, since start
+        self.on_failure: Callable[[str], None] = lambda duty: None  # e.g. count in a metric
 
     async def run(self, stop: asyncio.Event) -> None:
         await asyncio.gather(
             self.live.run(stop),
             self.ledger.reflector.run(stop),
+            self.quotas.run(stop),
             self.elector.run(stop),
             self._duties(stop),
         )
         await self.client.close()
 
     async def _duties(self, stop: asyncio.Event) -> None:
+        """Every round runs each duty on its own: one that raises (a bad pool, a bad object,
+        a failed write) is logged and counted, and the others, and the next round, still run."""
         while not stop.is_set():
             leader = self.elector.is_leader
             became_leader, self._was_leader = leader and not self._was_leader, leader
-            await self._certificates(leader, became_leader)
-            self.ledger.sweep()
+            await self._guarded("certificates", self._certificates(leader, became_leader))
+            await self._guarded("expiry", _now(self.ledger.sweep))
             state = self.live.state
             if state.synced:
                 if self._due("drift", DRIFT_SECONDS):
-                    self.drift = len(recount(state))
+                    await self._guarded("recount", _now(self._recount, state))
                 if leader:
-                    await self.ledger.reconcile()
+                    await self._guarded("pool-status", self.ledger.reconcile())
             await sleep_unless_stopped(self.ledger.settings.reconcile_seconds, stop)
+
+    def _recount(self, state: ReservationState) -> None:
+        self.drift = len(recount(state))
+
+    async def _guarded(self, duty: str, work: Awaitable[object]) -> None:
+        try:
+            await work
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self.failures[duty] = self.failures.get(duty, 0) + 1
+            log.exception("periodic duty failed", extra={"fields": {"duty": duty}})
+            try:
+                self.on_failure(duty)
+            except Exception:  # counting must never stop the loop either
+                log.exception("counting a failed duty failed")
 
     def _due(self, duty: str, seconds: float, *, now: bool = False) -> bool:
         """Whether ``duty`` should run (at most every ``seconds``); records that it does."""
@@ -140,15 +172,20 @@ class WebhookServer:
         settings: Settings,
         *,
         services: LiveServices | None = None,
+        quotas: QuotaBook | None = None,
+        idle_seconds: float = IDLE_SECONDS,
     ) -> None:
         self.settings = settings
         self.services = services
         if services is not None:
             self.admission = Admission(
-                lambda: services.live.state, settings.policy, reserver=services.ledger
+                lambda: services.live.state,
+                settings.policy,
+                reserver=services.ledger,
+                quotas=services.quotas.book,
             )
         elif state is not None:
-            self.admission = Admission(state, settings.policy)
+            self.admission = Admission(state, settings.policy, quotas=quotas)
         else:
             raise ValueError("a webhook server needs a state or live services")
         self.app = create_app(self.admission, settings)
@@ -159,6 +196,7 @@ class WebhookServer:
         metrics = self.app[metrics_key]
         metrics.certificate_expiry.set_function(lambda: self.reloader.not_after.timestamp())
         if services is not None:
+            services.on_failure = lambda duty: metrics.background_failures.labels(duty).inc()
             metrics.watch_live(
                 first_sync=lambda: services.live.first_sync_seconds or 0.0,
                 drift=lambda: float(services.drift),
@@ -170,6 +208,7 @@ class WebhookServer:
             handle_signals=False,
             access_log=None,
             shutdown_timeout=settings.shutdown_seconds,
+            keepalive_timeout=idle_seconds,
         )
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -220,8 +259,18 @@ class WebhookServer:
         log.info("stopped")
 
 
-async def serve(state: ReservationState | None, settings: Settings) -> None:
-    """Serve until SIGTERM or SIGINT: on ``state``, or on the cluster when it is ``None``."""
+async def _now(function: Callable[..., object], *args: object) -> None:
+    """Run a synchronous duty as an awaitable, so one guard covers both kinds."""
+    function(*args)
+
+
+async def serve(
+    state: ReservationState | None, settings: Settings, *, quotas: QuotaBook | None = None
+) -> None:
+    """Serve until SIGTERM or SIGINT: on ``state``, or on the cluster when it is ``None``.
+
+    ``quotas`` are the ResourceQuotas read with ``state`` (the pod-level guard's warnings).
+    """
     services = None
     if state is None:
         client = (
@@ -232,7 +281,7 @@ async def serve(state: ReservationState | None, settings: Settings) -> None:
         services = LiveServices(client, settings)
         if services.rotator is not None:
             await services.rotator.bootstrap(Path(settings.cert_dir))
-    server = WebhookServer(state, settings, services=services)
+    server = WebhookServer(state, settings, services=services, quotas=quotas)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, server.stop)

@@ -4,6 +4,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from jsonpath_ng.jsonpath import JSONPath
 
 from webhook.core.catalog import InstanceType, Preset, StaticCatalog
 from webhook.core.contracts import compile_contract
@@ -295,3 +296,46 @@ def test_conditions_compare_values_and_combine() -> None:
         "storage": "1Gi",
     }
     assert charge(terms, {"topology": "Client"}) == {}
+
+
+def test_a_for_each_over_too_many_items_is_refused_before_matching(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    matched: list[str] = []
+    original = JSONPath.find
+
+    def spy(self: JSONPath, data: Any) -> Any:
+        matched.append(str(self))
+        return original(self, data)
+
+    monkeypatch.setattr(JSONPath, "find", spy)
+    terms = [{"name": "w", "forEach": "$.nodeGroups.*", "storage": "1Gi"}]
+    groups: dict[str, Any] = {f"g{i}": {} for i in range(11)}
+    with pytest.raises(EvaluationError, match="11 items exceed the limit of 10"):
+        charge(terms, {"nodeGroups": groups}, limits=EvaluationLimits(max_items=10))
+    assert matched == []  # refused on the container's size, no match materialised
+
+
+def test_max_of_counts_takes_the_largest_and_is_missing_when_a_member_is() -> None:
+    terms = [{"name": "w", "count": {"max": ["$.low", "$.high"]}, "storage": "1Gi"}]
+    assert charge(terms, {"low": 10, "high": 0}) == {"storage": "10Gi"}
+    assert charge(terms, {"low": 1, "high": 3}) == {"storage": "3Gi"}
+    with pytest.raises(EvaluationError, match="low: required value is missing"):
+        charge(terms, {"high": 3})
+
+
+def test_a_required_value_of_zero_counts_as_unset_like_a_chart_if() -> None:
+    size = {
+        "first": [
+            {"resources": {"cpu": "$.cpu"}, "require": ["$.cpu"]},
+            {"resources": {"cpu": "2"}},
+        ]
+    }
+    assert charge([{"name": "v", "size": size}], {"cpu": 0}) == {"cpu": "2"}
+    assert charge([{"name": "v", "size": size}], {"cpu": 4}) == {"cpu": "4"}
+
+
+def test_a_charge_past_what_a_kubernetes_quantity_holds_fails_closed() -> None:
+    terms = [{"name": "w", "count": "$.n", "storage": "$.size"}]
+    with pytest.raises(EvaluationError, match="exceeds what a Kubernetes quantity holds"):
+        charge(terms, {"n": 2**62, "size": "4Ei"})

@@ -189,3 +189,20 @@ def test_a_memory_only_child_does_not_take_its_cpu_out_of_the_parent_pool() -> N
     decision = decide(parse_review(body), current, Policy())
     assert not decision.allowed
     assert "used: cpu=3, limited: cpu=4" in decision.message
+
+
+def test_a_carve_out_lowered_below_its_usage_occupies_its_usage() -> None:
+    # computePools sums the children's budgets (CarvedOut): lowering tenant-foo-bar to 1 would
+    # free 5 of tenant-foo's 10 while bar still uses 6. We count max(budget, usage), so the
+    # parent keeps 6 reserved for bar and the next 5 do not fit.
+    current = state(
+        {"tenant-foo": {"cpu": "10"}, "tenant-foo-bar": {"cpu": "1"}},
+        thing("tenant-foo-bar", cpu="6"),
+    )
+    (foo, bar) = current.tree.pools()
+    assert foo.reserved == {"cpu": Decimal(6)}
+    assert bar.overcommitted == {"cpu": Decimal(5)}
+    body = review("Thing", "tenant-foo", "more", {"cpu": "5"})
+    decision = decide(parse_review(body), current, Policy())
+    assert not decision.allowed
+    assert "used: cpu=6, limited: cpu=10" in decision.message

@@ -3,10 +3,12 @@
 from decimal import Decimal
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kubernetes.utils.quantity import parse_quantity as client_parse_quantity
 
 from webhook.core.errors import QuantityError
-from webhook.core.quantities import format_quantity, parse_quantity
+from webhook.core.quantities import MAX_QUANTITY, format_quantity, parse_quantity
 
 VALID = [
     pytest.param("0", Decimal(0), id="zero"),
@@ -122,3 +124,94 @@ def test_formats_canonically(value: Decimal, text: str) -> None:
 def test_format_round_trips(text: str) -> None:
     value = parse_quantity(text)
     assert parse_quantity(format_quantity(value)) == value
+
+
+# -- hostile quantities: bounded before any arithmetic, every failure a QuantityError ----------
+
+
+def test_a_sixty_digit_storage_is_a_quantity_error_not_a_decimal_crash() -> None:
+    with pytest.raises(QuantityError, match="more than 40 digits"):
+        parse_quantity("9" * 60 + ".5")
+
+
+def test_an_exponent_of_4301_digits_is_a_quantity_error_not_an_int_crash() -> None:
+    with pytest.raises(QuantityError, match="more than 40 digits"):
+        parse_quantity("1e" + "0" * 4301)
+
+
+def test_a_4400_digit_integer_is_a_quantity_error_that_never_prints_it() -> None:
+    with pytest.raises(QuantityError, match="out of range") as caught:
+        parse_quantity(10**4400)
+    assert len(str(caught.value)) < 120
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param("8Ei", id="binary-past-2^63-1"),
+        pytest.param("9223372036854775808", id="one-past-int64"),
+        pytest.param("10E", id="decimal-suffix-past-int64"),
+        pytest.param("1e19", id="exponent-past-int64"),
+        pytest.param(2**63, id="json-integer-past-int64"),
+        pytest.param(1e300, id="json-float-past-int64"),
+        pytest.param(Decimal("1e100000"), id="huge-decimal"),
+    ],
+)
+def test_magnitudes_past_what_a_kubernetes_quantity_holds_are_refused(value: object) -> None:
+    with pytest.raises(QuantityError, match="out of range"):
+        parse_quantity(value)
+
+
+def test_a_long_exponent_is_out_of_range_before_it_is_converted() -> None:
+    with pytest.raises(QuantityError, match="out of range"):
+        parse_quantity("1e+999")
+    assert parse_quantity("1e005") == Decimal(100000)
+
+
+def test_the_largest_quantity_kubernetes_holds_still_parses() -> None:
+    assert parse_quantity(str(2**63 - 1)) == Decimal(2**63 - 1)
+    assert parse_quantity("7Ei") == Decimal(7 * 1024**6)
+
+
+@given(
+    st.text(max_size=80)
+    | st.from_regex(
+        r"[+-]?[0-9]{0,70}(\.[0-9]{0,70})?([eE][+-]?[0-9]{1,6}|[KMGTPE]i|[numkMGTPE])?",
+        fullmatch=True,
+    )
+)
+@settings(max_examples=400, derandomize=True, database=None)
+def test_any_text_is_a_bounded_decimal_or_a_quantity_error(text: str) -> None:
+    try:
+        value = parse_quantity(text)
+    except QuantityError:
+        return
+    assert abs(value) <= MAX_QUANTITY
+    assert parse_quantity(format_quantity(value)) == value
+
+
+@given(
+    st.integers()
+    | st.floats()
+    | st.decimals()
+    | st.booleans()
+    | st.none()
+    | st.lists(st.integers())
+)
+@settings(max_examples=300, derandomize=True, database=None)
+def test_any_json_value_is_a_bounded_decimal_or_a_quantity_error(value: object) -> None:
+    try:
+        parsed = parse_quantity(value)
+    except QuantityError:
+        return
+    assert abs(parsed) <= MAX_QUANTITY
+
+
+@given(st.decimals(allow_nan=False, allow_infinity=False))
+@settings(max_examples=300, derandomize=True, database=None)
+def test_formatting_never_fails_whatever_the_value(value: Decimal) -> None:
+    assert format_quantity(value)
+
+
+def test_formatting_a_value_past_python_s_integer_digit_limit_does_not_raise() -> None:
+    assert format_quantity(Decimal(10) ** 4400) == "1e4400"

@@ -643,3 +643,114 @@ def test_seaweedfs_zone_pool_must_set_its_replicas(platform: Platform) -> None:
     with pytest.raises(EvaluationError) as raised:
         platform.charge("SeaweedFS", spec)
     assert raised.value.path == "volume.zones.a.pools.fast.replicas"
+
+
+# -- a count or size a tenant can make read lower than what runs -------------------------------
+
+
+def test_a_node_group_with_min_replicas_above_max_is_charged_at_min_replicas(
+    platform: Platform,
+) -> None:
+    group = {"minReplicas": 10, "maxReplicas": 0, "instanceType": "u1.medium", "diskSize": "20Gi"}
+    # control plane 7 / 5632Mi / 16Gi ephemeral; Cluster API starts 10 x u1.medium (1 / 4Gi)
+    assert charge(platform, "Kubernetes", {"nodeGroups": {"md0": group}}) == {
+        "cpu": "17",
+        "ephemeral-storage": "16Gi",
+        "memory": "46592Mi",  # 5632Mi + 10 x 4Gi
+        "storage": "200Gi",
+    }
+
+
+def test_kubernetes_nodes_with_min_replicas_above_max_is_charged_at_min_replicas(
+    platform: Platform,
+) -> None:
+    spec = {"minReplicas": 10, "maxReplicas": 0}
+    assert charge(platform, "KubernetesNodes", spec) == {
+        "cpu": "10",
+        "memory": "40Gi",
+        "storage": "200Gi",
+    }
+
+
+def test_a_compute_plane_node_group_with_min_replicas_above_max_is_charged_at_min_replicas(
+    platform: Platform,
+) -> None:
+    group = {"minReplicas": 10, "maxReplicas": 0, "instanceType": "u1.medium", "diskSize": "20Gi"}
+    assert charge(platform, "ComputePlane", {"nodeGroups": {"md0": group}}) == {
+        "cpu": "10",
+        "memory": "40Gi",
+        "storage": "200Gi",
+    }
+
+
+def test_a_node_group_with_zero_cpu_resources_is_charged_its_instance_type(
+    platform: Platform,
+) -> None:
+    # the chart tests `if cpu and memory`: a 0 cpu keeps the instance type, 1 vCPU per worker
+    group = {
+        "minReplicas": 0,
+        "maxReplicas": 2,
+        "instanceType": "u1.medium",
+        "diskSize": "20Gi",
+        "resources": {"cpu": 0, "memory": "16Gi"},
+    }
+    assert charge(platform, "Kubernetes", {"nodeGroups": {"md0": group}}) == {
+        "cpu": "9",  # 7 + 2 x 1
+        "ephemeral-storage": "16Gi",
+        "memory": "13824Mi",  # 5632Mi + 2 x 4Gi
+        "storage": "40Gi",
+    }
+
+
+def test_a_vm_with_zero_sockets_and_no_instance_type_is_refused_not_charged_zero_cpu(
+    platform: Platform,
+) -> None:
+    # KubeVirt runs a 0-socket domain as one socket; the chart sets no topology without both
+    spec = {"instanceType": "", "resources": {"cpu": 4, "sockets": 0, "memory": "4Gi"}}
+    with pytest.raises(EvaluationError, match="no size"):
+        platform.charge("VMInstance", spec)
+
+
+def test_a_vm_with_zero_sockets_beside_an_instance_type_is_charged_the_instance_type(
+    platform: Platform,
+) -> None:
+    spec = {"instanceType": "u1.medium", "resources": {"cpu": 4, "sockets": 0}}
+    assert charge(platform, "VMInstance", spec) == {"cpu": "1", "memory": "4Gi"}
+
+
+def test_foundationdb_zero_storage_processes_are_charged_the_most_the_operator_infers(
+    platform: Platform,
+) -> None:
+    spec = {"cluster": {"processCounts": {"storage": 0, "cluster_controller": 0, "stateless": -1}}}
+    # 5 storage + 1 cluster controller, each c1.small (1 / 1Gi / 2Gi); 5 x 16Gi PVCs
+    assert charge(platform, "FoundationDB", spec) == {
+        "cpu": "6",
+        "ephemeral-storage": "12Gi",
+        "memory": "6Gi",
+        "storage": "80Gi",
+    }
+
+
+def test_foundationdb_explicit_stateless_processes_are_charged(platform: Platform) -> None:
+    spec = {"cluster": {"processCounts": {"storage": 3, "cluster_controller": 1, "stateless": 4}}}
+    # 3 storage + 1 cluster controller + 4 stateless, each c1.small; 3 x 16Gi PVCs
+    assert charge(platform, "FoundationDB", spec) == {
+        "cpu": "8",
+        "ephemeral-storage": "16Gi",
+        "memory": "8Gi",
+        "storage": "48Gi",
+    }
+
+
+def test_monitoring_min_allowed_above_max_allowed_is_charged_at_min_allowed(
+    platform: Platform,
+) -> None:
+    def storage(vminsert: dict[str, Any]) -> dict[str, Any]:
+        return {"metricsStorages": [{"name": "s", "storage": "10Gi", "vminsert": vminsert}]}
+
+    ceiling = {"maxAllowed": {"cpu": 1, "memory": "1Gi"}}
+    floor_above = {**ceiling, "minAllowed": {"cpu": 4, "memory": "8Gi"}}
+    low = platform.charge("Monitoring", storage(ceiling)).resources
+    high = platform.charge("Monitoring", storage(floor_above)).resources
+    assert high["cpu"] - low["cpu"] == 3
+    assert high["memory"] - low["memory"] == 7 * 1024**3

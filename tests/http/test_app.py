@@ -244,3 +244,52 @@ async def test_one_json_log_line_per_request_without_values(
     assert line["decision"] == "allowed"
     assert line["pool"] == "tenant-acme"
     assert "hunter2" not in json.dumps(line)
+
+
+@pytest.mark.parametrize("path", ["/validate", "/mutate"])
+async def test_100k_level_nested_json_is_a_400_not_a_500(client: Client, path: str) -> None:
+    body = b'{"a":' * 100_000 + b"1" + b"}" * 100_000
+    response = await client.post(path, data=body, headers={"Content-Type": "application/json"})
+    assert response.status == 400
+    assert "nested too deeply" in await response.text()
+
+
+@pytest.mark.parametrize("path", ["/validate", "/mutate"])
+async def test_a_spec_nested_past_the_values_bound_is_a_denial_not_a_500(
+    client: Client, path: str
+) -> None:
+    spec: Any = {"instanceType": "u1.micro"}
+    for _ in range(500):
+        spec = {"x": spec}
+    status, answer = await post(client, path, review("VMInstance", "tenant-acme", "deep", spec))
+    assert status == 200
+    if path == "/validate":
+        assert answer["response"]["allowed"] is False
+        assert "nest deeper than 64 levels" in answer["response"]["status"]["message"]
+    else:
+        assert "patch" not in answer["response"]
+
+
+async def test_a_probe_is_answered_while_huge_requests_are_refused_before_evaluation(
+    client: Client,
+) -> None:
+    # 16 reviews of 250k node groups each (the attack in issue 9): each is refused on its size,
+    # before defaulting or matching, so a small probe sent among them is decided as usual.
+    groups: dict[str, Any] = {f"g{i}": {} for i in range(250_000)}
+    heavy = json.dumps(review("Kubernetes", "tenant-acme", "k", {"nodeGroups": groups})).encode()
+    probe = review("VMInstance", "tenant-acme", "probe", VM, uid="probe")
+
+    async def send_heavy() -> Any:
+        response = await client.post(
+            "/validate", data=io.BytesIO(heavy), headers={"Content-Type": "application/json"}
+        )
+        assert response.status == 200
+        return await response.json()
+
+    *refused, (status, answered) = await asyncio.gather(
+        *(send_heavy() for _ in range(16)), post(client, "/validate", probe)
+    )
+    assert status == 200
+    assert answered["response"]["allowed"], answered
+    for body in refused:
+        assert "more than 50000 entries" in body["response"]["status"]["message"]

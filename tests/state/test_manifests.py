@@ -1,12 +1,15 @@
 """Manifest directories: read recursively, every error names the file and where in it."""
 
+import json
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
 from tests.builders import FIXTURES
+from webhook.core.applications import APPS_API_VERSION, CHARGE_ANNOTATION
 from webhook.core.errors import ContractError, ManifestError
+from webhook.report import build_report, render_report
 from webhook.state.manifests import load_platform, load_state, read_manifests
 
 
@@ -99,3 +102,60 @@ def test_applications_load_in_both_forms() -> None:
     namespaces = [pool.namespace for pool in current.tree.pools()]
     assert namespaces == ["tenant-acme", "tenant-acme-dev-ci"]
     assert current.tree.get("tenant-root") is not None
+
+
+def nested(depth: int) -> object:
+    value: object = {}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+def write_app(directory: Path, spec: object, annotations: object = None) -> None:
+    metadata: dict[str, object] = {"name": "bad", "namespace": "tenant-acme"}
+    if annotations is not None:
+        metadata["annotations"] = annotations
+    body = {"apiVersion": APPS_API_VERSION, "kind": "VMDisk", "metadata": metadata, "spec": spec}
+    (directory / "bad.json").write_text(json.dumps(body))
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        pytest.param({"storage": "9" * 60 + ".5"}, id="sixty-digit-storage"),
+        pytest.param({"storage": "1e" + "0" * 4301}, id="exponent-of-4301-digits"),
+        pytest.param({"storage": "1Gi", "x": nested(500)}, id="values-nested-500-deep"),
+    ],
+)
+def test_one_poisoned_application_is_recorded_unknown_and_reported_first(
+    tmp_path: Path, spec: object
+) -> None:
+    write_app(tmp_path, spec)
+    state = load_state([FIXTURES / "cozystack", FIXTURES / "tenants", tmp_path])
+    assert ("VMDisk", "tenant-acme", "bad") in state.unknown()
+    report = build_report(state)
+    assert next(iter(report)) == "unknown"
+    lines = render_report(report).splitlines()
+    assert lines[0].startswith("Unknown reservations")
+    assert lines[1].startswith("  tenant-acme VMDisk/bad: ")
+
+
+@pytest.mark.parametrize(
+    "annotations",
+    [
+        pytest.param(
+            {CHARGE_ANNOTATION: '{"charge":{"storage":"1e' + "0" * 4301 + '"},"digest":"x"}'},
+            id="annotation-of-4301-digits",
+        ),
+        pytest.param({CHARGE_ANNOTATION: "[" * 100_000}, id="annotation-nested-100k-deep"),
+        pytest.param(["not", "a", "map"], id="annotations-that-are-a-list"),
+    ],
+)
+def test_an_unreadable_charge_annotation_is_not_believed_and_the_spec_is_charged(
+    tmp_path: Path, annotations: object
+) -> None:
+    write_app(tmp_path, {"storage": "3Gi"}, annotations)
+    state = load_state([FIXTURES / "cozystack", FIXTURES / "tenants", tmp_path])
+    record = state.record(("VMDisk", "tenant-acme", "bad"))
+    assert record is not None
+    assert record.resources == {"storage": Decimal(3 * 1024**3)}

@@ -45,6 +45,8 @@ NAME_LABEL: Final = "apps.cozystack.io/application.name"
 USER_PREFIX: Final = "apps.cozystack.io-"
 
 AppKey = tuple[str, str, str]  # (kind, namespace, name)
+# A charge annotation is a few hundred characters; one far longer is not ours and not read.
+MAX_ANNOTATION_CHARS: Final = 8192
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +82,7 @@ def application_from_object(obj: Mapping[str, Any]) -> Application:
         raise ValueError("metadata.name: missing")
     if not isinstance(namespace, str) or not namespace:
         raise ValueError("metadata.namespace: missing")
-    annotations = metadata.get("annotations") or {}
-    recorded = parse_recorded_charge(annotations.get(CHARGE_ANNOTATION))
+    recorded = parse_recorded_charge(_annotation(metadata, CHARGE_ANNOTATION))
     version = resource_version(metadata.get("resourceVersion"))
     return Application(kind, namespace, name, obj.get("spec"), recorded, version)
 
@@ -101,7 +102,9 @@ def application_from_helmrelease(release: Mapping[str, Any]) -> Application | No
     metadata = release.get("metadata")
     if not isinstance(metadata, Mapping):
         raise ValueError("metadata: missing")
-    labels = metadata.get("labels") or {}
+    labels = metadata.get("labels")
+    if not isinstance(labels, Mapping):
+        return None
     if labels.get(GROUP_LABEL) != "apps.cozystack.io" or not labels.get(KIND_LABEL):
         return None
     kind, name = str(labels[KIND_LABEL]), str(labels.get(NAME_LABEL) or "")
@@ -110,11 +113,16 @@ def application_from_helmrelease(release: Mapping[str, Any]) -> Application | No
         raise ValueError(f"metadata: a {kind} HelmRelease needs a namespace and {NAME_LABEL}")
     if kind == "Tenant" and name == "tenant-root":
         name = "root"  # the shipped root release carries its full name in the label
-    annotations = metadata.get("annotations") or {}
-    recorded = parse_recorded_charge(annotations.get(USER_PREFIX + CHARGE_ANNOTATION))
+    recorded = parse_recorded_charge(_annotation(metadata, USER_PREFIX + CHARGE_ANNOTATION))
     spec = release.get("spec")
     values = spec.get("values") if isinstance(spec, Mapping) else None
     return Application(kind, namespace, name, values, recorded)
+
+
+def _annotation(metadata: Mapping[str, Any], key: str) -> object:
+    """One annotation's value; annotations that are not a map hold nothing."""
+    annotations = metadata.get("annotations")
+    return annotations.get(key) if isinstance(annotations, Mapping) else None
 
 
 def is_helmrelease(manifest: Mapping[str, Any]) -> bool:
@@ -128,16 +136,18 @@ def is_helmrelease(manifest: Mapping[str, Any]) -> bool:
 
 def parse_recorded_charge(text: object) -> RecordedCharge | None:
     """The charge annotation's content; ``None`` when absent or unreadable (then re-evaluate)."""
-    if not isinstance(text, str):
+    if not isinstance(text, str) or len(text) > MAX_ANNOTATION_CHARS:
         return None
     try:
         body = json.loads(text)
+        if not isinstance(body, Mapping):
+            return None
         charge = body["charge"]
         digest = body["digest"]
         if not isinstance(charge, Mapping) or not isinstance(digest, str):
             return None
         resources = {str(k): parse_quantity(v) for k, v in charge.items()}
-    except (ValueError, KeyError, TypeError, QuantityError):
+    except (ValueError, KeyError, TypeError, QuantityError, RecursionError):
         return None
     if any(v < 0 for v in resources.values()):
         return None

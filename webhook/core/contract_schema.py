@@ -46,7 +46,7 @@ _LITERAL_QUANTITY = {
 
 _DEFINITIONS: dict[str, Any] = {
     "count": {
-        "description": "An integer: a constant, a path, or a product or sum of counts.",
+        "description": "An integer: a constant, a path, or a product, sum or maximum of counts.",
         "oneOf": [
             {"type": "integer", "minimum": 0},
             _PATH,
@@ -67,10 +67,18 @@ _DEFINITIONS: dict[str, Any] = {
                     "sum": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/count"}}
                 },
             },
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["max"],
+                "properties": {
+                    "max": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/count"}}
+                },
+            },
         ],
     },
     "quantity": {
-        "description": "A quantity: a literal, a path, or a product or sum of quantities.",
+        "description": "A quantity: a literal, a path, or a product, sum or maximum of quantities.",
         "oneOf": [
             _LITERAL_QUANTITY,
             _PATH,
@@ -93,6 +101,14 @@ _DEFINITIONS: dict[str, Any] = {
                 "required": ["sum"],
                 "properties": {
                     "sum": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/quantity"}}
+                },
+            },
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["max"],
+                "properties": {
+                    "max": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/quantity"}}
                 },
             },
         ],

@@ -15,11 +15,12 @@ The language, in the order evaluation applies it::
                                     # {path: $.topology, equals: Simple}, {path: ..., in: [...]},
                                     # or a list of those, which must all hold
         unless: $.sharding          # optional: ... and only if none of these holds
-        count: {product: [$.shards, $.replicas]}   # integer, path, product or sum; default 1
+        count: {product: [$.shards, $.replicas]}   # integer, path, product, sum or max; default 1
         size:                       # CPU and memory of one unit; the first source present wins
           first:
             - resources: {cpu: "@.resources.cpu", memory: "@.resources.memory"}
-              require: ["@.resources.cpu", "@.resources.memory"]
+              require: ["@.resources.cpu", "@.resources.memory"]   # set and truthy, as a
+                                                    # chart's `if` tests them (0 is not set)
             - instanceType: "@.instanceType"        # a KubeVirt instance type (guest size)
             - preset: $.resourcesPreset             # a cozy-lib preset ...
               overrides: $.resources                # ... with explicit keys winning key by key
@@ -29,8 +30,11 @@ The language, in the order evaluation applies it::
     exempt: {reason: "..."}         # instead of terms: the kind truly reserves nothing
 
 Strings starting with ``$`` are paths from the values root, ``@`` from the current item; any
-other string is a literal. ``{path: ..., default: ...}`` gives a path a fallback. ``max: [a, b]``
-is present when ``a`` is, and takes the key-wise maximum of the members present.
+other string is a literal. ``{path: ..., default: ...}`` gives a path a fallback. As a size,
+``max: [a, b]`` is present when ``a`` is, and takes the key-wise maximum of the members present;
+as a count or quantity, ``{max: [a, b]}`` is the largest of its members (missing when one is),
+for values a tenant can set in a way that reads lower than what runs (``minReplicas`` above
+``maxReplicas``: the platform starts ``minReplicas``).
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ __all__ = [
     "FromInstanceType",
     "FromPreset",
     "FromResources",
+    "Largest",
     "Literal",
     "MaxOf",
     "NameExpr",
@@ -76,6 +81,9 @@ __all__ = [
 
 _VALIDATOR = jsonschema.Draft202012Validator(CONTRACT_SCHEMA)
 _PLAIN_PATH = re.compile(r"[$@](\.[A-Za-z_][A-Za-z0-9_]*)+")
+# A plain path followed by one wildcard (`$.nodeGroups.*`, `@.shards[*]`): its matches are the
+# entries of one container, which evaluation can count before materialising them.
+_WILDCARD_PATH = re.compile(r"[$@]((?:\.[A-Za-z_][A-Za-z0-9_]*)*)(?:\.\*|\[\*\])")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +98,7 @@ class ValuePath:
     relative: bool
     expression: JSONPath = field(compare=False, repr=False)
     fields: tuple[str, ...] | None = None
+    container: tuple[str, ...] | None = None  # for `<plain path>.*`: the container's keys
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,8 +130,13 @@ class Sum:
     terms: tuple[CountExpr | QuantityExpr, ...]
 
 
-CountExpr = Literal | PathRef | Product | Sum
-QuantityExpr = Literal | PathRef | Product | Sum
+@dataclass(frozen=True, slots=True)
+class Largest:
+    members: tuple[CountExpr | QuantityExpr, ...]
+
+
+CountExpr = Literal | PathRef | Product | Sum | Largest
+QuantityExpr = Literal | PathRef | Product | Sum | Largest
 NameExpr = Literal | PathRef
 
 
@@ -340,6 +354,13 @@ class _Compiler:
                     for i, t in enumerate(data["sum"])
                 )
             )
+        if isinstance(data, Mapping) and "max" in data:
+            return Largest(
+                tuple(
+                    self.expression(m, f"{where}.max[{i}]", integer=integer)
+                    for i, m in enumerate(data["max"])
+                )
+            )
         if isinstance(data, Mapping):
             return PathRef(self.path(data["path"], f"{where}.path"), data.get("default"))
         if isinstance(data, str) and data.startswith(("$", "@")):
@@ -366,7 +387,11 @@ class _Compiler:
             raise self.fail(where, f"{text!r} is not valid JSONPath: {exc}") from exc
         plain = _PLAIN_PATH.fullmatch(text)
         fields = tuple(text[2:].split(".")) if plain and len(text) > 1 else None
-        return ValuePath(text, relative, expression, fields)
+        wildcard = _WILDCARD_PATH.fullmatch(text)
+        container = tuple(wildcard[1][1:].split(".")) if wildcard and wildcard[1] else None
+        if wildcard and not wildcard[1]:
+            container = ()
+        return ValuePath(text, relative, expression, fields, container)
 
 
 def _format_path(parts: Any) -> str:

@@ -4,8 +4,9 @@ Every request starts as a denial until it is shown to fit (Kubernetes' ResourceQ
 does the same). An application is charged its evaluated size on CREATE and the per-key
 difference from its old charge on UPDATE; only increases are checked, each against the nearest
 tenant whose budget limits that key, so a decrease always passes, even in an overcommitted pool.
-A Tenant's declared budget is a carve-out in its parent's pool: setting, raising, lowering or
-removing it changes what the subtree reserves there, and increases are checked the same way.
+A Tenant's declared budget is a carve-out in its parent's pool, occupying ``max(budget, usage)``
+per key: setting, raising or removing it changes what the subtree reserves there, and increases
+are checked the same way; lowering it below usage is allowed (with a warning) but frees nothing.
 The object under admission fails closed: unknown kind, no contract, values that cannot be
 evaluated, a state that is not synced.
 
@@ -25,12 +26,13 @@ from typing import Any, Final, Literal
 from webhook.core import resources as rl
 from webhook.core.applications import (
     CHARGE_ANNOTATION,
+    AppKey,
     Application,
     RecordedCharge,
     application_from_object,
     charge_annotation,
 )
-from webhook.core.errors import EvaluationError
+from webhook.core.errors import UNEVALUABLE, EvaluationError
 from webhook.core.kinds import APPS_GROUP
 from webhook.core.pools import Node
 from webhook.core.quantities import format_quantity
@@ -126,6 +128,11 @@ def decide(request: AdmissionRequest, state: ReservationState, policy: Policy) -
             "not-an-application",
             f"{request.group or 'core'}/{request.kind} is not an {APPS_GROUP} application",
         )
+    malformed = _namespace_problem(request)
+    if malformed:  # refused in every mode: there is no namespace to charge
+        return _apply_mode(
+            "enforce", errored(400, "BadRequest", "bad-namespace", malformed), request
+        )
     mode = policy.mode_for(request.kind)
     if mode == "off":
         return skipped(f"reservation is off for {request.kind}", mode="off", kind=request.kind)
@@ -140,11 +147,33 @@ def decide(request: AdmissionRequest, state: ReservationState, policy: Policy) -
             ),
             request,
         )
-    decision = _decide_application(request, state)
+    decision = _decide_application(request, state, policy)
     return _apply_mode(mode, decision, request)
 
 
-def _decide_application(request: AdmissionRequest, state: ReservationState) -> Decision:
+def _namespace_problem(request: AdmissionRequest) -> str:
+    """Why the request names no namespace to charge, or ``""``.
+
+    Every ``apps.cozystack.io`` kind is namespaced, and the API server sends the namespace the
+    object is stored in; a request without one, or whose object claims another, was not sent
+    by it, and charging either namespace would be a guess.
+    """
+    if not request.namespace:
+        return f"{request.kind} {request.name or '(no name)'}: the request names no namespace"
+    for side, obj in (("object", request.object), ("oldObject", request.old_object)):
+        metadata = obj.get("metadata") if obj is not None else None
+        claimed = metadata.get("namespace") if isinstance(metadata, Mapping) else None
+        if claimed not in (None, "", request.namespace):
+            return (
+                f"{request.kind} {request.name}: {side}.metadata.namespace {str(claimed)[:64]!r} "
+                f"differs from the request's namespace {request.namespace!r}"
+            )
+    return ""
+
+
+def _decide_application(
+    request: AdmissionRequest, state: ReservationState, policy: Policy
+) -> Decision:
     if request.object is None:
         return invalid("object", f"{request.operation} of {request.kind} carries no object")
     try:
@@ -169,6 +198,10 @@ def _decide_application(request: AdmissionRequest, state: ReservationState) -> D
         if kind.contract is None:
             return errored(403, "Forbidden", "no-contract", str(exc.for_kind(request.kind)))
         return invalid(f"spec.{exc.path}" if exc.path else "spec", str(exc.for_kind(request.kind)))
+    except UNEVALUABLE as exc:  # values that got past the bounds into a library
+        return invalid(
+            "spec", f"{request.kind}: the values cannot be evaluated ({type(exc).__name__})"
+        )
     forged = _forged_annotation(request, charge.resources, charge.digest)
     if forged:
         return errored(403, "Forbidden", "forged-charge", forged)
@@ -191,7 +224,7 @@ def _decide_application(request: AdmissionRequest, state: ReservationState) -> D
         contribution, extra_warnings, budget = tenant
         facts.warnings.extend(extra_warnings)
         facts.expected = budget
-    return _check(namespace, contribution, state, facts)
+    return _check(namespace, contribution, state, facts, policy)
 
 
 @dataclass
@@ -206,7 +239,11 @@ class _Facts:
 
 
 def _check(
-    namespace: str, change: Mapping[str, Decimal], state: ReservationState, facts: _Facts
+    namespace: str,
+    change: Mapping[str, Decimal],
+    state: ReservationState,
+    facts: _Facts,
+    policy: Policy,
 ) -> Decision:
     """Check the positive part of ``change`` against each key's nearest bounded tenant."""
     increases = rl.positive_part(change)
@@ -241,14 +278,13 @@ def _check(
     if state.unknown():
         for key in sorted(increases):
             holder = pools[key].namespace if key in pools else ""
-            blockers = state.unknown_in_pool(holder, key) if holder else []
+            blockers = [
+                k
+                for k in (state.unknown_in_pool(holder, key) if holder else [])
+                if policy.mode_for(k[0]) == "enforce"  # warn and off admit it knowingly
+            ]
             if blockers:
-                apps = ", ".join(f"{k}/{n} in {ns}" for k, ns, n in blockers)
-                message = (
-                    f"tenant quota: pool {holder} cannot grant more: the reservation "
-                    f"of {apps} is unknown (it cannot be evaluated and has no recorded charge); "
-                    "fix or delete it"
-                )
+                message = _unknown_message(holder, blockers, state.unknown())
                 return _denied_quota(
                     message, facts, pool_name, after, budget, reason="unknown-usage"
                 )
@@ -259,6 +295,18 @@ def _check(
     return _allowed(facts, pool_name, after, budget, charged)
 
 
+def _unknown_message(pool: str, blockers: list[AppKey], reasons: Mapping[AppKey, str]) -> str:
+    """A denial that names each unknown application, why, and what to do about it."""
+    kind, namespace, name = blockers[0]
+    reason = reasons.get(blockers[0], "")[:120]
+    more = f" (and {len(blockers) - 1} more; see `webhook report`)" if len(blockers) > 1 else ""
+    return (
+        f"tenant quota: pool {pool} cannot grant more while the reservation of "
+        f"{kind} {namespace}/{name} is unknown{more}: it cannot be evaluated ({reason}) and "
+        f"has no recorded charge; fix its spec so it evaluates, or delete it"
+    )
+
+
 def _tenant_change(
     request: AdmissionRequest, state: ReservationState, app: Application, facts: _Facts
 ) -> tuple[dict[str, Decimal], list[str], dict[str, Decimal]] | Decision:
@@ -266,11 +314,13 @@ def _tenant_change(
     if not TENANT_NAME.fullmatch(app.name):
         return invalid("metadata.name", f"Tenant name {app.name!r} must match ^[a-z][a-z0-9]*$")
     kind = state.platform.kind(TENANT_KIND)
-    values = kind.defaulted(app.spec) if kind is not None else app.spec
     try:
+        values = kind.defaulted(app.spec) if kind is not None else app.spec
         budget = parse_budget(values)
     except EvaluationError as exc:
         return invalid(f"spec.{exc.path}", f"Tenant: {exc.message}")
+    except UNEVALUABLE as exc:
+        return invalid("spec", f"Tenant: the values cannot be evaluated ({type(exc).__name__})")
     owned = owned_namespace(request.namespace, app.name)
     node = state.tree.get(owned)
     change: dict[str, Decimal] = dict(facts.delta)
@@ -340,14 +390,15 @@ def _old_charge(
             return state.platform.charge(
                 request.kind, request.old_object.get("spec"), namespace=request.namespace
             ).resources
-        except EvaluationError:
+        except UNEVALUABLE:
             pass  # an old object that cannot be evaluated is charged nothing: check it all
     return {}
 
 
 def _metadata(request: AdmissionRequest, *, old: bool = False) -> dict[str, object]:
     source = request.old_object if old else request.object
-    metadata = dict(source.get("metadata") or {}) if source is not None else {}
+    raw = source.get("metadata") if source is not None else None
+    metadata = dict(raw) if isinstance(raw, Mapping) else {}
     metadata.setdefault("name", request.name)
     metadata["namespace"] = request.namespace or metadata.get("namespace")
     return metadata
@@ -533,7 +584,7 @@ def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -
         charge = state.platform.charge(
             request.kind, request.object.get("spec"), namespace=request.namespace
         )
-    except EvaluationError:
+    except UNEVALUABLE:
         return skipped("cannot be evaluated; validation decides", kind=request.kind)
     value = charge_annotation(charge.resources, charge.digest)
     if _annotation(request.object) == value:

@@ -14,6 +14,7 @@ to act: which kind, which values path, which contract file and field, and why.
 from __future__ import annotations
 
 __all__ = [
+    "UNEVALUABLE",
     "ContractError",
     "EvaluationError",
     "ManifestError",
@@ -72,3 +73,18 @@ class ManifestError(ReservationError):
         self.reason = reason
         where = f"{path}: " if path else ""
         super().__init__(f"{source}: {where}{reason}")
+
+
+# What evaluating hostile values can raise: an EvaluationError, or, from values that got past
+# every bound into a library, nesting deeper than Python recurses, arithmetic past a context, a
+# value of a type no branch expected. Callers that must never fail on one object (the state, the
+# decision) catch exactly these and treat the object as unevaluable.
+UNEVALUABLE: tuple[type[Exception], ...] = (
+    EvaluationError,
+    RecursionError,
+    ArithmeticError,
+    ValueError,
+    TypeError,
+    KeyError,
+    AttributeError,
+)

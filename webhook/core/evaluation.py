@@ -16,7 +16,7 @@ import hashlib
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal
+from decimal import Decimal, localcontext
 from typing import Any
 
 from webhook.core import resources as rl
@@ -29,6 +29,7 @@ from webhook.core.contracts import (
     FromInstanceType,
     FromPreset,
     FromResources,
+    Largest,
     Literal,
     MaxOf,
     NameExpr,
@@ -40,7 +41,7 @@ from webhook.core.contracts import (
     ValuePath,
 )
 from webhook.core.errors import EvaluationError, QuantityError
-from webhook.core.quantities import format_quantity, parse_quantity
+from webhook.core.quantities import MAX_QUANTITY, format_quantity, parse_quantity
 
 __all__ = ["DEFAULT_LIMITS", "Charge", "EvaluationLimits", "TermCharge", "evaluate"]
 
@@ -106,16 +107,31 @@ def evaluate(
         raise EvaluationError("spec", "must be an object", kind=contract.kind)
     run = _Run(values, catalog, namespace, limits)
     try:
-        terms = tuple(charge for term in contract.terms for charge in run.term(term))
+        # Exact arithmetic: every operand is bounded (MAX_QUANTITY), so products and sums fit
+        # in 60 digits and are never rounded (the default context would round at 28).
+        with localcontext() as context:
+            context.prec = 60
+            terms = tuple(charge for term in contract.terms for charge in run.term(term))
+            resources = {k: v for k, v in rl.total(t.resources for t in terms).items() if v != 0}
+        _check_range(resources)
     except EvaluationError as exc:
         raise exc.for_kind(contract.kind) from None
     return Charge(
         kind=contract.kind,
-        resources={k: v for k, v in rl.total(t.resources for t in terms).items() if v != 0},
+        resources=resources,
         digest=_digest(contract.digest, run.fingerprints),
         contract_digest=contract.digest,
         terms=terms,
     )
+
+
+def _check_range(resources: Mapping[str, Decimal]) -> None:
+    """A charge no Kubernetes quantity could hold is a mistake or an attack: fail closed."""
+    for key, value in resources.items():
+        if value > MAX_QUANTITY:
+            raise EvaluationError(
+                "", f"the {key} charge exceeds what a Kubernetes quantity holds (2^63-1)"
+            )
 
 
 def _digest(contract_digest: str, fingerprints: list[str]) -> str:
@@ -186,6 +202,7 @@ class _Run:
         if term.for_each is None:
             yield _Scope()
             return
+        self.check_items(term.for_each)
         found = self.find(term.for_each, _Scope())
         if len(found) > self.limits.max_items:
             raise EvaluationError(
@@ -199,6 +216,21 @@ class _Run:
         base = _display(term.for_each, _Scope())
         for name, item in term.if_none:
             yield _Scope(item, f"{base.removesuffix('.*').removesuffix('[*]')}.{name}")
+
+    def check_items(self, path: ValuePath) -> None:
+        """Refuse a forEach over too many items before any match is materialised."""
+        if path.container is None or path.relative:
+            return
+        datum: object = self.root
+        for name in path.container:
+            if not isinstance(datum, Mapping) or name not in datum:
+                return
+            datum = datum[name]
+        if isinstance(datum, Mapping | list) and len(datum) > self.limits.max_items:
+            raise EvaluationError(
+                _display(path, _Scope()),
+                f"{len(datum)} items exceed the limit of {self.limits.max_items}",
+            )
 
     # -- sizes -----------------------------------------------------------------------------
 
@@ -267,9 +299,10 @@ class _Run:
         return _Size(resources, source)
 
     def explicit(self, source: FromResources, scope: _Scope) -> _Size | None:
+        # A required value must be set and truthy: charts test them with `if`, so a 0 there
+        # leaves the chart on its other branch (an instance type, KubeVirt's one socket).
         for path in source.require:
-            value = self.lookup(path, scope)
-            if value is _ABSENT or value is None:
+            if not _truthy(self.lookup(path, scope)):
                 return None
         resources: dict[str, Decimal] = {}
         for key, expression in source.resources:
@@ -358,6 +391,14 @@ class _Run:
                         return None
                     total += part_value
                 return total
+            case Largest(members=members):
+                largest: Decimal | None = None
+                for member in members:
+                    member_value = self.value(member, scope, integer=integer, where=where)
+                    if member_value is None:
+                        return None
+                    largest = member_value if largest is None else max(largest, member_value)
+                return largest
         raise AssertionError(expression)  # pragma: no cover - exhaustive over CountExpr
 
     def number(self, raw: object, where: str, *, integer: bool) -> Decimal:
@@ -413,7 +454,7 @@ def _first_path(expression: CountExpr) -> ValuePath | None:
     match expression:
         case PathRef(path=path):
             return path
-        case Product(factors=parts) | Sum(terms=parts):
+        case Product(factors=parts) | Sum(terms=parts) | Largest(members=parts):
             for part in parts:
                 found = _first_path(part)
                 if found is not None:

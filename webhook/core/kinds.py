@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from webhook.core.bounds import check_values
 from webhook.core.catalog import Catalog
 from webhook.core.contracts import Contract, compile_contract
 from webhook.core.defaulting import Defaulter, compile_defaults
@@ -42,7 +43,11 @@ class ApplicationKind:
             object.__setattr__(self, "defaulter", compile_defaults(self.schema))
 
     def defaulted(self, spec: object) -> Any:
-        """The values as Cozystack reads them back: schema defaults applied."""
+        """The values as Cozystack reads them back: schema defaults applied.
+
+        Raises :class:`EvaluationError` for values past the bounds, before any defaulting.
+        """
+        check_values(spec)
         document = {} if spec is None else spec
         return self.defaulter.apply(document) if self.defaulter is not None else document
 

@@ -67,6 +67,7 @@ class PendingCharges:
         self._departed: dict[_Slot, int] = {}  # slot -> revision of the version it left
         self._by_key: dict[AppKey, set[_Slot]] = {}
         self._resolved: set[str] = set()  # ids seen settled while the ledger lists them
+        self._resolved_floor = 0  # how many were still listed at the last pruning
         self._figures: dict[str, dict[str, Decimal]] = {}  # pool -> counted usage
         self._adjusted: dict[str, dict[str, Decimal]] = {}  # pool -> decided, being written
 
@@ -206,8 +207,10 @@ class PendingCharges:
         self._tree.add_usage(pool, delta)
 
     def _forget_resolved(self) -> None:
-        """Keep settled ids only while some ledger object still lists them."""
-        if len(self._resolved) < 64:
-            return  # cheap enough to keep; the walk below is for bursts
+        """Keep settled ids only while some ledger object still lists them (checked once the
+        set has doubled, so the walk costs O(1) per change on average)."""
+        if len(self._resolved) < max(64, 2 * self._resolved_floor):
+            return
         listed = {hold_id for entries in self._entries.values() for hold_id in entries}
         self._resolved &= listed
+        self._resolved_floor = len(self._resolved)

@@ -8,6 +8,8 @@ manifests in, a frozen :class:`Platform` out, every rejected manifest named with
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -16,6 +18,7 @@ from typing import Any
 import yaml
 from cachetools import LRUCache
 
+from webhook.core.bounds import check_values
 from webhook.core.catalog import (
     CLUSTER_INSTANCETYPE,
     NAMESPACED_INSTANCETYPE,
@@ -40,7 +43,11 @@ __all__ = [
 ]
 
 APPLICATION_DEFINITION = ("cozystack.io/v1alpha1", "ApplicationDefinition")
+# The charge cache holds at most this many entries and about this many bytes. Keys are digests
+# of the canonical values, never the values themselves (a 1 MB cloudInit would otherwise be
+# kept whole per entry); an entry's size is estimated from its charge (see _entry_bytes).
 CHARGE_CACHE_SIZE = 4096
+CHARGE_CACHE_BYTES = 16 * 1024 * 1024
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
 INSTANCETYPE_GROUP = "instancetype.kubevirt.io/"
 # A ConfigMap with this name replaces the built-in preset table (data key PRESETS_KEY holds the
@@ -54,14 +61,16 @@ class Platform:
     """Kinds by name and the catalog their contracts resolve against.
 
     A platform never changes once built (a new cluster state builds a new one), so the charges
-    it computes are cached by kind, namespace and canonical values: a cluster holds few distinct
-    specs next to the number of writes, and an UPDATE re-evaluates its old object.
+    it computes are cached by kind, namespace and a digest of the canonical values: a cluster
+    holds few distinct specs next to the number of writes, and an UPDATE re-evaluates its old
+    object. Values are bounded (:func:`~webhook.core.bounds.check_values`) before they are
+    encoded, defaulted or evaluated.
     """
 
     kinds: Mapping[str, ApplicationKind] = field(default_factory=dict)
     catalog: StaticCatalog = field(default_factory=StaticCatalog)
-    _charges: LRUCache[tuple[str, str, str], Charge] = field(
-        default_factory=lambda: LRUCache(maxsize=CHARGE_CACHE_SIZE),
+    _charges: LRUCache[tuple[str, str, bytes], Charge] = field(
+        default_factory=lambda: LRUCache(maxsize=CHARGE_CACHE_BYTES, getsizeof=_entry_bytes),
         init=False,
         repr=False,
         compare=False,
@@ -75,12 +84,28 @@ class Platform:
         found = self.kinds.get(kind)
         if found is None:
             raise EvaluationError("", f"unknown application kind {kind!r}", kind=kind)
-        key = (kind, namespace, _CANONICAL.encode(spec))
+        check_values(spec)
+        canonical = _CANONICAL.encode(spec).encode("utf-8", "surrogatepass")
+        key = (kind, namespace, hashlib.sha256(canonical).digest())
         cached = self._charges.get(key)
         if cached is None:
             cached = found.charge(spec, self.catalog, namespace=namespace)
-            self._charges[key] = cached
+            with contextlib.suppress(ValueError):  # an entry larger than the whole cache
+                self._charges[key] = cached
         return cached
+
+
+def _entry_bytes(charge: Charge) -> int:
+    """An estimate of one cache entry's memory, never below the share that caps the entry count.
+
+    A charge is a few small maps: ~600 bytes plus ~300 per term and ~150 per resource key.
+    Counting every entry as at least ``CHARGE_CACHE_BYTES / CHARGE_CACHE_SIZE`` bounds the
+    number of entries by ``CHARGE_CACHE_SIZE`` as well as their bytes by ``CHARGE_CACHE_BYTES``.
+    """
+    estimate = 600 + 300 * len(charge.terms) + 150 * len(charge.resources)
+    for term in charge.terms:
+        estimate += len(term.path) + len(term.source) + 150 * len(term.resources)
+    return max(estimate, CHARGE_CACHE_BYTES // CHARGE_CACHE_SIZE)
 
 
 @dataclass

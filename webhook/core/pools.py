@@ -1,9 +1,16 @@
 """Tenant pools, kept incrementally.
 
 Cozystack's controller (``computePools``) makes every tenant with a budget a *pool*: the tenant
-plus every descendant without a budget. A descendant with its own budget is a *carve-out*: its
-declared budget, not its usage, is charged to the nearest bounded ancestor, also through
-unbounded tenants in between. Only the keys a budget sets are limited.
+plus every descendant without a budget. A descendant with its own budget is a *carve-out*, charged
+to the nearest bounded ancestor, also through unbounded tenants in between. Only the keys a budget
+sets are limited.
+
+A carve-out occupies, per key, ``max(budget, usage of its subtree)`` of its parent's pool, where
+Cozystack charges the budget alone. The difference matters once a budget is lowered below what
+the subtree already uses (allowed, reported overcommitted): with the budget alone, the parent
+would regain room that is still in use, and a tenant could lower a full child's budget to zero,
+refill the parent, and repeat. With the maximum, lowering frees nothing until usage really drops,
+and removing a budget moves the subtree's usage back into the parent like any other increase.
 
 We apply that rule per resource key. For a key its budget does not set, a bounded child is
 unbounded, so its usage of that key flows up to the parent's pool instead of escaping every
@@ -11,10 +18,10 @@ limit (in ``computePools`` a child bounding only ``memory`` takes its ``cpu`` ou
 parent's ``cpu`` pool). Every case of Cozystack's own tests holds unchanged.
 
 Each node keeps ``usage``: its own applications' charges plus, per key, each child's
-*contribution* (the child's budget for keys it bounds, the child's usage for the rest). For a
+*contribution* (``max(budget, usage)`` for keys the child bounds, its usage for the rest). For a
 bounded tenant, ``usage`` on its budget keys is exactly the pool's reserved figure. Applying a
-charge or a budget change walks up only until a node that bounds the key: time proportional to
-the tenant depth, never to the number of tenants or applications.
+charge or a budget change walks up only while some node's contribution changes: time
+proportional to the tenant depth, never to the number of tenants or applications.
 """
 
 from __future__ import annotations
@@ -47,10 +54,12 @@ class Node:
         return bool(self.budget)
 
     def contribution(self, key: str) -> Decimal:
-        """What this subtree reserves in its parent's pool for ``key``."""
+        """What this subtree reserves in its parent's pool for ``key``: for a key it bounds,
+        its budget or its usage, whichever is larger (lowering a budget frees nothing used)."""
+        used = self.usage.get(key, _ZERO)
         if key in self.budget:
-            return self.budget[key]
-        return self.usage.get(key, _ZERO)
+            return max(self.budget[key], used)
+        return used
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +146,8 @@ class TenantTree:
         change: dict[str, Decimal] = {}
         for key in set(node.budget) | set(budget) | set(node.usage):
             before = node.contribution(key)
-            after = budget[key] if key in budget else node.usage.get(key, _ZERO)
+            used = node.usage.get(key, _ZERO)
+            after = max(budget[key], used) if key in budget else used
             if after != before:
                 change[key] = after - before
         return change
@@ -209,11 +219,13 @@ class TenantTree:
 
 
 def _propagate(start: Node, key: str, value: Decimal) -> None:
+    """Add ``value`` to ``start``'s usage of ``key`` and carry the change in each node's
+    contribution upwards, stopping where a contribution does not change."""
     node: Node | None = start
-    while node is not None:
+    while node is not None and value:
+        before = node.contribution(key)
         node.usage[key] = node.usage.get(key, _ZERO) + value
-        if key in node.budget:
-            return
+        value = node.contribution(key) - before
         node = node.parent
 
 

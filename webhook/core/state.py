@@ -7,7 +7,10 @@ contract would price it differently (drift). Observing or forgetting an applicat
 proportional to the tenant depth.
 
 Applications that cannot be evaluated keep their last recorded charge; one with no recorded
-charge is *unknown*, and a pool holding an unknown application cannot grant more.
+charge is *unknown*, and a pool holding an unknown application cannot grant more for the kinds
+it could hold. Observing never raises: whatever an object holds (a value no evaluation can read,
+a nesting too deep to walk), the object is recorded as unknown with the reason and reported, so
+one poisoned object never stops the source that feeds the state.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from decimal import Decimal
 
 from webhook.core import resources as rl
 from webhook.core.applications import AppKey, Application
-from webhook.core.errors import EvaluationError
+from webhook.core.errors import UNEVALUABLE, EvaluationError
 from webhook.core.pending import Hold, PendingCharges
 from webhook.core.platform import Platform
 from webhook.core.pools import TenantTree
@@ -63,6 +66,7 @@ class ReservationState:
         self._unknown: dict[AppKey, str] = {}  # key -> why it has no charge
         self._owned: dict[AppKey, str] = {}  # Tenant application -> namespace it owns
         self._tenant_versions: dict[AppKey, int] = {}  # Tenant application -> resourceVersion
+        self._by_namespace: dict[str, set[AppKey]] = {}  # for the pod-level guard
 
     def __len__(self) -> int:
         return len(self._apps) + len(self._unknown)
@@ -92,6 +96,7 @@ class ReservationState:
             self._unknown[key] = problem
         else:
             self._apps[key] = record
+        self._by_namespace.setdefault(namespace, set()).add(key)
         before = previous.resources if previous else {}
         after = record.resources if record else {}
         self.tree.add_usage(namespace, rl.subtract(after, before))
@@ -103,6 +108,11 @@ class ReservationState:
         """Apply the deletion of an application (seen at resourceVersion ``version``)."""
         previous = self._apps.pop(key, None)
         self._unknown.pop(key, None)
+        members = self._by_namespace.get(key[1])
+        if members is not None:
+            members.discard(key)
+            if not members:
+                del self._by_namespace[key[1]]
         if previous is not None:
             self.tree.add_usage(key[1], rl.scale(previous.resources, Decimal(-1)))
         if self.pending:
@@ -127,10 +137,10 @@ class ReservationState:
         self._owned[key] = owned
         self._tenant_versions[key] = app.version
         kind = self.platform.kind(TENANT_KIND)
-        values = kind.defaulted(app.spec) if kind else app.spec
         try:
+            values = kind.defaulted(app.spec) if kind else app.spec
             budget = parse_budget(values)
-        except EvaluationError:
+        except UNEVALUABLE:
             # A budget Cozystack would not render cannot be trusted either way: keep the last
             # one; a new tenant stays unbounded and is reported through its problem.
             node = self.tree.get(owned)
@@ -143,16 +153,16 @@ class ReservationState:
         """The record to keep (``None``: unknown), and why today's evaluation failed."""
         try:
             charge = self.platform.charge(app.kind, app.spec, namespace=namespace)
-        except EvaluationError as exc:
+        except UNEVALUABLE as exc:
             if app.recorded is None:
-                return None, str(exc)
+                return None, _reason(exc)
             record = AppRecord(
                 namespace,
                 dict(app.recorded.resources),
                 sys.intern(app.recorded.digest),
-                problem=str(exc),
+                problem=_reason(exc),
             )
-            return record, str(exc)
+            return record, _reason(exc)
         if app.recorded is None:
             return AppRecord(namespace, dict(charge.resources), sys.intern(charge.digest)), ""
         drift = "" if app.recorded.digest == charge.digest else sys.intern(charge.digest)
@@ -189,6 +199,11 @@ class ReservationState:
 
     def records(self) -> Iterator[tuple[AppKey, AppRecord]]:
         return iter(self._apps.items())
+
+    def records_in(self, namespace: str) -> Iterator[tuple[AppKey, AppRecord | None]]:
+        """The applications stored in one namespace; ``None`` for those with no charge."""
+        for key in self._by_namespace.get(namespace, ()):
+            yield key, self._apps.get(key)
 
     def unknown(self) -> Mapping[AppKey, str]:
         return self._unknown
@@ -235,6 +250,14 @@ def recount(state: ReservationState) -> dict[tuple[str, str], tuple[Decimal, Dec
             if kept != counted:
                 differences[(node.namespace, resource)] = (kept, counted)
     return differences
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, EvaluationError):
+        return str(exc)
+    if isinstance(exc, RecursionError):
+        return "values nested too deeply to evaluate"
+    return f"values cannot be evaluated ({type(exc).__name__})"
 
 
 def _interned(key: AppKey) -> AppKey:

@@ -2,8 +2,9 @@
 
 ``POST /validate`` and ``POST /mutate`` take an ``admission.k8s.io/v1`` AdmissionReview and
 answer one, always echoing the request's uid. Hostile input is answered at the edge: a missing
-or empty body, a wrong content type, JSON that does not decode or is not an AdmissionReview get
-HTTP 400 with a short reason; a body over 7 MiB gets 413 and is read no further. Past parsing,
+or empty body, a wrong content type, JSON that does not decode (nested past the decoder's depth
+included) or is not an AdmissionReview get HTTP 400 with a short reason; a body over 7 MiB gets
+413 and is read no further; a body that does not arrive within the deadline gets 408. Past parsing,
 every failure is a denial: an unexpected exception (logged with its stack trace and a request
 id) and an answer not ready a second before the API server's timeout (fail closed, so the API
 server never has to time out on us).
@@ -56,6 +57,8 @@ def create_app(admission: Admission, settings: Settings) -> web.Application:
     app[admission_key] = admission
     app[settings_key] = settings
     app[metrics_key] = Metrics(lambda: admission.state)
+    if admission.quotas is not None:
+        app[metrics_key].watch_guard(lambda: admission.state, admission.quotas)
     app[readiness_key] = Readiness()
     app.router.add_post("/validate", validate)
     app.router.add_post("/mutate", mutate)
@@ -101,8 +104,12 @@ async def _review(
     decide: Callable[[AdmissionRequest], Awaitable[Decision]],
 ) -> web.Response:
     started = time.perf_counter()
-    review = await _read_review(request)
     settings = request.app[settings_key]
+    try:  # a body trickled in slowly is cut off at the same deadline as a decision
+        async with asyncio.timeout(settings.deadline_seconds):
+            review = await _read_review(request)
+    except TimeoutError:
+        raise web.HTTPRequestTimeout(text="the request body did not arrive in time\n") from None
     try:
         async with asyncio.timeout(settings.deadline_seconds):
             decision = await decide(review)
@@ -140,6 +147,8 @@ async def _read_review(request: web.Request) -> AdmissionRequest:
         raise web.HTTPBadRequest(text="empty body\n")
     try:
         body = json.loads(raw)
+    except RecursionError:  # nesting deeper than the decoder recurses: hostile, not a fault
+        raise web.HTTPBadRequest(text="the body is not JSON: nested too deeply\n") from None
     except (ValueError, UnicodeDecodeError):
         raise web.HTTPBadRequest(text="the body is not JSON\n") from None
     try:

@@ -1,7 +1,8 @@
 """Prometheus metrics, in a registry of the application's own (no process-wide globals).
 
 Request latency by endpoint and decision; decisions by kind, reason and mode; pool budget and
-reserved figures, read from the state at scrape time; state readiness; certificate expiry.
+reserved figures, read from the state at scrape time; state readiness; certificate expiry; and
+the pod-level guard per namespace with a ResourceQuota (need, room, unknown applications).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from webhook.core.guard import QuotaBook, guard_room, namespace_need
 from webhook.core.state import ReservationState
 
 __all__ = ["Metrics"]
@@ -42,6 +44,47 @@ class _PoolCollector(Collector):
         yield reserved
 
 
+class _GuardCollector(Collector):
+    """The pod-level guard per namespace with a ResourceQuota, computed at scrape time."""
+
+    def __init__(self, state: Callable[[], ReservationState], quotas: QuotaBook) -> None:
+        self._state = state
+        self._quotas = quotas
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["namespace", "resource"]
+        need_family = GaugeMetricFamily(
+            "reservation_guard_need",
+            "What admitted applications' pods will request (ResourceQuota keys).",
+            labels=labels,
+        )
+        room_family = GaugeMetricFamily(
+            "reservation_guard_room",
+            "What the tightest ResourceQuota leaves: hard - max(used, need); negative: short.",
+            labels=labels,
+        )
+        unknown_family = GaugeMetricFamily(
+            "reservation_guard_unknown_applications",
+            "Applications whose pod-level need the webhook cannot tell.",
+            labels=["namespace"],
+        )
+        state = self._state()
+        for namespace in self._quotas.namespaces():
+            need, unknown = namespace_need(
+                (key, record.resources if record else None)
+                for key, record in state.records_in(namespace)
+            )
+            for key, value in need.items():
+                need_family.add_metric([namespace, key], float(value))
+            room = guard_room(self._quotas.quotas(namespace), need)
+            for key, value in room.items():
+                room_family.add_metric([namespace, key], float(value))
+            unknown_family.add_metric([namespace], len(unknown))
+        yield need_family
+        yield room_family
+        yield unknown_family
+
+
 class Metrics:
     def __init__(self, state: Callable[[], ReservationState]) -> None:
         self.registry = CollectorRegistry()
@@ -65,6 +108,13 @@ class Metrics:
         self.certificate_expiry = Gauge(
             "reservation_certificate_expiry_timestamp_seconds",
             "When the serving certificate expires (Unix time).",
+            registry=self.registry,
+        )
+        self.background_failures = Counter(
+            "reservation_background_failures",
+            "Periodic duties (certificates, expiry, recount, pool statuses) that raised; each "
+            "is logged and retried on its next round.",
+            ["duty"],
             registry=self.registry,
         )
         self.registry.register(_PoolCollector(state))
@@ -102,6 +152,10 @@ class Metrics:
         ]
         for name, description, read in gauges:
             Gauge(name, description, registry=self.registry).set_function(read)
+
+    def watch_guard(self, state: Callable[[], ReservationState], quotas: QuotaBook) -> None:
+        """Expose the pod-level guard: need, room and unknown applications per namespace."""
+        self.registry.register(_GuardCollector(state, quotas))
 
     def expose(self) -> bytes:
         return generate_latest(self.registry)

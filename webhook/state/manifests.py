@@ -25,6 +25,7 @@ from webhook.core.applications import (
     is_helmrelease,
 )
 from webhook.core.errors import ManifestError
+from webhook.core.guard import QuotaBook, quota_from_object
 from webhook.core.platform import Platform, PlatformBuilder
 from webhook.core.state import ReservationState
 from webhook.defaults import default_contracts, default_presets
@@ -62,11 +63,12 @@ def load_platform(paths: Iterable[str | Path]) -> Platform:
     return _platform(read_manifests(paths))
 
 
-def load_state(paths: Iterable[str | Path]) -> ReservationState:
+def load_state(paths: Iterable[str | Path], *, quotas: QuotaBook | None = None) -> ReservationState:
     """The platform and every application under ``paths``, as a reservation state.
 
     Applications come as ``apps.cozystack.io`` objects or as the HelmReleases Cozystack stores
-    them in; other manifests (Namespaces, preferences ...) are ignored.
+    them in; ResourceQuotas go into ``quotas`` when it is given (the pod-level guard); other
+    manifests (Namespaces, preferences ...) are ignored.
     """
     manifests = read_manifests(paths)
     state = ReservationState(_platform(manifests))
@@ -74,7 +76,14 @@ def load_state(paths: Iterable[str | Path]) -> ReservationState:
         app = _application(manifest)
         if app is not None:
             state.observe(app)
+        elif quotas is not None and _is_quota(manifest.body):
+            namespace = manifest.body.get("metadata", {}).get("namespace") or ""
+            quotas.observe(str(namespace), quota_from_object(manifest.body))
     return state
+
+
+def _is_quota(body: Mapping[str, Any]) -> bool:
+    return body.get("apiVersion") == "v1" and body.get("kind") == "ResourceQuota"
 
 
 def _platform(manifests: list[Manifest]) -> Platform:
@@ -104,11 +113,15 @@ def _read_file(file: Path) -> Iterator[Manifest]:
         documents = [json.loads(text)] if file.suffix == ".json" else list(yaml.safe_load_all(text))
     except json.JSONDecodeError as exc:
         raise ManifestError(str(file), f"line {exc.lineno}", f"not JSON: {exc.msg}") from None
+    except RecursionError:
+        raise ManifestError(str(file), "", "nested too deeply to read") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else ""
         reason = getattr(exc, "problem", None) or str(exc)
         raise ManifestError(str(file), where, f"not YAML: {reason}") from None
+    except ValueError as exc:  # a number past Python's integer digit limit, in JSON or YAML
+        raise ManifestError(str(file), "", f"cannot read: {str(exc)[:120]}") from None
     for index, document in enumerate(documents):
         source = str(file) if len(documents) == 1 else f"{file}#{index}"
         if document is None:

@@ -1,0 +1,39 @@
+"""The metrics the webhook exposes, read as Prometheus would scrape them."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.builders import state
+from webhook.core.applications import Application
+from webhook.core.guard import Quota, QuotaBook
+from webhook.core.quantities import parse_quantity
+from webhook.http.metrics import Metrics
+
+
+def samples(metrics: Metrics, name: str) -> dict[tuple[str, ...], float]:
+    found = {}
+    for family in text_string_to_metric_families(metrics.expose().decode()):
+        for sample in family.samples:
+            if sample.name == name:
+                found[tuple(sample.labels.values())] = sample.value
+    return found
+
+
+def test_the_guard_shows_need_and_room_per_namespace_with_a_quota() -> None:
+    vms = [
+        Application("VMInstance", "tenant-acme", f"vm{i}", {"instanceType": "u1.micro"})
+        for i in range(13)
+    ]
+    current = state({"tenant-acme": {"memory": "16Gi", "cpu": "16"}}, *vms)
+    quotas = QuotaBook()
+    hard = {"requests.memory": parse_quantity("16Gi")}
+    quotas.observe("tenant-acme", Quota("tenant-quota", hard, {}))
+    metrics = Metrics(lambda: current)
+    metrics.watch_guard(lambda: current, quotas)
+    # 13 x (1Gi + 270Mi) = 16822Mi against 16384Mi: 438Mi short.
+    need = samples(metrics, "reservation_guard_need")
+    room = samples(metrics, "reservation_guard_room")
+    assert need["tenant-acme", "requests.memory"] == 16822 * 1024**2
+    assert room["tenant-acme", "requests.memory"] == -438 * 1024**2
+    assert samples(metrics, "reservation_guard_unknown_applications") == {("tenant-acme",): 0}

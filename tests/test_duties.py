@@ -1,0 +1,46 @@
+"""A replica's periodic duties survive one that raises: logged, counted, and run again."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+from kubernetes import client as k8s_client
+
+from webhook.kube.client import KubeClient
+from webhook.server import LiveServices
+from webhook.settings import Settings
+
+
+async def test_a_pool_status_writer_that_raises_does_not_stop_the_other_duties(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("WEBHOOK_CERTS", "cert-manager")  # no rotation: nothing else to reach
+    configuration = k8s_client.Configuration()
+    configuration.host = "https://127.0.0.1:9"
+    services = LiveServices(KubeClient(configuration), Settings(namespace="cozy-reservation"))
+    services.ledger.settings = dataclasses.replace(services.ledger.settings, reconcile_seconds=0.01)
+    monkeypatch.setattr(type(services.elector), "is_leader", property(lambda self: True))
+    monkeypatch.setattr(type(services.live), "synced", property(lambda self: True))
+    rounds = 0
+    counted: list[str] = []
+    services.on_failure = counted.append
+
+    async def poisoned_pool_status() -> None:  # issue 9: a 4,400-digit figure in one pool
+        nonlocal rounds
+        rounds += 1
+        raise ValueError("Exceeds the limit (4300 digits) for integer string conversion")
+
+    monkeypatch.setattr(services.ledger, "reconcile", poisoned_pool_status)
+    stop = asyncio.Event()
+    task = asyncio.create_task(services._duties(stop))
+    async with asyncio.timeout(10):
+        while rounds < 3:
+            await asyncio.sleep(0.01)
+    stop.set()
+    await task
+    await services.client.close()
+    assert rounds >= 3  # it ran again on every round
+    assert services.failures["pool-status"] >= 3
+    assert counted[:3] == ["pool-status"] * 3

@@ -1,0 +1,57 @@
+"""Bounds on an application's values, checked before any work is done on them.
+
+Values are tenant input, and everything downstream (the cache key's canonical JSON, schema
+defaulting, JSONPath matching) costs time proportional to their size and recursion
+proportional to their depth, on the one event loop every admission shares. So a document is
+measured first, by an iterative walk that stops as soon as a bound is passed: the check itself
+costs at most ``max_nodes`` steps, whatever was sent. The bounds sit far above any real
+application (a Kubernetes cluster with a thousand node groups is some twenty thousand nodes)
+and far below what blocks the loop for long.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from webhook.core.errors import EvaluationError
+
+__all__ = ["DEFAULT_VALUES_LIMITS", "ValuesLimits", "check_values"]
+
+
+@dataclass(frozen=True, slots=True)
+class ValuesLimits:
+    """How large and how deep one application's values may be."""
+
+    max_nodes: int = 50_000  # maps, lists and scalars together
+    max_depth: int = 64  # nesting of maps and lists
+
+
+DEFAULT_VALUES_LIMITS: Final = ValuesLimits()
+
+
+def check_values(values: object, limits: ValuesLimits = DEFAULT_VALUES_LIMITS) -> None:
+    """Raise :class:`EvaluationError` if ``values`` pass a bound; costs at most ``max_nodes``."""
+    nodes = 0
+    stack: list[tuple[object, int]] = [(values, 1)]
+    while stack:
+        value, depth = stack.pop()
+        nodes += 1
+        if isinstance(value, Mapping):
+            children: Iterable[object] = value.values()
+        elif isinstance(value, list | tuple):
+            children = value
+        else:
+            continue
+        size = len(value)
+        if nodes + len(stack) + size > limits.max_nodes:  # before queueing any of them
+            raise EvaluationError(
+                "spec",
+                f"the values hold more than {limits.max_nodes} entries; refused before evaluation",
+            )
+        if size and depth >= limits.max_depth:
+            raise EvaluationError(
+                "spec", f"the values nest deeper than {limits.max_depth} levels; refused"
+            )
+        stack.extend((child, depth + 1) for child in children)

@@ -1,0 +1,107 @@
+"""Sizing the pod-level guard: per tenant namespace, will everything admitted be able to run?
+
+For each namespace with a bounded tenant or a ResourceQuota: the guard's hard limits (the
+tightest quota per key, or ``tenant-quota`` as the chart would render it from the budget when no
+quota was observed), what the admitted applications' pods will request, the smallest factor on
+``resourceQuotas`` that lets all of them start, and the factor a target mix of VM sizes needs.
+Namespaces whose admitted applications cannot all run come first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from decimal import Decimal
+from typing import Any
+
+from webhook.core import resources as rl
+from webhook.core.guard import (
+    QuotaBook,
+    factor_for_mix,
+    namespace_need,
+    render_tenant_quota,
+    smallest_factor,
+)
+from webhook.core.quantities import format_quantity
+from webhook.core.state import ReservationState
+
+__all__ = ["build_guard_report", "render_guard_report"]
+
+
+def build_guard_report(
+    state: ReservationState, quotas: QuotaBook, mixes: Iterable[Decimal] = ()
+) -> dict[str, Any]:
+    """The guard report as data (the ``-o json`` shape)."""
+    mixes = list(mixes)
+    namespaces = {node.namespace for node in state.tree.nodes() if node.budget}
+    namespaces.update(quotas.namespaces())
+    rows = []
+    for namespace in sorted(namespaces):
+        node = state.tree.get(namespace)
+        budget = dict(node.budget) if node is not None else {}
+        observed = quotas.quotas(namespace)
+        hard: dict[str, Decimal] = {}
+        binding: dict[str, str] = {}
+        if observed:
+            for quota in observed:
+                for key, value in quota.hard.items():
+                    if key not in hard or value < hard[key]:
+                        hard[key], binding[key] = value, quota.name
+            source = "observed"
+        else:
+            hard = render_tenant_quota(budget)
+            source = "rendered"
+        need_total, unknown = namespace_need(
+            (key, record.resources if record else None)
+            for key, record in state.records_in(namespace)
+        )
+        short = {
+            key: need_total[key] - hard[key]
+            for key in sorted(need_total)
+            if key in hard and need_total[key] > hard[key]
+        }
+        row: dict[str, Any] = {
+            "namespace": namespace,
+            "guard": source,
+            "hard": rl.to_strings({k: v for k, v in hard.items() if k.startswith("requests.")}),
+            "need": rl.to_strings(need_total),
+            "short": rl.to_strings(short),
+            "tightest": {key: binding[key] for key in short if key in binding},
+            "unknown": [f"{kind}/{name}" for kind, _, name in unknown],
+            "smallestFactor": str(smallest_factor(budget, need_total)) if budget else None,
+            "mixFactors": {
+                format_quantity(size): str(factor_for_mix(budget.get("memory", Decimal(0)), size))
+                for size in mixes
+            }
+            if budget.get("memory")
+            else {},
+        }
+        rows.append(row)
+    rows.sort(key=lambda row: (not row["short"], row["namespace"]))
+    return {"namespaces": rows}
+
+
+def render_guard_report(report: dict[str, Any]) -> str:
+    header = ("NAMESPACE", "GUARD", "HARD", "NEED", "SHORT", "FACTOR", "MIX FACTORS", "UNKNOWN")
+    rows: list[tuple[str, ...]] = [header]
+    for row in report["namespaces"]:
+        rows.append(
+            (
+                row["namespace"],
+                row["guard"],
+                _pairs(row["hard"]) or "-",
+                _pairs(row["need"]) or "-",
+                _pairs(row["short"]) or "-",
+                row["smallestFactor"] or "-",
+                _pairs(row["mixFactors"]) or "-",
+                ",".join(row["unknown"]) or "-",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(r, widths, strict=True)).rstrip()
+        for r in rows
+    )
+
+
+def _pairs(values: dict[str, str]) -> str:
+    return ",".join(f"{key}={value}" for key, value in values.items())
