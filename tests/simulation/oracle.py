@@ -2,8 +2,9 @@
 
 This is the judge of a simulation, so it shares nothing with the replicas' incremental
 bookkeeping: per bounded tenant and budget key, the charges of the stored applications whose
-nearest tenant bounding that key it is, plus the budgets of the bounded sub-tenants beneath it
-(carve-outs). A ``Thing`` charges exactly the quantities its spec names.
+nearest tenant bounding that key it is, plus what each bounded sub-tenant beneath it occupies
+(a carve-out: the larger of its budget and its subtree's usage, so lowering a budget frees
+nothing still used). A ``Thing`` charges exactly the quantities its spec names.
 """
 
 from __future__ import annotations
@@ -43,26 +44,32 @@ def pools(objects: Mapping[tuple[str, str, str], Obj]) -> Figures:
             namespace = parent_namespace(namespace)
         return None
 
-    figures: Figures = {
-        (pool, key): (Decimal(0), value)
-        for pool, budget in sorted(bounded.items())
-        for key, value in sorted(budget.items())
-    }
-
-    def add(pool: str | None, key: str, value: Decimal) -> None:
-        if pool is not None and (pool, key) in figures:
-            usage, budget = figures[(pool, key)]
-            figures[(pool, key)] = (usage + value, budget)
-
+    direct: dict[tuple[str, str], Decimal] = {}
     for (plural, namespace, _), obj in sorted(objects.items()):
         if plural == "things":
             for key, raw in sorted((obj.get("spec") or {}).items()):
-                add(bounder(namespace, key), key, parse_quantity(raw))
+                pool = bounder(namespace, key)
+                if pool is not None:
+                    direct[(pool, key)] = direct.get((pool, key), Decimal(0)) + parse_quantity(raw)
+    carve_outs: dict[tuple[str, str], list[str]] = {}
     for child, budget in sorted(bounded.items()):
-        parent = parent_namespace(child)
-        for key, value in sorted(budget.items()):
-            add(bounder(parent, key) if parent else None, key, value)
-    return figures
+        for key in sorted(budget):
+            parent = bounder(parent_namespace(child), key) if parent_namespace(child) else None
+            if parent is not None:
+                carve_outs.setdefault((parent, key), []).append(child)
+
+    def usage(pool: str, key: str) -> Decimal:
+        # A sub-tenant occupies the larger of its budget and what its subtree uses.
+        total = direct.get((pool, key), Decimal(0))
+        for child in carve_outs.get((pool, key), []):
+            total += max(bounded[child][key], usage(child, key))
+        return total
+
+    return {
+        (pool, key): (usage(pool, key), value)
+        for pool, budget in sorted(bounded.items())
+        for key, value in sorted(budget.items())
+    }
 
 
 def overshoots(before: Figures, after: Figures) -> dict[tuple[str, str], str]:

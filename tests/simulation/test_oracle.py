@@ -26,6 +26,17 @@ def test_a_bounded_sub_tenant_counts_its_budget_in_the_parent_pool_not_its_usage
     assert figures[("tenant-a-b", "memory")] == (1 * GI, 4 * GI)
 
 
+def test_a_sub_tenant_over_its_budget_occupies_its_usage_in_the_parent_pool() -> None:
+    objects = stored(
+        ("tenants", "tenant-root", "a", {"resourceQuotas": {"memory": "16Gi"}}),
+        ("tenants", "tenant-a", "b", {"resourceQuotas": {"memory": "2Gi"}}),
+        ("things", "tenant-a-b", "y", {"memory": "6Gi"}),
+    )
+    figures = pools(objects)
+    assert figures[("tenant-a", "memory")] == (6 * GI, 16 * GI)
+    assert figures[("tenant-a-b", "memory")] == (6 * GI, 2 * GI)
+
+
 def test_an_unbounded_key_of_a_sub_tenant_flows_up_to_the_parent_pool() -> None:
     objects = stored(
         ("tenants", "tenant-root", "a", {"resourceQuotas": {"memory": "16Gi", "cpu": "4"}}),
