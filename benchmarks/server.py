@@ -256,6 +256,8 @@ def main() -> None:
             str(certs),
             "--listen",
             f"127.0.0.1:{webhook_port}",
+            "--metrics-listen",
+            "127.0.0.1:0",
         ]
         echo_base = f"https://127.0.0.1:{echo_port}"
         webhook_base = f"https://127.0.0.1:{webhook_port}"

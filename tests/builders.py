@@ -11,6 +11,13 @@ from typing import Any
 
 from webhook.core.applications import Application
 from webhook.core.platform import Platform, PlatformBuilder
+from webhook.core.records import (
+    RecordedCharge,
+    RecordKeys,
+    parse_recorded_charge,
+    record_annotation,
+    sign,
+)
 from webhook.core.reviews import AdmissionRequest, parse_review
 from webhook.core.state import ReservationState
 from webhook.defaults import default_contracts, default_presets
@@ -71,12 +78,53 @@ def state(
     *apps: Application,
 ) -> ReservationState:
     """A synced state with these tenants (owned namespace -> budget) and applications."""
-    result = ReservationState(platform())
+    result = ReservationState(platform(), keys=KEYS)
     for owned, budget in tenants.items():
         result.observe(tenant(owned, budget))
     for app in apps:
         result.observe(app)
     return result
+
+
+# A platform administrator, as Cozystack's Keycloak group maps one.
+ADMIN: dict[str, Any] = {
+    "user": "ops",
+    "groups": ["cozystack-cluster-admin", "system:authenticated"],
+}
+# The record key of every state the tests build: tests sign records as the webhook would.
+KEYS = RecordKeys(b"tests-record-key-0123456789abcdef")
+
+
+def signed(
+    kind: str,
+    namespace: str,
+    name: str,
+    spec: Any,
+    charge: Mapping[str, Any],
+    digest: str,
+    *,
+    factor: Mapping[str, Any] | None = None,
+    keys: RecordKeys = KEYS,
+) -> str:
+    """The charge annotation the webhook would write (signed with ``keys``) for these values."""
+    from decimal import Decimal
+
+    from webhook.core.quantities import parse_quantity
+
+    values = ReservationState(platform(), keys=keys).values_digest(kind, spec)
+    resources = {k: v if isinstance(v, Decimal) else parse_quantity(v) for k, v in charge.items()}
+    factors = {k: Decimal(str(v)) for k, v in (factor or {}).items()}
+    record = sign(keys, (kind, namespace, name), values, resources, digest, factors)
+    return record_annotation(record)
+
+
+def signed_record(
+    kind: str, namespace: str, name: str, spec: Any, charge: Mapping[str, Any], digest: str
+) -> RecordedCharge:
+    """The record :func:`signed` writes, as the state reads it back."""
+    record = parse_recorded_charge(signed(kind, namespace, name, spec, charge, digest))
+    assert record is not None
+    return record
 
 
 def review(
@@ -91,6 +139,8 @@ def review(
     annotations: Mapping[str, str] | None = None,
     old_annotations: Mapping[str, str] | None = None,
     uid: str = "uid-1",
+    user: str = "alice",
+    groups: list[str] | None = None,
 ) -> dict[str, Any]:
     """An ``admission.k8s.io/v1`` AdmissionReview for an apps.cozystack.io application."""
 
@@ -116,7 +166,7 @@ def review(
         "namespace": namespace,
         "name": name,
         "operation": operation,
-        "userInfo": {"username": "alice"},
+        "userInfo": {"username": user, "groups": groups or ["system:authenticated"]},
         "dryRun": dry_run,
         "object": None if operation == "DELETE" else body(spec, annotations),
         "oldObject": body(old_spec, old_annotations) if operation != "CREATE" else None,

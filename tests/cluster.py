@@ -3,7 +3,7 @@ or writes, loaded with the real platform data from fixtures/cozystack."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,9 @@ def platform_manifests() -> list[dict[str, Any]]:
     ]
 
 
-def register(server: EmulatedAPIServer) -> None:
+def register(server: EmulatedAPIServer, *, unserved: Collection[str] = ()) -> None:
+    """Register every resource the webhook uses; application plurals in ``unserved`` are left
+    out (their lists get 404, as when cozystack-api does not serve a kind yet)."""
     server.resource(
         "cozystack.io",
         "v1alpha1",
@@ -63,6 +65,8 @@ def register(server: EmulatedAPIServer) -> None:
     for manifest in platform_manifests():
         if manifest["kind"] == "ApplicationDefinition":
             application = manifest["spec"]["application"]
+            if application["plural"] in unserved:
+                continue
             server.resource(
                 "apps.cozystack.io", "v1alpha1", application["plural"], application["kind"]
             )
@@ -83,11 +87,15 @@ def tenant(namespace: str, name: str, quotas: dict[str, str] | None = None) -> d
 
 @asynccontextmanager
 async def cluster(
-    tmp_path: Path, *, bookmark_interval: float = 0.2, load: bool = True
+    tmp_path: Path,
+    *,
+    bookmark_interval: float = 0.2,
+    load: bool = True,
+    unserved: Collection[str] = (),
 ) -> AsyncIterator[tuple[EmulatedAPIServer, Path]]:
     """A started emulated cluster and a kubeconfig for it."""
     server = EmulatedAPIServer(bookmark_interval=bookmark_interval)
-    register(server)
+    register(server, unserved=unserved)
     if load:
         for manifest in platform_manifests():
             server.create(manifest)

@@ -26,7 +26,12 @@ from webhook.settings import Settings
 from webhook.tls.certificates import generate
 
 MICRO = {"instanceType": "u1.micro"}  # 1 vCPU, 1Gi
-LIVE = {"watch_read_timeout": 1.0, "namespace": "cozy-reservation", "listen_port": 0}
+LIVE = {
+    "watch_read_timeout": 1.0,
+    "namespace": "cozy-reservation",
+    "listen_port": 0,
+    "metrics_port": 0,
+}
 
 
 async def eventually(condition: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -292,6 +297,8 @@ def spawn(
             str(certs),
             "--listen",
             f"127.0.0.1:{port}",
+            "--metrics-listen",
+            "127.0.0.1:0",
         ],
         cwd=ROOT,
         env=environment,
@@ -428,8 +435,10 @@ async def test_application_watches_follow_the_definitions(tmp_path: Path, certs:
             {key: definition[key] for key in ("apiVersion", "kind", "spec")}
             | {"metadata": {"name": "bucket"}}
         )
-        await eventually(lambda: "buckets" in live._apps and live.synced)
-        assert live.state.platform.kind("Bucket") is not None
+        await eventually(
+            lambda: live.synced and live.state.platform.kind("Bucket") is not None  # swapped in
+        )
+        assert "buckets" in live._apps
 
 
 async def test_a_fresh_install_starts_without_certificates_and_makes_its_own(
@@ -451,6 +460,8 @@ async def test_a_fresh_install_starts_without_certificates_and_makes_its_own(
                     str(empty),
                     "--listen",
                     f"127.0.0.1:{port}",
+                    "--metrics-listen",
+                    "127.0.0.1:0",
                 ],
                 cwd=ROOT,
                 stdout=subprocess.DEVNULL,

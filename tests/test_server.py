@@ -37,7 +37,9 @@ def certs(tmp_path: Path) -> Path:
 
 @pytest.fixture
 async def server(certs: Path) -> AsyncIterator[WebhookServer]:
-    settings = Settings(state=STATE, cert_dir=str(certs), listen_port=0, cert_reload_seconds=0.05)
+    settings = Settings(
+        state=STATE, cert_dir=str(certs), listen_port=0, metrics_port=0, cert_reload_seconds=0.05
+    )
     running = WebhookServer(load_state(settings.state), settings)
     await running.start()
     yield running
@@ -88,6 +90,19 @@ async def test_ready_once_serving_tls(server: WebhookServer, certs: Path) -> Non
             assert response.status == 200
 
 
+async def test_metrics_are_served_on_their_own_plain_port_only(
+    server: WebhookServer, certs: Path
+) -> None:
+    assert server.metrics_port not in (0, server.port)
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"http://127.0.0.1:{server.metrics_port}/metrics") as response:
+            assert response.status == 200
+            assert "reservation_state_ready 1.0" in await response.text()
+        url = f"https://localhost:{server.port}/metrics"
+        async with session.get(url, ssl=client_context(certs)) as response:
+            assert response.status == 404
+
+
 async def test_rotated_certificate_files_serve_the_new_serial(
     server: WebhookServer, certs: Path
 ) -> None:
@@ -103,7 +118,11 @@ async def test_client_certificates_are_required_with_a_client_ca(
     certs: Path, tmp_path: Path
 ) -> None:
     settings = Settings(
-        state=STATE, cert_dir=str(certs), listen_port=0, client_ca=str(certs / "ca.crt")
+        state=STATE,
+        cert_dir=str(certs),
+        listen_port=0,
+        metrics_port=0,
+        client_ca=str(certs / "ca.crt"),
     )
     running = WebhookServer(load_state(settings.state), settings)
     await running.start()
@@ -131,6 +150,8 @@ def test_sigterm_stops_the_server_and_exits_zero(certs: Path) -> None:
             str(certs),
             "--listen",
             f"127.0.0.1:{port}",
+            "--metrics-listen",
+            "127.0.0.1:0",
         ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -156,7 +177,7 @@ def test_sigterm_stops_the_server_and_exits_zero(certs: Path) -> None:
 
 
 async def test_a_client_sending_half_a_header_is_disconnected(certs: Path) -> None:
-    settings = Settings(state=STATE, cert_dir=str(certs), listen_port=0)
+    settings = Settings(state=STATE, cert_dir=str(certs), listen_port=0, metrics_port=0)
     running = WebhookServer(load_state(settings.state), settings, idle_seconds=0.3)
     await running.start()
     try:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.builders import FIXTURES, request
+from tests.builders import FIXTURES, KEYS, request, signed
 from tests.cluster import app, cluster, kube_client, tenant
 from webhook.core.applications import CHARGE_ANNOTATION
 from webhook.core.decisions import Decision, Policy, decide
@@ -95,7 +95,7 @@ SCENARIOS = [
             tenant("tenant-root", "acme", {"memory": "16Gi"}),
             recorded(
                 app("VMInstance", "tenant-acme", "old", MICRO),
-                '{"charge":{"memory":"8Gi"},"digest":"sha256:old"}',
+                signed("VMInstance", "tenant-acme", "old", MICRO, {"memory": "8Gi"}, "sha256:old"),
             ),
         ],
         request("VMInstance", "tenant-acme", "big", {"instanceType": "u1.2xlarge"}),
@@ -112,7 +112,7 @@ SCENARIOS = [
 def from_manifests(objects: list[dict[str, Any]], directory: Path) -> ReservationState:
     directory.mkdir()
     (directory / "objects.yaml").write_text(yaml.safe_dump_all(objects))
-    return load_state([FIXTURES / "cozystack", directory])
+    return load_state([FIXTURES / "cozystack", directory], keys=KEYS)
 
 
 async def from_cluster(
@@ -122,7 +122,7 @@ async def from_cluster(
         for obj in objects:
             server.create(obj)
         async with kube_client(kubeconfig) as client:
-            live = LiveState(client, LiveSettings(read_timeout=5.0))
+            live = LiveState(client, LiveSettings(read_timeout=5.0), keys=KEYS)
             stop = asyncio.Event()
             task = asyncio.create_task(live.run(stop))
             try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,8 +24,10 @@ from webhook.core.decisions import MODES, Mode, Policy
 from webhook.core.errors import QuantityError, ReservationError
 from webhook.core.guard import QuotaBook
 from webhook.core.quantities import parse_quantity
+from webhook.core.records import RecordKeys
 from webhook.core.reviews import ReviewError
 from webhook.logs import configure as configure_logs
+from webhook.record_keys import RecordKeyError, keys_from_file
 from webhook.report import build_report, explain_charge, render_report
 from webhook.server import serve
 from webhook.settings import SettingsError, load_settings
@@ -122,12 +125,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--client-ca", metavar="FILE", help="require client certificates from it")
     serve.add_argument(
+        "--metrics-listen", metavar="HOST:PORT", help="plain-HTTP /metrics; default <host>:8080"
+    )
+    _add_record_key(serve)
+    serve.add_argument(
         "--timeout-seconds",
         type=int,
         metavar="N",
         help="the webhook configuration's timeoutSeconds (1-30, default 10)",
     )
     serve.add_argument("--mode", choices=MODES, help="default: enforce")
+    _add_overcommit(serve)
     serve.add_argument(
         "--mode-for", action="append", metavar="KIND=MODE", help="a mode for one kind (repeatable)"
     )
@@ -159,9 +167,48 @@ def _add_state(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="directory of manifests (repeatable), e.g. fixtures/cozystack",
     )
+    _add_record_key(parser)
+
+
+def _add_record_key(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--record-key-file",
+        metavar="FILE",
+        help="key signing charge records (line 1; more lines: previous keys); "
+        "default: a key of this process, so records written elsewhere are not believed",
+    )
+
+
+def _record_keys(path: str | None) -> RecordKeys | None:
+    if not path:
+        return None
+    try:
+        return keys_from_file(path)
+    except RecordKeyError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def _add_overcommit(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--overcommit-admins",
+        action="append",
+        metavar="NAMES",
+        help="groups or users who may set overcommit factors (comma-separated, repeatable); "
+        "default: system:masters,cozystack-cluster-admin",
+    )
+    parser.add_argument(
+        "--overcommit-max",
+        action="append",
+        metavar="KEY=DECIMAL",
+        help="largest overcommit factor for a key (repeatable); default cpu=4, memory=1.5",
+    )
+    parser.add_argument(
+        "--overcommit-step", metavar="DECIMAL", help="largest change of a factor per update (0.1)"
+    )
 
 
 def _add_policy(parser: argparse.ArgumentParser) -> None:
+    _add_overcommit(parser)
     parser.add_argument("--mode", choices=MODES, default="enforce", help="default: enforce")
     parser.add_argument(
         "--mode-for",
@@ -179,12 +226,24 @@ def _policy(args: argparse.Namespace) -> Policy:
         if not kind or mode not in MODES:
             raise CommandError(f"--mode-for {item!r}: expected KIND=MODE, MODE one of {MODES}")
         per_kind[kind] = cast(Mode, mode)  # checked against MODES above
-    return Policy(args.mode, per_kind)
+    try:
+        rules = load_settings(_overcommit_flags(args), environ={}).policy.overcommit
+    except SettingsError as exc:
+        raise CommandError(str(exc)) from None
+    return Policy(args.mode, per_kind, rules)
+
+
+def _overcommit_flags(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "overcommit_admins": args.overcommit_admins,
+        "overcommit_max": args.overcommit_max,
+        "overcommit_step": args.overcommit_step,
+    }
 
 
 def _review(args: argparse.Namespace) -> int:
     quotas = QuotaBook()
-    state = load_state(args.state, quotas=quotas)
+    state = load_state(args.state, quotas=quotas, keys=_record_keys(args.record_key_file))
     policy = _policy(args)
     status = 0
     for name in args.files:
@@ -232,9 +291,12 @@ def _serve(args: argparse.Namespace) -> int:
         "listen": args.listen,
         "cert_dir": args.cert_dir,
         "client_ca": args.client_ca,
+        "metrics_listen": args.metrics_listen,
+        "record_key_file": args.record_key_file,
         "timeout_seconds": args.timeout_seconds,
         "mode": args.mode,
         "mode_for": args.mode_for,
+        **_overcommit_flags(args),
         "config": args.config,
         "log_level": args.log_level,
     }
@@ -243,9 +305,18 @@ def _serve(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         raise CommandError(str(exc)) from None
     configure_logs(settings.log_level)
+    if settings.state and not settings.record_key_file:
+        logging.getLogger("webhook").info(
+            "charge records are signed with a key of this process: records written by another "
+            "process are not believed (give --record-key-file to keep one)"
+        )
     # Manifest directories, or the cluster (--kubeconfig, else the pod's service account).
     quotas = QuotaBook()
-    state = load_state(settings.state, quotas=quotas) if settings.state else None
+    state = (
+        load_state(settings.state, quotas=quotas, keys=_record_keys(settings.record_key_file))
+        if settings.state
+        else None
+    )
     try:
         asyncio.run(serve(state, settings, quotas=quotas))
     except CertificateError as exc:
@@ -288,7 +359,7 @@ def _certs_generate(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    state = load_state(args.state)
+    state = load_state(args.state, keys=_record_keys(args.record_key_file))
     report = build_report(state)
     if args.json:
         print(json.dumps(report, indent=2))

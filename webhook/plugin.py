@@ -33,7 +33,13 @@ from webhook.core.kinds import ApplicationKind
 from webhook.core.quantities import format_quantity
 from webhook.core.state import ReservationState
 from webhook.kube.client import ApiError, KubeClient, ResourceRef
-from webhook.report import build_report, explain_charge, render_explanation, render_report
+from webhook.report import (
+    build_report,
+    explain_charge,
+    explain_factor,
+    render_explanation,
+    render_report,
+)
 from webhook.state.live import LiveSettings, LiveState
 from webhook.state.manifests import load_state, read_manifests
 
@@ -118,7 +124,7 @@ def _explain(args: argparse.Namespace) -> int:
         )
         kind = _kind(state, app.kind)
     charge = kind.charge(app.spec, state.platform.catalog, namespace=args.namespace)
-    explained = explain_charge(charge)
+    explained = explain_charge(charge, overcommit=explain_factor(state, app, charge))
     recorded = (
         {
             "charge": {k: format_quantity(v) for k, v in sorted(app.recorded.resources.items())},

@@ -12,12 +12,14 @@ import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, Final, cast
 
 import yaml
 
 from webhook.core.decisions import MODES, Mode, Policy
+from webhook.core.overcommit import DEFAULT_ADMINS, DEFAULT_MAXIMUM, DEFAULT_STEP, OvercommitRules
 
 __all__ = ["Settings", "SettingsError", "load_settings"]
 
@@ -35,11 +37,20 @@ class Settings:
     kubeconfig: str = ""
     listen_host: str = "127.0.0.1"
     listen_port: int = 8443
+    # /metrics on a port of its own, plain HTTP, so a NetworkPolicy can admit the scraper there
+    # and only the API server's callers on the admission port. Host "" is the listen host.
+    metrics_listen_host: str = ""
+    metrics_port: int = 8080
+    record_key_file: str = ""  # offline: the key signing charge records (else one per process)
     cert_dir: str = "certs"
     client_ca: str = ""
     timeout_seconds: int = 10
     mode: Mode = "enforce"
     mode_for: Mapping[str, Mode] = field(default_factory=dict)
+    # Who may set an overcommit factor (groups or user names) and within which bounds.
+    overcommit_admins: frozenset[str] = DEFAULT_ADMINS
+    overcommit_max: Mapping[str, Decimal] = field(default_factory=lambda: dict(DEFAULT_MAXIMUM))
+    overcommit_step: Decimal = DEFAULT_STEP
     cert_reload_seconds: float = 10.0
     shutdown_seconds: float = 20.0
     log_level: str = "INFO"
@@ -57,12 +68,19 @@ class Settings:
 
     @property
     def policy(self) -> Policy:
-        return Policy(self.mode, dict(self.mode_for))
+        rules = OvercommitRules(
+            self.overcommit_admins, dict(self.overcommit_max), self.overcommit_step
+        )
+        return Policy(self.mode, dict(self.mode_for), rules)
 
     @property
     def deadline_seconds(self) -> float:
         """A second below the webhook timeout, so the API server never times out on us."""
         return max(self.timeout_seconds - 1.0, 0.5)
+
+    @property
+    def metrics_host(self) -> str:
+        return self.metrics_listen_host or self.listen_host
 
     @property
     def cert_file(self) -> Path:
@@ -78,11 +96,16 @@ _SPELLINGS: Final = {
     "state": ("WEBHOOK_STATE", "state"),
     "kubeconfig": ("WEBHOOK_KUBECONFIG", "kubeconfig"),
     "listen": ("WEBHOOK_LISTEN", "listen"),
+    "metrics_listen": ("WEBHOOK_METRICS_LISTEN", "metricsListen"),
+    "record_key_file": ("WEBHOOK_RECORD_KEY_FILE", "recordKeyFile"),
     "cert_dir": ("WEBHOOK_CERT_DIR", "certDir"),
     "client_ca": ("WEBHOOK_CLIENT_CA", "clientCA"),
     "timeout_seconds": ("WEBHOOK_TIMEOUT_SECONDS", "timeoutSeconds"),
     "mode": ("WEBHOOK_MODE", "mode"),
     "mode_for": ("WEBHOOK_MODE_FOR", "modeFor"),
+    "overcommit_admins": ("WEBHOOK_OVERCOMMIT_ADMINS", "overcommitAdmins"),
+    "overcommit_max": ("WEBHOOK_OVERCOMMIT_MAX", "overcommitMax"),
+    "overcommit_step": ("WEBHOOK_OVERCOMMIT_STEP", "overcommitStep"),
     "cert_reload_seconds": ("WEBHOOK_CERT_RELOAD_SECONDS", "certReloadSeconds"),
     "shutdown_seconds": ("WEBHOOK_SHUTDOWN_SECONDS", "shutdownSeconds"),
     "log_level": ("WEBHOOK_LOG_LEVEL", "logLevel"),
@@ -127,7 +150,7 @@ def _read_file(path: str) -> Mapping[str, Any]:
 
 
 def _from_environment(name: str, value: str) -> Any:
-    if name in ("state", "mode_for"):
+    if name in ("state", "mode_for", "overcommit_admins", "overcommit_max"):
         return [item for item in value.replace(",", " ").split() if item]
     return value
 
@@ -141,7 +164,18 @@ def _build(raw: Mapping[str, Any]) -> Settings:
         values["kubeconfig"] = str(raw["kubeconfig"])
     if "listen" in raw:
         values["listen_host"], values["listen_port"] = _listen(str(raw["listen"]))
-    for name in ("cert_dir", "client_ca", "log_level", "namespace", "replica", "lease_name"):
+    if "metrics_listen" in raw:
+        host, port = _listen(str(raw["metrics_listen"]), name="metrics-listen")
+        values["metrics_listen_host"], values["metrics_port"] = host, port
+    for name in (
+        "cert_dir",
+        "client_ca",
+        "log_level",
+        "namespace",
+        "replica",
+        "lease_name",
+        "record_key_file",
+    ):
         if name in raw:
             values[name] = str(raw[name])
     if "timeout_seconds" in raw:
@@ -165,22 +199,28 @@ def _build(raw: Mapping[str, Any]) -> Settings:
         values["mode"] = _mode("mode", raw["mode"])
     if "mode_for" in raw:
         values["mode_for"] = _mode_for(raw["mode_for"])
+    if "overcommit_admins" in raw:
+        values["overcommit_admins"] = overcommit_admins(raw["overcommit_admins"])
+    if "overcommit_max" in raw:
+        values["overcommit_max"] = overcommit_maximum(raw["overcommit_max"])
+    if "overcommit_step" in raw:
+        values["overcommit_step"] = overcommit_step(raw["overcommit_step"])
     settings = Settings(**values)
     if settings.state and settings.kubeconfig:
         raise SettingsError("state and kubeconfig: give one source of cluster state, not both")
     return settings
 
 
-def _listen(text: str) -> tuple[str, int]:
+def _listen(text: str, *, name: str = "listen") -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not host:
-        raise SettingsError(f"listen: {text!r} is not HOST:PORT")
+        raise SettingsError(f"{name}: {text!r} is not HOST:PORT")
     try:
         number = int(port)
     except ValueError:
-        raise SettingsError(f"listen: {port!r} is not a port") from None
+        raise SettingsError(f"{name}: {port!r} is not a port") from None
     if not 0 <= number <= 65535:
-        raise SettingsError(f"listen: {number} is not a port")
+        raise SettingsError(f"{name}: {number} is not a port")
     return host.strip("[]"), number
 
 
@@ -213,3 +253,41 @@ def _mode_for(value: Any) -> dict[str, Mode]:
             raise SettingsError(f"mode-for: {item!r} is not KIND=MODE")
         result[kind] = _mode(f"mode-for {kind}", mode)
     return result
+
+
+def _items(value: Any) -> list[str]:
+    if isinstance(value, Mapping):
+        return [f"{k}={v}" for k, v in value.items()]
+    if isinstance(value, str):
+        value = [value]
+    return [part.strip() for item in value for part in str(item).split(",") if part.strip()]
+
+
+def overcommit_admins(value: Any) -> frozenset[str]:
+    """Groups and user names allowed to set overcommit factors (comma-separated or a list)."""
+    return frozenset(_items(value))
+
+
+def overcommit_maximum(value: Any) -> dict[str, Decimal]:
+    """``KEY=DECIMAL`` items: the largest factor per key; the defaults stay for keys not given."""
+    maximum = dict(DEFAULT_MAXIMUM)
+    for item in _items(value):
+        key, sep, number = item.partition("=")
+        try:
+            bound = Decimal(number)
+        except InvalidOperation:
+            bound = Decimal(0)
+        if not sep or not key or not bound.is_finite() or bound < 1 or bound > 100:
+            raise SettingsError(f"overcommit-max: {item!r} is not KEY=DECIMAL with 1 <= DECIMAL")
+        maximum[key.strip()] = bound
+    return maximum
+
+
+def overcommit_step(value: Any) -> Decimal:
+    try:
+        step = Decimal(str(value))
+    except InvalidOperation:
+        raise SettingsError(f"overcommit-step: {value!r} is not a decimal") from None
+    if not step.is_finite() or not 0 < step <= 10:
+        raise SettingsError("overcommit-step: must be above 0 and at most 10")
+    return step

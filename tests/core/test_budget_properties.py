@@ -14,6 +14,21 @@ ignored), with the carve-out rule ``max(budget, usage)``, and checked:
   its budget only because a budget was lowered (or set) below usage, and then nothing new is
   admitted into it until usage drops.
 
+Attacks on the charge annotation are rules too: a forged record (any charge, any MAC) or a
+genuine record copied from another object, delivered through the webhook in ``enforce`` or
+``off`` mode or stored with no webhook at all (before install, webhook down); and stripping the
+annotation. A write in ``off`` mode or without the webhook is not a tenant bypass (nothing
+checks it), so the growth check skips that one step; the recount from specs, which ignores
+annotations, must still agree with the state after it, and nothing may be admitted into a pool
+it left over budget.
+
+Overcommit factors: the platform (an admin in ``userInfo``) sets, steps and removes factors on
+Tenants and applications; tenants try to set, change or remove them and plant them with no
+webhook in the way. The recount prices every application at ``ceil(declared / factor)`` with
+the factor the platform set (its own, else its nearest tenant's), and the state's factors must
+be exactly the platform's: nothing a tenant does changes a factor. A platform factor change may
+leave a pool over budget (allowed, reported), so its growth is not the tenant's doing either.
+
 Extending it: an operation is a ``@rule`` that builds a request with :meth:`TenantMoves.write`
 (which takes ``annotations`` for the new object and ``old_annotations`` for the stored one),
 so an attack on the charge annotation (forge, copy, strip) is a rule that passes different
@@ -33,12 +48,20 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from tests.builders import platform, review
+from tests.builders import ADMIN, platform, review
 from webhook.admission import apply_admitted
+from webhook.core.applications import CHARGE_ANNOTATION, application_from_object
 from webhook.core.decisions import Decision, Policy, decide, mutate
+from webhook.core.overcommit import OVERCOMMIT_ANNOTATION, apply_factors, parse_factors
 from webhook.core.reviews import parse_review
 from webhook.core.state import ReservationState
-from webhook.core.tenants import TENANT_KIND, owned_namespace, parent_namespace, parse_budget
+from webhook.core.tenants import (
+    TENANT_KIND,
+    ancestors,
+    owned_namespace,
+    parent_namespace,
+    parse_budget,
+)
 
 # tenant-root holds tenant a; a holds b and d; b holds c. Applications may live in any of them.
 TENANTS = {"a": "tenant-root", "b": "tenant-a", "c": "tenant-a-b", "d": "tenant-a"}
@@ -50,6 +73,18 @@ KEYS = ("cpu", "memory")
 cpu = st.sampled_from(["0", "1", "2", "4"])
 memory = st.sampled_from(["0", "1Gi", "2Gi", "4Gi", "8Gi"])
 sizes = st.fixed_dictionaries({"cpu": cpu, "memory": memory})
+OFF = Policy(mode="off")
+FACTORS = st.sampled_from(
+    [None, "memory=1.1", "memory=1.2", "memory=1.3", "cpu=1.1,memory=1.1", "cpu=1.1", "memory=0.5"]
+)
+# What a tenant can write in the charge annotation without the key: any charge, any MAC.
+forgeries = st.builds(
+    lambda size, mac: json.dumps(
+        {"charge": size, "digest": "sha256:0", "values": "sha256:0", "mac": mac}
+    ),
+    sizes,
+    st.sampled_from(["", "hmac-sha256:00", "x"]),
+)
 budgets = st.fixed_dictionaries({}, optional={"cpu": cpu, "memory": memory})
 
 Key = tuple[str, str, str]  # kind, namespace, name
@@ -61,6 +96,7 @@ class TenantMoves(RuleBasedStateMachine):
         self.state = ReservationState(platform())
         self.policy = Policy()
         self.stored: dict[Key, dict[str, Any]] = {}  # what the API server holds, by key
+        self.factors: dict[Key, dict[str, Decimal]] = {}  # the factors the platform set
         self.before = self.recount()
 
     # -- the API server ----------------------------------------------------------------------
@@ -75,8 +111,11 @@ class TenantMoves(RuleBasedStateMachine):
         dry_run: bool = False,
         annotations: Mapping[str, str] | None = None,
         old_annotations: Mapping[str, str] | None = None,
+        policy: Policy | None = None,
+        who: Mapping[str, Any] | None = None,
     ) -> Decision:
         """CREATE, UPDATE (when stored) or DELETE (``spec is None``), mutated then validated."""
+        policy = policy or self.policy
         key = (kind, namespace, name)
         old = self.stored.get(key)
         if spec is None and old is None:
@@ -84,6 +123,9 @@ class TenantMoves(RuleBasedStateMachine):
         operation = "DELETE" if spec is None else "UPDATE" if old is not None else "CREATE"
         if old_annotations is None and old is not None:
             old_annotations = old["metadata"].get("annotations")
+        kept = (old_annotations or {}).get(OVERCOMMIT_ANNOTATION)
+        if annotations is None and kept is not None:
+            annotations = {OVERCOMMIT_ANNOTATION: kept}  # a patch keeps the platform's factor
         body = review(
             kind,
             namespace,
@@ -94,20 +136,39 @@ class TenantMoves(RuleBasedStateMachine):
             dry_run=dry_run,
             annotations=annotations,
             old_annotations=old_annotations,
+            **(who or {}),
         )
         if body["request"]["object"] is not None:
-            patched = mutate(parse_review(body), self.state, self.policy)
+            patched = mutate(parse_review(body), self.state, policy)
             body["request"]["object"] = _patched(body["request"]["object"], patched)
         request = parse_review(body)
         self.before = self.recount()
-        decision = decide(request, self.state, self.policy)
+        decision = decide(request, self.state, policy)
         apply_admitted(self.state, request, decision)
         if decision.allowed and not dry_run:
             if spec is None:
                 del self.stored[key]
+                self.factors.pop(key, None)
             else:
                 self.stored[key] = body["request"]["object"]
+                if decision.admitted is None:  # off mode: the state sees it as a watch would
+                    self.state.observe(_application(kind, namespace, self.stored[key]))
         return decision
+
+    def vouched(self, key: Key, previous: dict[str, Any] | None) -> None:
+        """After a write no webhook checked: the platform's factor for ``key`` survives only
+        while the object keeps the values and the record it had (the record vouches for it)."""
+        now = self.stored.get(key)
+        if now is None or previous is None:
+            self.factors.pop(key, None)
+            return
+        same = now["spec"] == previous["spec"] and _record(now) == _record(previous)
+        if not same:
+            self.factors.pop(key, None)
+
+    def unchecked(self) -> None:
+        """The last write was not checked by anyone: its growth is not the tenant's doing."""
+        self.before = self.recount()
 
     # -- operations --------------------------------------------------------------------------
 
@@ -132,6 +193,130 @@ class TenantMoves(RuleBasedStateMachine):
     def delete(self, namespace: str, name: str) -> None:
         self.write("Thing", namespace, name, None)
 
+    @rule(
+        namespace=st.sampled_from(NAMESPACES),
+        name=st.sampled_from(NAMES),
+        size=sizes,
+        forged=forgeries,
+    )
+    def forge_through_the_webhook(
+        self, namespace: str, name: str, size: dict[str, str], forged: str
+    ) -> None:
+        self.write("Thing", namespace, name, size, annotations={CHARGE_ANNOTATION: forged})
+
+    @rule(
+        namespace=st.sampled_from(NAMESPACES),
+        name=st.sampled_from(NAMES),
+        size=sizes,
+        forged=forgeries,
+        off=st.booleans(),
+    )
+    def plant_in_off_mode_or_without_the_webhook(
+        self, namespace: str, name: str, size: dict[str, str], forged: str, off: bool
+    ) -> None:
+        annotations = {CHARGE_ANNOTATION: forged}
+        if off:
+            previous = self.stored.get(("Thing", namespace, name))
+            self.write("Thing", namespace, name, size, annotations=annotations, policy=OFF)
+            self.vouched(("Thing", namespace, name), previous)
+        else:
+            self.store_unchecked("Thing", namespace, name, size, annotations)
+        self.unchecked()
+
+    @rule(
+        source=st.sampled_from(NAMES),
+        destination=st.sampled_from(NAMES),
+        namespace=st.sampled_from(NAMESPACES),
+        size=sizes,
+        through_webhook=st.booleans(),
+    )
+    def copy_another_objects_annotation(
+        self,
+        source: str,
+        destination: str,
+        namespace: str,
+        size: dict[str, str],
+        through_webhook: bool,
+    ) -> None:
+        stored = self.stored.get(("Thing", namespace, source))
+        copied = (stored or {}).get("metadata", {}).get("annotations") or {}
+        if CHARGE_ANNOTATION not in copied:
+            return
+        annotations = {CHARGE_ANNOTATION: copied[CHARGE_ANNOTATION]}
+        if through_webhook:
+            self.write("Thing", namespace, destination, size, annotations=annotations)
+        else:
+            self.store_unchecked("Thing", namespace, destination, size, annotations)
+            self.unchecked()
+
+    def factor_targets(self) -> list[Key]:
+        return sorted(self.stored)
+
+    @rule(data=st.data(), value=FACTORS)
+    def platform_sets_a_factor(self, data: st.DataObject, value: str | None) -> None:
+        """An admin sets, steps or removes a factor on a Tenant or an application."""
+        if not self.stored:
+            return
+        key = data.draw(st.sampled_from(self.factor_targets()))
+        obj = self.stored[key]
+        annotations = {OVERCOMMIT_ANNOTATION: value} if value is not None else {}
+        decision = self.write(*key, obj["spec"], annotations=annotations, who=ADMIN)
+        if decision.allowed:
+            if value is None:
+                self.factors.pop(key, None)
+            else:
+                self.factors[key] = parse_factors(value)
+            self.unchecked()  # lowering a factor may overcommit: allowed for the platform
+
+    @rule(data=st.data(), value=FACTORS)
+    def tenant_tries_a_factor(self, data: st.DataObject, value: str | None) -> None:
+        """A tenant sets, changes or removes a factor: always refused, nothing changes."""
+        if not self.stored:
+            return
+        key = data.draw(st.sampled_from(self.factor_targets()))
+        obj = self.stored[key]
+        now = (obj["metadata"].get("annotations") or {}).get(OVERCOMMIT_ANNOTATION)
+        if value == now:
+            return
+        annotations = {OVERCOMMIT_ANNOTATION: value} if value is not None else {}
+        decision = self.write(*key, obj["spec"], annotations=annotations)
+        assert not decision.allowed
+        assert decision.reason == "overcommit-forbidden"
+
+    @rule(
+        namespace=st.sampled_from(NAMESPACES),
+        name=st.sampled_from(NAMES),
+        size=sizes,
+        value=FACTORS,
+    )
+    def plant_a_factor_without_the_webhook(
+        self, namespace: str, name: str, size: dict[str, str], value: str | None
+    ) -> None:
+        annotations = {OVERCOMMIT_ANNOTATION: value} if value is not None else {}
+        self.store_unchecked("Thing", namespace, name, size, annotations)
+        self.unchecked()
+
+    @rule(namespace=st.sampled_from(NAMESPACES), name=st.sampled_from(NAMES))
+    def strip_the_annotation(self, namespace: str, name: str) -> None:
+        stored = self.stored.get(("Thing", namespace, name))
+        if stored is not None:
+            self.write("Thing", namespace, name, stored["spec"], annotations={})
+
+    def store_unchecked(
+        self, kind: str, namespace: str, name: str, spec: Any, annotations: Mapping[str, str]
+    ) -> None:
+        """Stored with no webhook in the way (before install, or while it is down)."""
+        obj = {
+            "apiVersion": "apps.cozystack.io/v1alpha1",
+            "kind": kind,
+            "metadata": {"name": name, "namespace": namespace, "annotations": dict(annotations)},
+            "spec": spec,
+        }
+        previous = self.stored.get((kind, namespace, name))
+        self.stored[(kind, namespace, name)] = obj
+        self.vouched((kind, namespace, name), previous)
+        self.state.observe(_application(kind, namespace, obj))
+
     @rule(tenant=st.sampled_from(sorted(TENANTS)), budget=budgets, dry_run=st.booleans())
     def set_budget(self, tenant: str, budget: dict[str, str], dry_run: bool) -> None:
         """Add, raise, lower or remove (an empty budget) a tenant's quota, key by key."""
@@ -149,7 +334,8 @@ class TenantMoves(RuleBasedStateMachine):
                 values = platform().kinds[TENANT_KIND].defaulted(obj["spec"])
                 budget[owned_namespace(namespace, name)] = parse_budget(values)
                 continue
-            charge = platform().charge(kind, obj["spec"], namespace=namespace).resources
+            declared = platform().charge(kind, obj["spec"], namespace=namespace).resources
+            charge = apply_factors(declared, self.effective((kind, namespace, name)))
             for key, value in charge.items():
                 own[namespace][key] = own[namespace].get(key, Decimal(0)) + value
         usage: dict[str, dict[str, Decimal]] = {}
@@ -163,6 +349,31 @@ class TenantMoves(RuleBasedStateMachine):
                         total[key] = total.get(key, Decimal(0)) + share
             usage[namespace] = total
         return {ns: (budget[ns], usage[ns]) for ns in NAMESPACES}
+
+    def effective(self, key: Key) -> dict[str, Decimal]:
+        """The factor the platform set for an application: its own, else its nearest tenant's."""
+        if key in self.factors:
+            return self.factors[key]
+        owners = {
+            owned_namespace(ns, name): factors
+            for (kind, ns, name), factors in self.factors.items()
+            if kind == TENANT_KIND
+        }
+        for namespace in ancestors(key[1]):
+            if namespace in owners:
+                return owners[namespace]
+        return {}
+
+    @invariant()
+    def nothing_a_tenant_does_changes_a_factor(self) -> None:
+        for namespace in NAMESPACES:
+            believed, _ = self.state.factors_for(namespace, None)
+            assert believed == self.effective(("", namespace, "")), namespace
+        for (kind, namespace, name), record in self.state.records():
+            if kind != TENANT_KIND:
+                assert (record.factors or {}) == {
+                    k: v for k, v in self.effective((kind, namespace, name)).items() if v != 1
+                }, (kind, namespace, name)
 
     @invariant()
     def the_state_agrees_with_a_recount_from_specs(self) -> None:
@@ -187,19 +398,32 @@ def _depth(namespace: str) -> int:
     return 0 if namespace == "tenant-root" else namespace.count("-")
 
 
+def _record(obj: dict[str, Any]) -> Any:
+    return (obj["metadata"].get("annotations") or {}).get(CHARGE_ANNOTATION)
+
+
+def _application(kind: str, namespace: str, obj: dict[str, Any]) -> Any:
+    return application_from_object(
+        {**obj, "kind": kind, "metadata": {**obj["metadata"], "namespace": namespace}}
+    )
+
+
 def _patched(obj: dict[str, Any], decision: Decision) -> dict[str, Any]:
-    """``obj`` with the mutating side's JSONPatch applied (it only adds annotations)."""
+    """``obj`` with the mutating side's JSONPatch applied (it adds or removes annotations)."""
     response = decision.response()
     if "patch" not in response:
         return obj
     result: dict[str, Any] = json.loads(json.dumps(obj))
     for operation in json.loads(base64.b64decode(response["patch"])):
-        assert operation["op"] == "add"
+        assert operation["op"] in ("add", "remove")
         parts = [p.replace("~1", "/").replace("~0", "~") for p in operation["path"].split("/")[1:]]
         target = result
         for part in parts[:-1]:
             target = target[part]
-        target[parts[-1]] = operation["value"]
+        if operation["op"] == "remove":
+            del target[parts[-1]]
+        else:
+            target[parts[-1]] = operation["value"]
     return result
 
 

@@ -8,12 +8,10 @@ from decimal import Decimal
 
 import pytest
 
-from tests.builders import request, state, tenant, thing
+from tests.builders import request, signed, signed_record, state, tenant, thing
 from webhook.core.applications import (
     CHARGE_ANNOTATION,
     Application,
-    RecordedCharge,
-    charge_annotation,
 )
 from webhook.core.decisions import Decision, Policy, decide
 from webhook.core.state import ReservationState
@@ -107,7 +105,7 @@ def test_a_no_op_update_of_a_sparse_object_against_its_defaulted_old_self_charge
 
 
 def test_the_old_charge_recorded_on_the_old_object_wins_over_re_evaluation() -> None:
-    recorded = charge_annotation({"memory": Decimal(2 * 1024**3)}, "sha256:old")
+    recorded = signed("VMInstance", "tenant-acme", "web", MICRO, {"memory": "2Gi"}, "sha256:old")
     current = acme(thing("tenant-acme", "filler", memory="14Gi"))
     decision = decide(
         request(
@@ -226,7 +224,14 @@ def test_an_unevaluable_application_with_a_recorded_charge_keeps_it() -> None:
         "tenant-acme",
         "legacy",
         {"instanceType": "u9.huge"},
-        recorded=RecordedCharge({"memory": Decimal(15 * 1024**3)}, "sha256:recorded"),
+        recorded=signed_record(
+            "VMInstance",
+            "tenant-acme",
+            "legacy",
+            {"instanceType": "u9.huge"},
+            {"memory": "15Gi"},
+            "sha256:recorded",
+        ),
     )
     current = acme(legacy)
     record = current.record(legacy.key)

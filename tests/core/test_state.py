@@ -1,15 +1,15 @@
 """The reservation state: charges observed, recorded charges kept, drift reported."""
 
+import json
 from decimal import Decimal
 
-from tests.builders import platform, state, tenant, thing
+from tests.builders import platform, signed, signed_record, state, tenant, thing
 from webhook.core.applications import (
     Application,
-    RecordedCharge,
     application_from_helmrelease,
-    charge_annotation,
     parse_recorded_charge,
 )
+from webhook.core.records import record_annotation
 from webhook.core.state import recount
 
 
@@ -30,7 +30,7 @@ def test_forgetting_a_tenant_releases_its_carve_out() -> None:
 
 
 def test_a_recorded_charge_stays_authoritative_and_drift_is_visible() -> None:
-    recorded = RecordedCharge({"cpu": Decimal(9)}, "sha256:old-contract")
+    recorded = signed_record("VMInstance", "tenant-acme", "vm", {}, {"cpu": "9"}, "sha256:old")
     app = Application("VMInstance", "tenant-acme", "vm", {}, recorded=recorded)
     current = state({"tenant-acme": {"cpu": "20"}}, app)
     record = current.record(app.key)
@@ -38,14 +38,18 @@ def test_a_recorded_charge_stays_authoritative_and_drift_is_visible() -> None:
     assert record.resources == {"cpu": Decimal(9)}
     assert record.drifted
     assert record.current_digest == platform().charge("VMInstance", {}).digest
+    assert record.current == {"cpu": Decimal(1), "memory": Decimal(4 * 1024**3)}
 
 
 def test_the_charge_annotation_round_trips_and_garbage_is_ignored() -> None:
-    text = charge_annotation({"memory": Decimal(2 * 1024**3), "cpu": Decimal("0.5")}, "sha256:x")
-    assert text == '{"charge":{"cpu":"500m","memory":"2Gi"},"digest":"sha256:x"}'
-    assert parse_recorded_charge(text) == RecordedCharge(
-        {"cpu": Decimal("0.5"), "memory": Decimal(2 * 1024**3)}, "sha256:x"
-    )
+    text = signed("Thing", "tenant-acme", "t", {}, {"memory": "2Gi", "cpu": "500m"}, "sha256:x")
+    body = json.loads(text)
+    assert list(body) == ["charge", "digest", "values", "mac"]
+    assert body["charge"] == {"cpu": "500m", "memory": "2Gi"}
+    record = parse_recorded_charge(text)
+    assert record is not None
+    assert record.resources == {"cpu": Decimal("0.5"), "memory": Decimal(2 * 1024**3)}
+    assert record_annotation(record) == text
     for garbage in ["", "{", '{"charge": 1}', '{"charge": {"cpu": "x"}, "digest": "d"}', None]:
         assert parse_recorded_charge(garbage) is None
 

@@ -29,6 +29,7 @@ KUBERNETES_VERSION: Final = "1.32"
 NAMESPACE: Final = "cozy-reservation"
 NAME: Final = "reservation-webhook"
 TLS_SECRET: Final = "reservation-webhook-tls"
+RECORD_SECRET: Final = "reservation-webhook-records"
 CHARGE: Final = "reservation.cozystack.io/charge"
 INSTALLS: Final = {"default": "deploy", "cert-manager": "deploy/overlays/cert-manager"}
 WEBHOOK_KINDS: Final = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
@@ -94,7 +95,9 @@ EXPECTED_API_CALLS: Final[dict[tuple[str, str, str], Grant]] = {
     **_calls(NAMESPACE, "coordination.k8s.io", ("leases",), ("get", "update"), NAME),
     # The Secret holding the CA and the serving pair.
     **_calls(NAMESPACE, "", ("secrets",), ("create",)),
-    **_calls(NAMESPACE, "", ("secrets",), ("get", "update"), TLS_SECRET),
+    **_calls(NAMESPACE, "", ("secrets",), ("update",), TLS_SECRET),
+    # ... and the Secret holding the key that signs charge records, read only.
+    **_calls(NAMESPACE, "", ("secrets",), ("get",), TLS_SECRET, RECORD_SECRET),
 }
 
 
@@ -357,6 +360,8 @@ TENANT_RESERVATION: Final[Manifest] = {
         "budgetSummary": "cpu=4, memory=16Gi",
         "reservedSummary": "cpu=5, memory=8Gi",
         "overcommitted": {"cpu": "1"},
+        "committed": {"memory": "19Gi"},
+        "discount": {"memory": "3400896722"},
         "pending": [
             {
                 "id": "3f2a",
@@ -656,9 +661,11 @@ def test_the_pod_runs_restricted(default: list[Manifest]) -> None:
 def test_the_server_serves_on_the_container_port_with_the_mounted_certificates(
     default: list[Manifest],
 ) -> None:
-    (port,) = container(default)["ports"]
+    port, metrics = container(default)["ports"]
     assert (port["name"], port["containerPort"]) == ("https", 8443)
+    assert (metrics["name"], metrics["containerPort"]) == ("metrics", 8080)
     assert arg(default, "--listen") == "0.0.0.0:8443"
+    assert arg(default, "--metrics-listen") == "0.0.0.0:8080"
     assert "--mode" not in container(default)["args"]  # the mode is an env variable
     variables = {e["name"]: e.get("value") for e in container(default)["env"]}
     assert variables["WEBHOOK_MODE"] == "warn"
@@ -685,7 +692,7 @@ def test_probes_ask_the_health_endpoints_over_https(
 def test_resources_request_cpu_and_memory_and_limit_memory_only(default: list[Manifest]) -> None:
     assert container(default)["resources"] == {
         "requests": {"cpu": "100m", "memory": "256Mi"},
-        "limits": {"memory": "1Gi"},
+        "limits": {"memory": "512Mi"},
     }
 
 
@@ -698,6 +705,8 @@ def test_the_names_the_server_is_told_are_the_names_rbac_grants(default: list[Ma
     assert lease.names == {variables["WEBHOOK_LEASE_NAME"]}
     assert secret.names == {variables["WEBHOOK_TLS_SECRET"]}
     assert variables["WEBHOOK_TLS_SECRET"] == TLS_SECRET
+    assert variables["WEBHOOK_RECORD_KEY_SECRET"] == RECORD_SECRET
+    assert EXPECTED_API_CALLS["", "secrets", "get"].names == {TLS_SECRET, RECORD_SECRET}
     assert "WEBHOOK_CERTS" not in variables
 
 
@@ -716,22 +725,41 @@ def test_the_service_targets_the_container_port(default: list[Manifest]) -> None
         {"matchLabels": service["selector"]}, deployment["template"]["metadata"]["labels"]
     )
     (port,) = service["ports"]
-    (container_port,) = container(default)["ports"]
+    container_port = container(default)["ports"][0]
     assert (port["name"], port["port"]) == ("https", 443)
     assert port["targetPort"] in (container_port["containerPort"], container_port["name"])
 
 
-def test_the_network_policy_lets_in_8443_only_and_out_the_api_server_and_dns(
+def test_the_network_policy_lets_only_cozystack_api_into_8443_and_out_the_api_server_and_dns(
     default: list[Manifest],
 ) -> None:
     policy = find(default, "NetworkPolicy")["spec"]
     labels = find(default, "Deployment")["spec"]["template"]["metadata"]["labels"]
     assert selects(policy["podSelector"], labels)
     assert policy["policyTypes"] == ["Ingress", "Egress"]
-    ingress = [(p["protocol"], p["port"]) for rule in policy["ingress"] for p in rule["ports"]]
+    (rule,) = policy["ingress"]
+    assert [(p["protocol"], p["port"]) for p in rule["ports"]] == [("TCP", 8443)]
+    # The aggregated API server that serves apps.cozystack.io and calls the webhooks: its pods
+    # as Cozystack ships them (cozy-system, app=cozystack-api), and no one else; a rule without
+    # `from` would admit any pod of any tenant.
+    (source,) = rule["from"]
+    assert source == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "cozy-system"}},
+        "podSelector": {"matchLabels": {"app": "cozystack-api"}},
+    }
     egress = [(p["protocol"], p["port"]) for rule in policy["egress"] for p in rule["ports"]]
-    assert ingress == [("TCP", 8443)]
     assert sorted(egress) == [("TCP", 53), ("TCP", 443), ("TCP", 6443), ("UDP", 53)]
+
+
+def test_the_metrics_port_is_closed_until_an_operator_admits_monitoring(
+    default: list[Manifest],
+) -> None:
+    policy = find(default, "NetworkPolicy")["spec"]
+    ports = {p["port"] for rule in policy["ingress"] for p in rule["ports"]}
+    assert 8080 not in ports
+    text = (ROOT / "deploy" / "base" / "networkpolicy.yaml").read_text()
+    assert "port: 8080" in text  # the documented rule to add
+    assert "ipBlock" in text  # and how to add the control plane
 
 
 # ---------------------------------------------------------------------------------------------
@@ -796,7 +824,7 @@ def test_the_roles_are_bound_to_the_deployments_service_account(default: list[Ma
 def test_every_rbac_rule_says_what_it_is_for() -> None:
     lines = (ROOT / "deploy" / "base" / "rbac.yaml").read_text().splitlines()
     rules = [i for i, line in enumerate(lines) if re.match(r"\s+- apiGroups:", line)]
-    assert len(rules) == 13
+    assert len(rules) == 14
     for i in rules:
         assert lines[i - 1].strip().startswith("#"), f"rbac.yaml line {i + 1} has no comment"
 

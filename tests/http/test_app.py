@@ -19,7 +19,7 @@ from webhook.admission import Admission
 from webhook.core.applications import CHARGE_ANNOTATION
 from webhook.core.decisions import Decision, Policy
 from webhook.core.reviews import AdmissionRequest
-from webhook.http.app import create_app, readiness_key
+from webhook.http.app import create_app, create_metrics_app, metrics_key, readiness_key
 from webhook.logs import JsonFormatter
 from webhook.settings import Settings
 
@@ -210,9 +210,23 @@ async def test_health_and_readiness(aiohttp_client: MakeClient) -> None:
     assert "state not synced" in await response.text()
 
 
-async def test_metrics_expose_latency_decisions_pools_and_readiness(client: Client) -> None:
+async def scrape(aiohttp_client: MakeClient, client: Client) -> str:
+    """What the metrics port serves for the application behind ``client``."""
+    scraper = await aiohttp_client(create_metrics_app(client.app[metrics_key]))
+    response = await scraper.get("/metrics")
+    assert response.status == 200
+    return await response.text()
+
+
+async def test_metrics_are_not_served_on_the_admission_port(client: Client) -> None:
+    assert (await client.get("/metrics")).status == 404
+
+
+async def test_metrics_expose_latency_decisions_pools_and_readiness(
+    client: Client, aiohttp_client: MakeClient
+) -> None:
     await post(client, "/validate", review("VMInstance", "tenant-acme", "vm", VM))
-    lines = (await (await client.get("/metrics")).text()).splitlines()
+    lines = (await scrape(aiohttp_client, client)).splitlines()
     expected = [
         'reservation_admission_duration_seconds_count{decision="allowed",endpoint="validate"} 1.0',
         "reservation_decisions_total"
@@ -223,6 +237,28 @@ async def test_metrics_expose_latency_decisions_pools_and_readiness(client: Clie
     ]
     for line in expected:
         assert line in lines
+
+
+async def test_400_megabyte_kind_labels_cannot_grow_metrics(
+    client: Client, aiohttp_client: MakeClient
+) -> None:
+    # The attack: distinct 1 MB kinds, each a new label value kept forever by the registry.
+    before = len(await scrape(aiohttp_client, client))
+    for index in range(8):
+        kind = f"{index}" + "K" * (1024 * 1024)
+        raw = json.dumps(review(kind, "tenant-acme", "x", {})).encode()
+        response = await client.post(
+            "/validate", data=io.BytesIO(raw), headers={"Content-Type": "application/json"}
+        )
+        assert response.status == 200
+        assert (await response.json())["response"]["allowed"] is False
+    text = await scrape(aiohttp_client, client)
+    assert len(text) < before + 4096
+    assert 'kind="other"' in text
+    assert (
+        'reservation_decisions_total{decision="denied",kind="other",mode="enforce",'
+        'reason="unknown-kind"} 8.0'
+    ) in text.splitlines()
 
 
 async def test_one_json_log_line_per_request_without_values(

@@ -173,3 +173,78 @@ async def test_server_errors_back_off_and_recover(
     assert "503" in watcher.last_error
     stop.set()
     await task
+
+
+async def test_pages_are_reduced_as_they_arrive_and_replace_the_view_at_once(
+    server: EmulatedAPIServer, client: KubeClient
+) -> None:
+    for index in range(1200):  # three pages
+        server.create(thing(f"t{index:04d}", index))
+    replaced: list[list[Any]] = []
+    reduced: list[int] = []
+
+    def reduce(obj: dict[str, Any]) -> Any:
+        reduced.append(len(replaced))
+        value = obj["spec"]["value"]
+        return None if value % 2 else value  # None: dropped
+
+    watcher = Reflector(
+        client,
+        THINGS,
+        on_replace=replaced.append,
+        on_event=lambda kind, obj: None,
+        reduce=reduce,
+        read_timeout=0.5,
+    )
+    stop, task = await run(watcher)
+    await eventually(lambda: watcher.synced)
+    assert len(reduced) == 1200
+    assert set(reduced) == {0}  # every object reduced before the one replace
+    assert len(replaced) == 1
+    assert replaced[0] == list(range(0, 1200, 2))
+    stop.set()
+    await task
+
+
+async def test_a_list_that_is_not_served_is_reported_with_its_url_and_backs_off(
+    server: EmulatedAPIServer, client: KubeClient
+) -> None:
+    missing = ResourceRef("example.io", "v1", "widgets")
+    watcher = Reflector(
+        client,
+        missing,
+        on_replace=lambda items: None,
+        on_event=lambda kind, obj: None,
+        backoff=(0.1, 10.0),
+    )
+    stop, task = await run(watcher)
+    await asyncio.sleep(1.5)
+    lists = [r for r in server.requests if r.path.endswith("/widgets")]
+    assert not watcher.synced
+    assert "404" in watcher.list_error
+    assert f"{client.host}/apis/example.io/v1/widgets" in watcher.list_error
+    assert 2 <= len(lists) <= 6  # 0.1 s doubling with jitter: a handful, not hundreds
+    assert watcher.list_failures == len(lists)
+    stop.set()
+    await task
+
+
+async def test_one_event_the_consumer_cannot_take_does_not_stop_the_watch(
+    server: EmulatedAPIServer, client: KubeClient
+) -> None:
+    mirror = Mirror()
+
+    def event(kind: str, obj: dict[str, Any]) -> None:
+        if obj["metadata"]["name"] == "bad":
+            raise KeyError("spec")
+        mirror.event(kind, obj)
+
+    watcher = Reflector(client, THINGS, on_replace=mirror.replace, on_event=event, read_timeout=0.5)
+    stop, task = await run(watcher)
+    await eventually(lambda: watcher.synced)
+    server.create(thing("bad", 1))
+    server.create(thing("good", 2))
+    await eventually(lambda: mirror.items.get("good") == 2)
+    assert watcher.synced
+    stop.set()
+    await task

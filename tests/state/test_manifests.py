@@ -159,3 +159,20 @@ def test_an_unreadable_charge_annotation_is_not_believed_and_the_spec_is_charged
     record = state.record(("VMDisk", "tenant-acme", "bad"))
     assert record is not None
     assert record.resources == {"storage": Decimal(3 * 1024**3)}
+
+
+def test_a_second_object_of_the_same_name_fails_the_load_naming_both_files(
+    tmp_path: Path,
+) -> None:
+    for name in ("a.json", "b.json"):
+        manifest = {
+            "apiVersion": APPS_API_VERSION,
+            "kind": "VMDisk",
+            "metadata": {"name": "disk", "namespace": "tenant-acme"},
+            "spec": {"storage": "1Gi" if name == "a.json" else "100Gi"},
+        }
+        (tmp_path / name).write_text(json.dumps(manifest))
+    with pytest.raises(ManifestError) as raised:
+        load_state([FIXTURES / "cozystack", tmp_path])
+    assert raised.value.source == f"{tmp_path}/b.json"
+    assert f"VMDisk tenant-acme/disk is already defined in {tmp_path}/a.json" in str(raised.value)

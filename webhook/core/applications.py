@@ -6,22 +6,20 @@ with labels naming the kind and the application. Admission sees the application 
 directory or a cache may hold either. Both become an :class:`Application`.
 
 The charge admitted for an application travels with it as the annotation
-:data:`CHARGE_ANNOTATION` (written by the mutating webhook): compact JSON
-``{"charge": {...}, "digest": "sha256:..."}``. It stays authoritative until the application is
-next written, so a contract change never silently re-prices existing applications.
+:data:`CHARGE_ANNOTATION` (written by the mutating webhook): a record signed by the webhook
+(:mod:`webhook.core.records`). It is read here as a claim; it stays authoritative, once
+verified, until the application is next written, so a contract change never silently re-prices
+existing applications.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any, Final
 
-from webhook.core import resources as rl
-from webhook.core.errors import QuantityError
-from webhook.core.quantities import parse_quantity
+from webhook.core.overcommit import OVERCOMMIT_ANNOTATION
+from webhook.core.records import RecordedCharge, parse_recorded_charge
 
 __all__ = [
     "APPS_API_VERSION",
@@ -31,7 +29,6 @@ __all__ = [
     "RecordedCharge",
     "application_from_helmrelease",
     "application_from_object",
-    "charge_annotation",
     "parse_recorded_charge",
     "resource_version",
 ]
@@ -45,14 +42,6 @@ NAME_LABEL: Final = "apps.cozystack.io/application.name"
 USER_PREFIX: Final = "apps.cozystack.io-"
 
 AppKey = tuple[str, str, str]  # (kind, namespace, name)
-# A charge annotation is a few hundred characters; one far longer is not ours and not read.
-MAX_ANNOTATION_CHARS: Final = 8192
-
-
-@dataclass(frozen=True, slots=True)
-class RecordedCharge:
-    resources: Mapping[str, Decimal]
-    digest: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +51,7 @@ class Application:
     name: str
     spec: Any
     recorded: RecordedCharge | None = None
+    overcommit: str | None = None  # the overcommit annotation as written (believed if vouched)
     version: int = 0  # metadata.resourceVersion when stored (0: not known)
 
     @property
@@ -83,8 +73,16 @@ def application_from_object(obj: Mapping[str, Any]) -> Application:
     if not isinstance(namespace, str) or not namespace:
         raise ValueError("metadata.namespace: missing")
     recorded = parse_recorded_charge(_annotation(metadata, CHARGE_ANNOTATION))
-    version = resource_version(metadata.get("resourceVersion"))
-    return Application(kind, namespace, name, obj.get("spec"), recorded, version)
+    overcommit = _annotation(metadata, OVERCOMMIT_ANNOTATION)
+    return Application(
+        kind,
+        namespace,
+        name,
+        obj.get("spec"),
+        recorded,
+        overcommit if isinstance(overcommit, str) else None,
+        version=resource_version(metadata.get("resourceVersion")),
+    )
 
 
 def resource_version(value: object) -> int:
@@ -114,9 +112,17 @@ def application_from_helmrelease(release: Mapping[str, Any]) -> Application | No
     if kind == "Tenant" and name == "tenant-root":
         name = "root"  # the shipped root release carries its full name in the label
     recorded = parse_recorded_charge(_annotation(metadata, USER_PREFIX + CHARGE_ANNOTATION))
+    overcommit = _annotation(metadata, USER_PREFIX + OVERCOMMIT_ANNOTATION)
     spec = release.get("spec")
     values = spec.get("values") if isinstance(spec, Mapping) else None
-    return Application(kind, namespace, name, values, recorded)
+    return Application(
+        kind,
+        namespace,
+        name,
+        values,
+        recorded,
+        overcommit if isinstance(overcommit, str) else None,
+    )
 
 
 def _annotation(metadata: Mapping[str, Any], key: str) -> object:
@@ -132,28 +138,3 @@ def is_helmrelease(manifest: Mapping[str, Any]) -> bool:
         and api_version.startswith(HELMRELEASE_API_PREFIX)
         and manifest.get("kind") == "HelmRelease"
     )
-
-
-def parse_recorded_charge(text: object) -> RecordedCharge | None:
-    """The charge annotation's content; ``None`` when absent or unreadable (then re-evaluate)."""
-    if not isinstance(text, str) or len(text) > MAX_ANNOTATION_CHARS:
-        return None
-    try:
-        body = json.loads(text)
-        if not isinstance(body, Mapping):
-            return None
-        charge = body["charge"]
-        digest = body["digest"]
-        if not isinstance(charge, Mapping) or not isinstance(digest, str):
-            return None
-        resources = {str(k): parse_quantity(v) for k, v in charge.items()}
-    except (ValueError, KeyError, TypeError, QuantityError, RecursionError):
-        return None
-    if any(v < 0 for v in resources.values()):
-        return None
-    return RecordedCharge(resources, digest)
-
-
-def charge_annotation(resources: Mapping[str, Decimal], digest: str) -> str:
-    """The annotation value recording a charge: compact, key-sorted JSON."""
-    return json.dumps({"charge": rl.to_strings(resources), "digest": digest}, separators=(",", ":"))

@@ -7,6 +7,10 @@ tenant whose budget limits that key, so a decrease always passes, even in an ove
 A Tenant's declared budget is a carve-out in its parent's pool, occupying ``max(budget, usage)``
 per key: setting, raising or removing it changes what the subtree reserves there, and increases
 are checked the same way; lowering it below usage is allowed (with a warning) but frees nothing.
+An overcommit factor (:mod:`webhook.core.overcommit`) divides what is reserved; only the
+platform may set, change or remove one, within bounds and steps, and a change re-prices the
+object (or every application under a Tenant) through the same check, allowed with a warning
+when it leaves a pool over budget.
 The object under admission fails closed: unknown kind, no contract, values that cannot be
 evaluated, a state that is not synced.
 
@@ -28,17 +32,26 @@ from webhook.core.applications import (
     CHARGE_ANNOTATION,
     AppKey,
     Application,
-    RecordedCharge,
     application_from_object,
-    charge_annotation,
 )
 from webhook.core.errors import UNEVALUABLE, EvaluationError
 from webhook.core.kinds import APPS_GROUP
+from webhook.core.overcommit import (
+    OVERCOMMIT_ANNOTATION,
+    OvercommitError,
+    OvercommitRules,
+    apply_factors,
+    format_factors,
+    parse_factors,
+)
 from webhook.core.pools import Node
 from webhook.core.quantities import format_quantity
+from webhook.core.records import parse_recorded_charge, record_annotation, sign, verifies
 from webhook.core.reviews import AdmissionRequest, Response
 from webhook.core.state import ReservationState
 from webhook.core.tenants import TENANT_KIND, TENANT_NAME, owned_namespace, parse_budget
+
+Factors = dict[str, Decimal]
 
 __all__ = ["MODES", "Decision", "Mode", "Policy", "decide", "errored", "mutate"]
 
@@ -58,6 +71,7 @@ class Policy:
 
     mode: Mode = "enforce"
     per_kind: Mapping[str, Mode] = field(default_factory=dict)
+    overcommit: OvercommitRules = field(default_factory=OvercommitRules)
 
     def mode_for(self, kind: str) -> Mode:
         return self.per_kind.get(kind, self.mode)
@@ -80,6 +94,8 @@ class Decision:
     kind: str = ""
     pool: str = ""
     charge: Mapping[str, Decimal] | None = None
+    committed: Mapping[str, Decimal] | None = None  # declared, when a factor discounts it
+    factor: str = ""  # the factor applied and where it came from, e.g. "memory=1.2 (tenant-a)"
     delta: Mapping[str, Decimal] | None = None
     reserved_after: Mapping[str, Decimal] = field(default_factory=dict)
     budget: Mapping[str, Decimal] = field(default_factory=dict)
@@ -147,6 +163,19 @@ def decide(request: AdmissionRequest, state: ReservationState, policy: Policy) -
             ),
             request,
         )
+    unavailable = state.kind_unavailable(request.kind)
+    if unavailable:
+        return _apply_mode(
+            mode,
+            errored(
+                503,
+                "ServiceUnavailable",
+                "kind-not-synced",
+                f"tenant reservations: {request.kind} applications {unavailable}; writes of "
+                "this kind are denied until they can be listed",
+            ),
+            request,
+        )
     decision = _decide_application(request, state, policy)
     return _apply_mode(mode, decision, request)
 
@@ -202,19 +231,37 @@ def _decide_application(
         return invalid(
             "spec", f"{request.kind}: the values cannot be evaluated ({type(exc).__name__})"
         )
-    forged = _forged_annotation(request, charge.resources, charge.digest)
+    values = state.values_digest(request.kind, app.spec)
+    forged = _forged_annotation(request, state, app, values)
     if forged:
         return errored(403, "Forbidden", "forged-charge", forged)
+    factor = _factor_change(request, state, policy.overcommit, deny=True)
+    if isinstance(factor, Decision):
+        return factor
+    own, changed = factor
+    priced = _priced(request, state, charge.resources, own)
     old = _old_charge(request, state, app) if request.operation == "UPDATE" else {}
-    delta = {k: v for k, v in rl.subtract(charge.resources, old).items() if v != 0}
-    recorded = RecordedCharge(charge.resources, charge.digest)
-    admitted = Application(app.kind, app.namespace, app.name, app.spec, recorded)
+    delta = {k: v for k, v in rl.subtract(priced.reserved, old).items() if v != 0}
+    recorded = sign(
+        state.keys,
+        app.key,
+        values,
+        priced.reserved,
+        charge.digest,
+        priced.factors,
+        charge.resources,
+        own,
+        priced.source,
+    )
+    admitted = Application(app.kind, app.namespace, app.name, app.spec, recorded, app.overcommit)
     facts = _Facts(
         kind=request.kind,
-        charge=charge.resources,
+        charge=priced.reserved,
         delta=delta,
         digest=charge.digest,
         admitted=admitted,
+        committed=charge.resources if priced.reserved != charge.resources else None,
+        factor=priced.label,
     )
     contribution = dict(delta)
     if request.kind == TENANT_KIND:
@@ -224,7 +271,113 @@ def _decide_application(
         contribution, extra_warnings, budget = tenant
         facts.warnings.extend(extra_warnings)
         facts.expected = budget
-    return _check(namespace, contribution, state, facts, policy)
+        if changed:
+            owned = owned_namespace(request.namespace, app.name)
+            repriced = state.repricing(owned, own)
+            if any(v > 0 for v in repriced.values()):
+                inner = _check(owned, repriced, state, facts, policy)
+                if not inner.allowed:
+                    facts.warnings.append(f"re-priced at the new factor: {inner.message}")
+    decision = _check(namespace, contribution, state, facts, policy)
+    if changed and not decision.allowed and decision.reason in ("exceeded", "unknown-usage"):
+        # The platform changed a factor: never refused for the pool, reported overcommitted.
+        message = decision.message
+        decision = _allowed(facts, decision.pool, decision.reserved_after, decision.budget, {})
+        decision = replace(
+            decision,
+            warnings=(_fit(f"overcommitted at the new factor: {message}"), *decision.warnings),
+        )
+    return decision
+
+
+@dataclass(frozen=True)
+class _Priced:
+    reserved: dict[str, Decimal]
+    factors: Factors
+    source: str
+    label: str
+
+
+def _priced(
+    request: AdmissionRequest,
+    state: ReservationState,
+    declared: Mapping[str, Decimal],
+    own: Factors | None,
+) -> _Priced:
+    """What the object reserves at its effective factor (a Tenant's own factor is for its
+    subtree, not for itself)."""
+    applied = own if request.kind != TENANT_KIND else None
+    factors, source = state.factors_for(request.namespace, applied)
+    factors = {k: v for k, v in factors.items() if v != 1}
+    label = f"{format_factors(factors)} ({source})" if factors else ""
+    return _Priced(apply_factors(declared, factors), factors, source, label)
+
+
+def _factor_change(
+    request: AdmissionRequest, state: ReservationState, rules: OvercommitRules, *, deny: bool
+) -> tuple[Factors | None, bool] | Decision:
+    """The object's own factor once admitted, and whether this request changes it.
+
+    Only the platform (``rules.admins``, from ``userInfo``) sets, changes or removes a factor,
+    within the bounds and at most one step from the old effective factor; what it writes is the
+    factor from then on. Anyone else's request must leave the annotation as it was: the old
+    factor then stands if the state believes it (a factor planted without the webhook never
+    is). With ``deny=False`` (the mutating side) a refused change keeps the old factor.
+    """
+    new_text = _overcommit(request.object)
+    old_text = _overcommit(request.old_object) if request.operation == "UPDATE" else None
+    old_app = _old_application(request)
+    old_own = state.believed_own(old_app) if old_app is not None else None
+    path = f"metadata.annotations[{OVERCOMMIT_ANNOTATION}]"
+    if not rules.may_set(request.user, request.groups):
+        if new_text == old_text or not deny:
+            return old_own, False
+        if old_text is None:
+            verb, fix = "setting", "remove the annotation"
+        elif new_text is None:
+            verb, fix = "removing", "keep the annotation as it is"
+        else:
+            verb, fix = "changing", "keep the annotation as it is"
+        return errored(
+            403,
+            "Forbidden",
+            "overcommit-forbidden",
+            f"{path}: {verb} an overcommit factor is reserved to the platform "
+            f"({rules.who()}); {request.user or 'this user'} may not; {fix}",
+        )
+    try:
+        new = parse_factors(new_text) if new_text is not None else None
+    except OvercommitError as exc:
+        return invalid(path, f"{path}: {exc}") if deny else (old_own, False)
+    if new == old_own:
+        return old_own, False
+    inherited, _ = state.factors_for(request.namespace, None)
+    before = old_own if old_own is not None else inherited
+    after = new if new is not None else inherited
+    why = rules.check(before, after)
+    if why:
+        return invalid(path, f"{path}: {why}") if deny else (old_own, False)
+    return new, True
+
+
+def _overcommit(obj: Mapping[str, object] | None) -> str | None:
+    metadata = obj.get("metadata") if obj is not None else None
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    value = annotations.get(OVERCOMMIT_ANNOTATION) if isinstance(annotations, Mapping) else None
+    if value is None:
+        return None
+    return value if isinstance(value, str) else repr(value)
+
+
+def _old_application(request: AdmissionRequest) -> Application | None:
+    if request.operation != "UPDATE" or request.old_object is None:
+        return None
+    try:
+        return application_from_object(
+            {**request.old_object, "kind": request.kind, "metadata": _metadata(request, old=True)}
+        )
+    except ValueError:
+        return None
 
 
 @dataclass
@@ -236,6 +389,8 @@ class _Facts:
     admitted: Application
     warnings: list[str] = field(default_factory=list)
     expected: Mapping[str, Decimal] | None = None
+    committed: Mapping[str, Decimal] | None = None
+    factor: str = ""
 
 
 def _check(
@@ -340,17 +495,19 @@ def _tenant_change(
 
 
 def _forged_annotation(
-    request: AdmissionRequest, charge: Mapping[str, Decimal], digest: str
+    request: AdmissionRequest, state: ReservationState, app: Application, values: str
 ) -> str:
     """Why the object's charge annotation cannot stand, or ``""``.
 
-    The annotation is ours: the mutating webhook writes the recomputed charge. Any other value,
-    except the old object's own annotation carried over unchanged, is refused.
+    The annotation is ours: the mutating webhook replaces it with a record it signs. One that
+    does not verify for this object and these values (forged, copied from another object, left
+    over from other values) is refused; the mutating side would have replaced it.
     """
     claimed = _annotation(request.object)
-    if claimed is None or claimed == charge_annotation(charge, digest):
+    if claimed is None:
         return ""
-    if request.operation == "UPDATE" and claimed == _annotation(request.old_object):
+    record = parse_recorded_charge(claimed)
+    if record is not None and verifies(state.keys, app.key, values, record):
         return ""
     return (
         f"metadata.annotations[{CHARGE_ANNOTATION}]: this annotation is written by the "
@@ -368,31 +525,28 @@ def _annotation(obj: Mapping[str, object] | None) -> str | None:
 def _old_charge(
     request: AdmissionRequest, state: ReservationState, app: Application
 ) -> Mapping[str, Decimal]:
-    """The charge recorded for the old object, else its evaluation, else nothing."""
-    if request.old_object is not None:
-        try:
-            old = application_from_object(
-                {
-                    **request.old_object,
-                    "kind": request.kind,
-                    "metadata": _metadata(request, old=True),
-                }
-            )
-        except ValueError:
-            old = None
-        if old is not None and old.recorded is not None:
-            return old.recorded.resources
+    """What the old object is credited: what the pool counts for it now, else its record if it
+    verifies for the old values, else its evaluation (both at its effective factor), else
+    nothing.
+
+    Never more than the webhook itself computed: an unsigned or foreign record is ignored.
+    """
     record = state.record(app.key)
     if record is not None:
         return record.resources
-    if request.old_object is not None:
-        try:
-            return state.platform.charge(
-                request.kind, request.old_object.get("spec"), namespace=request.namespace
-            ).resources
-        except UNEVALUABLE:
-            pass  # an old object that cannot be evaluated is charged nothing: check it all
-    return {}
+    old = _old_application(request)
+    if old is None:
+        return {}
+    own = state.believed_own(old) if request.kind != TENANT_KIND else None
+    factors, _ = state.factors_for(request.namespace, own)
+    trusted = state.trusted(old)
+    if trusted is not None:
+        return apply_factors(trusted.declared, factors)
+    try:
+        declared = state.platform.charge(request.kind, old.spec, namespace=request.namespace)
+    except UNEVALUABLE:
+        return {}  # an old object that cannot be evaluated is charged nothing: check it all
+    return apply_factors(declared.resources, factors)
 
 
 def _metadata(request: AdmissionRequest, *, old: bool = False) -> dict[str, object]:
@@ -434,6 +588,10 @@ def _audit(decision: Decision, *, outcome: str, mode: Mode, allowed: bool) -> di
         audit["reason"] = decision.reason
     if decision.charge is not None:
         audit["charge"] = _json(decision.charge)
+    if decision.committed is not None:
+        audit["committed"] = _json(decision.committed)
+    if decision.factor:
+        audit["overcommit"] = decision.factor
     if decision.delta is not None:
         audit["delta"] = _json(decision.delta)
     if decision.pool:
@@ -561,6 +719,8 @@ def _figures(
         "kind": facts.kind,
         "pool": pool,
         "charge": facts.charge,
+        "committed": facts.committed,
+        "factor": facts.factor,
         "delta": facts.delta,
         "reserved_after": after,
         "budget": budget,
@@ -570,46 +730,77 @@ def _figures(
 
 
 def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -> Decision:
-    """The mutating side: record the object's charge on it as an annotation, idempotently.
+    """The mutating side: record the object's charge on it, signed, idempotently.
 
-    It never denies; the validating side decides. An object that cannot be evaluated gets no
-    patch (validation then denies it with the reason), and a second call on an object that
-    already carries the right annotation patches nothing.
+    It never denies; the validating side decides. Whatever the mode, a charge annotation the
+    webhook did not sign for this object and these values never survives it: it is replaced by
+    the signed record of the current charge, or removed when there is none to write (mode
+    ``off``, or values that cannot be evaluated: validation then decides). A second call on an
+    object that already carries the right record patches nothing.
     """
     if request.operation not in ("CREATE", "UPDATE") or request.object is None:
         return skipped(f"{request.operation} needs no reservation")
-    if request.group != APPS_GROUP or policy.mode_for(request.kind) == "off":
+    if request.group != APPS_GROUP:
         return skipped("no reservation recorded", kind=request.kind)
+    claimed = _annotation(request.object)
     try:
-        charge = state.platform.charge(
-            request.kind, request.object.get("spec"), namespace=request.namespace
+        app: Application | None = application_from_object(
+            {**request.object, "kind": request.kind, "metadata": _metadata(request)}
         )
-    except UNEVALUABLE:
-        return skipped("cannot be evaluated; validation decides", kind=request.kind)
-    value = charge_annotation(charge.resources, charge.digest)
-    if _annotation(request.object) == value:
-        return skipped("charge already recorded", kind=request.kind)
-    metadata = request.object.get("metadata")
-    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
-    if isinstance(annotations, Mapping):
-        key = CHARGE_ANNOTATION.replace("~", "~0").replace("/", "~1")
-        operation: dict[str, object] = {
-            "op": "add",
-            "path": f"/metadata/annotations/{key}",
-            "value": value,
-        }
+    except ValueError:
+        app = None  # no name yet (generateName): nothing can be signed for it
+    values = state.values_digest(request.kind, app.spec) if app is not None else ""
+    value: str | None = None
+    charge = None
+    if app is not None and policy.mode_for(request.kind) != "off":
+        try:
+            charge = state.platform.charge(request.kind, app.spec, namespace=request.namespace)
+        except UNEVALUABLE:
+            charge = None
+    if app is not None and charge is not None:
+        factor = _factor_change(request, state, policy.overcommit, deny=False)
+        own = factor[0] if isinstance(factor, tuple) else None
+        priced = _priced(request, state, charge.resources, own)
+        record = sign(
+            state.keys,
+            app.key,
+            values,
+            priced.reserved,
+            charge.digest,
+            priced.factors,
+            charge.resources,
+            own,
+            priced.source,
+        )
+        value = record_annotation(record)
+        if claimed == value:
+            return skipped("charge already recorded", kind=request.kind)
+        operation = _set_annotation(request.object, value)
     else:
-        operation = {
-            "op": "add",
-            "path": "/metadata/annotations",
-            "value": {CHARGE_ANNOTATION: value},
-        }
+        if claimed is None:
+            return skipped("no reservation recorded", kind=request.kind)
+        parsed = parse_recorded_charge(claimed)
+        if app is not None and parsed is not None and verifies(state.keys, app.key, values, parsed):
+            return skipped("signed record kept", kind=request.kind)
+        operation = {"op": "remove", "path": f"/metadata/annotations/{_POINTER_KEY}"}
     return Decision(
         allowed=True,
         outcome="allowed",
-        reason="recorded",
+        reason="recorded" if value is not None else "unsigned-record-removed",
         kind=request.kind,
-        charge=charge.resources,
-        digest=charge.digest,
+        charge=charge.resources if charge is not None else None,
+        digest=charge.digest if charge is not None else "",
         patch=(operation,),
     )
+
+
+_POINTER_KEY: Final = CHARGE_ANNOTATION.replace("~", "~0").replace("/", "~1")
+
+
+def _set_annotation(obj: Mapping[str, object], value: str) -> dict[str, object]:
+    """The JSONPatch operation that sets the charge annotation to ``value``."""
+    metadata = obj.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    if isinstance(annotations, Mapping):
+        return {"op": "add", "path": f"/metadata/annotations/{_POINTER_KEY}", "value": value}
+    return {"op": "add", "path": "/metadata/annotations", "value": {CHARGE_ANNOTATION: value}}

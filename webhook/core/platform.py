@@ -69,6 +69,9 @@ class Platform:
 
     kinds: Mapping[str, ApplicationKind] = field(default_factory=dict)
     catalog: StaticCatalog = field(default_factory=StaticCatalog)
+    # What was left out or kept from before while building (a live platform tolerates one bad
+    # manifest); reported by readiness, metrics and the report.
+    problems: tuple[str, ...] = ()
     _charges: LRUCache[tuple[str, str, bytes], Charge] = field(
         default_factory=lambda: LRUCache(maxsize=CHARGE_CACHE_BYTES, getsizeof=_entry_bytes),
         init=False,
@@ -152,17 +155,30 @@ class PlatformBuilder:
             return True
         return False
 
-    def build(self) -> Platform:
+    def build(self, *, problems: Iterable[str] = ()) -> Platform:
+        """The platform; raises :class:`ManifestError` for a definition naming no kind."""
+        return Platform(self.kinds(), self.catalog(), tuple(problems))
+
+    def kinds(self, *, skipped: list[str] | None = None) -> dict[str, ApplicationKind]:
+        """The kinds the definitions declare. With ``skipped``, a definition without a kind or
+        plural is left out and its reason appended there instead of raising."""
         contracts = {**self.default_contracts, **self.contracts}
         kinds: dict[str, ApplicationKind] = {}
         for source, manifest in self.definitions:
             try:
                 found = kind_from_definition(manifest, contracts, source=source)
             except ValueError as exc:
-                raise ManifestError(source, _name(manifest), str(exc)) from None
+                error = ManifestError(source, _name(manifest), str(exc))
+                if skipped is None:
+                    raise error from None
+                skipped.append(str(error))
+                continue
             kinds[found.kind] = found
+        return kinds
+
+    def catalog(self) -> StaticCatalog:
         presets = self.presets if self.presets is not None else dict(self.default_presets)
-        return Platform(kinds, StaticCatalog.of(self.instance_types, presets))
+        return StaticCatalog.of(self.instance_types, presets)
 
 
 def _presets_from_configmap(manifest: Mapping[str, Any], source: str) -> dict[str, Preset]:

@@ -25,6 +25,7 @@ __all__ = [
 API_VERSION: Final = "admission.k8s.io/v1"
 Operation = Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
 OPERATIONS: Final = ("CREATE", "UPDATE", "DELETE", "CONNECT")
+MAX_GROUPS: Final = 256
 
 
 class ReviewError(ReservationError):
@@ -73,6 +74,7 @@ class AdmissionRequest:
     object: Mapping[str, Any] | None
     old_object: Mapping[str, Any] | None
     user: str
+    groups: tuple[str, ...] = ()
 
 
 def parse_review(body: object) -> AdmissionRequest:
@@ -113,7 +115,16 @@ def parse_review(body: object) -> AdmissionRequest:
         object=obj,
         old_object=old,
         user=str(user.get("username") or "") if isinstance(user, Mapping) else "",
+        groups=_groups(user),
     )
+
+
+def _groups(user: object) -> tuple[str, ...]:
+    """``userInfo.groups``: the strings of it, at most :data:`MAX_GROUPS`."""
+    groups = user.get("groups") if isinstance(user, Mapping) else None
+    if not isinstance(groups, list):
+        return ()
+    return tuple(g for g in groups[:MAX_GROUPS] if isinstance(g, str))
 
 
 def review_response(uid: str, response: Response) -> dict[str, Any]:

@@ -10,7 +10,17 @@ Applications that cannot be evaluated keep their last recorded charge; one with 
 charge is *unknown*, and a pool holding an unknown application cannot grant more for the kinds
 it could hold. Observing never raises: whatever an object holds (a value no evaluation can read,
 a nesting too deep to walk), the object is recorded as unknown with the reason and reported, so
-one poisoned object never stops the source that feeds the state.
+one poisoned object never stops the source that feeds the state. A recorded charge counts only
+when it verifies (:mod:`webhook.core.records`): signed with one of
+:attr:`ReservationState.keys` for exactly this object and its values as they stand; any other
+annotation is ignored and the application is evaluated as it stands.
+
+An overcommit factor (:mod:`webhook.core.overcommit`) divides what an application reserves.
+A factor on a stored object is what its verified record says the platform set through
+admission (the annotation alone, written with no webhook in the way, is never believed); a
+Tenant's factor applies to its subtree, nearest wins, and changing it re-prices the
+applications under it from what they committed. Per namespace the state also keeps the
+discount (committed minus reserved).
 """
 
 from __future__ import annotations
@@ -23,10 +33,12 @@ from decimal import Decimal
 from webhook.core import resources as rl
 from webhook.core.applications import AppKey, Application
 from webhook.core.errors import UNEVALUABLE, EvaluationError
+from webhook.core.overcommit import apply_factors
 from webhook.core.pending import Hold, PendingCharges
 from webhook.core.platform import Platform
 from webhook.core.pools import TenantTree
-from webhook.core.tenants import TENANT_KIND, owned_namespace, parse_budget
+from webhook.core.records import RecordedCharge, RecordKeys, values_digest, verifies
+from webhook.core.tenants import TENANT_KIND, ancestors, owned_namespace, parse_budget
 
 __all__ = ["AppRecord", "ReservationState", "recount"]
 
@@ -36,15 +48,29 @@ class AppRecord:
     """What one application reserves."""
 
     namespace: str
-    resources: dict[str, Decimal]
+    resources: dict[str, Decimal]  # shared between records with the same charge: never mutate
     digest: str
     current_digest: str = ""  # set only when today's evaluation differs from the record
     problem: str = ""  # why today's evaluation failed, if it did
+    current: dict[str, Decimal] | None = None  # today's charge, when it differs (drift)
+    committed: dict[str, Decimal] | None = None  # declared before a factor, when it differs
+    own: dict[str, Decimal] | None = None  # the application's own factor, when believed
+    factors: dict[str, Decimal] | None = None  # the factor applied, when there is one
+    factor_source: str = ""  # "application", or the namespace of the tenant that set it
     version: int = 0  # the stored object's resourceVersion, when the source has one
 
     @property
     def drifted(self) -> bool:
         return bool(self.current_digest)
+
+    @property
+    def declared(self) -> dict[str, Decimal]:
+        """What the application commits before any factor."""
+        return self.committed if self.committed is not None else self.resources
+
+    @property
+    def discount(self) -> dict[str, Decimal]:
+        return rl.subtract(self.declared, self.resources) if self.committed is not None else {}
 
 
 class ReservationState:
@@ -56,16 +82,24 @@ class ReservationState:
         *,
         synced: bool = True,
         readiness: Callable[[], bool] | None = None,
+        keys: RecordKeys | None = None,
+        unavailable: Callable[[str], str] | None = None,
     ) -> None:
         self.platform = platform
+        # Records signed with these keys are believed; a state made without keys has a key of
+        # its own (records from elsewhere are then evaluated as they stand).
+        self.keys = keys if keys is not None else RecordKeys.generate()
         self.tree = TenantTree()
         self.pending = PendingCharges(self.tree, shows=self._shows)
         self._synced = synced
         self._readiness = readiness  # a live source's own check, asked on every read
+        self._unavailable = unavailable  # a live source: why one kind cannot be decided now
         self._apps: dict[AppKey, AppRecord] = {}
         self._unknown: dict[AppKey, str] = {}  # key -> why it has no charge
         self._owned: dict[AppKey, str] = {}  # Tenant application -> namespace it owns
         self._tenant_versions: dict[AppKey, int] = {}  # Tenant application -> resourceVersion
+        self._tenant_factors: dict[str, dict[str, Decimal]] = {}  # owned namespace -> factor
+        self._discount: dict[str, dict[str, Decimal]] = {}  # namespace -> committed - reserved
         self._by_namespace: dict[str, set[AppKey]] = {}  # for the pod-level guard
 
     def __len__(self) -> int:
@@ -79,6 +113,11 @@ class ReservationState:
     @synced.setter
     def synced(self, value: bool) -> None:
         self._synced = value
+
+    def kind_unavailable(self, kind: str) -> str:
+        """Why writes of ``kind`` cannot be decided now (its applications cannot be listed, or
+        are not listed yet) while the rest of the state can; empty when they can."""
+        return self._unavailable(kind) if self._unavailable is not None else ""
 
     # -- observing ---------------------------------------------------------------------------
 
@@ -100,6 +139,8 @@ class ReservationState:
         before = previous.resources if previous else {}
         after = record.resources if record else {}
         self.tree.add_usage(namespace, rl.subtract(after, before))
+        self._add_discount(namespace, previous, -1)
+        self._add_discount(namespace, record, 1)
         if self.pending and (record is not None or budget is not None):
             observed = budget if budget is not None else record.resources if record else {}
             self.pending.settle(key, observed, app.version)
@@ -115,6 +156,7 @@ class ReservationState:
                 del self._by_namespace[key[1]]
         if previous is not None:
             self.tree.add_usage(key[1], rl.scale(previous.resources, Decimal(-1)))
+            self._add_discount(key[1], previous, -1)
         if self.pending:
             self.pending.settle(key, None, version)
         self._tenant_versions.pop(key, None)
@@ -122,6 +164,8 @@ class ReservationState:
         if owned is not None:
             self.tree.set_budget(owned, {})
             self.tree.declare(owned, declared=False)
+            if self._tenant_factors.pop(owned, None) is not None:
+                self._reprice_subtree(owned)
 
     def replace_kind(self, kind: str, apps: list[Application], *, version: int = 0) -> None:
         """Make ``kind``'s applications exactly ``apps`` (after a full list at ``version``)."""
@@ -147,29 +191,172 @@ class ReservationState:
             budget = node.budget if node is not None else {}
         self.tree.declare(owned, declared=True)
         self.tree.set_budget(owned, budget)
+        factors = self.own_factors(app)
+        if factors != self._tenant_factors.get(owned):
+            if factors is None:
+                self._tenant_factors.pop(owned, None)
+            else:
+                self._tenant_factors[owned] = factors
+            self._reprice_subtree(owned)
         return dict(budget)
+
+    def _reprice_subtree(self, owned: str) -> None:
+        """Apply today's effective factors to every application under ``owned`` whose factor
+        is not its own: a tenant's factor was set, changed or removed."""
+        prefix = owned + "-"
+        for record in self._apps.values():
+            namespace = record.namespace
+            if record.own is not None or not (namespace == owned or namespace.startswith(prefix)):
+                continue
+            factors, source = self.factors_for(namespace, None)
+            declared = record.declared
+            reserved = apply_factors(declared, factors)
+            if reserved == record.resources and (record.factors or {}) == factors:
+                continue
+            self.tree.add_usage(namespace, rl.subtract(reserved, record.resources))
+            self._add_discount(namespace, record, -1)
+            record.resources = _shared(reserved)
+            record.committed = _shared(declared) if reserved != declared else None
+            record.factors = dict(factors) or None
+            record.factor_source = source
+            self._add_discount(namespace, record, 1)
+
+    def _add_discount(self, namespace: str, record: AppRecord | None, sign: int) -> None:
+        if record is None or record.committed is None:
+            return
+        totals = self._discount.setdefault(namespace, {})
+        for key, value in record.discount.items():
+            totals[key] = totals.get(key, Decimal(0)) + sign * value
+        if not any(totals.values()):
+            del self._discount[namespace]
 
     def _price(self, app: Application, namespace: str) -> tuple[AppRecord | None, str]:
         """The record to keep (``None``: unknown), and why today's evaluation failed."""
+        recorded = self.trusted(app)
+        own = self._own(app, recorded) if app.kind != TENANT_KIND else None
+        factors, source = self.factors_for(namespace, own)
+        problem = ""
         try:
             charge = self.platform.charge(app.kind, app.spec, namespace=namespace)
         except UNEVALUABLE as exc:
-            if app.recorded is None:
+            if recorded is None:
                 return None, _reason(exc)
-            record = AppRecord(
-                namespace,
-                dict(app.recorded.resources),
-                sys.intern(app.recorded.digest),
-                problem=_reason(exc),
-            )
-            return record, _reason(exc)
+            problem = _reason(exc)
+            declared = dict(recorded.declared)
+            record = AppRecord(namespace, declared, sys.intern(recorded.digest), problem=problem)
+        else:
+            if recorded is None:
+                declared = dict(charge.resources)
+                record = AppRecord(namespace, declared, sys.intern(charge.digest))
+            else:
+                declared = dict(recorded.declared)
+                record = AppRecord(namespace, declared, sys.intern(recorded.digest))
+                if recorded.digest != charge.digest or declared != charge.resources:
+                    record.current_digest = sys.intern(charge.digest)
+                    record.current = dict(charge.resources)
+        reserved = apply_factors(declared, factors)
+        record.resources = _shared(reserved)
+        record.committed = _shared(declared) if reserved != declared else None
+        record.own = own
+        record.factors = dict(factors) or None
+        record.factor_source = source
+        return record, problem
+
+    def factors_for(
+        self, namespace: str, own: Mapping[str, Decimal] | None
+    ) -> tuple[dict[str, Decimal], str]:
+        """The effective factor in ``namespace`` and where it comes from: the application's own
+        (``"application"``), else the nearest tenant's (its namespace), else none (``""``)."""
+        if own is not None:
+            return dict(own), "application"
+        for candidate in ancestors(namespace):
+            factors = self._tenant_factors.get(candidate)
+            if factors is not None:
+                return dict(factors), candidate
+        return {}, ""
+
+    def believed_own(self, app: Application) -> dict[str, Decimal] | None:
+        """The object's own factor as this state believes it: for a Tenant, the factor its
+        subtree is priced at; for an application it holds, the factor its record kept; for an
+        object it does not hold, what a verified record on ``app`` vouches for."""
+        if app.kind == TENANT_KIND:
+            owned = self._owned.get(app.key)
+            if owned is not None:
+                found = self._tenant_factors.get(owned)
+                return dict(found) if found is not None else None
+        else:
+            record = self._apps.get(app.key)
+            if record is not None:
+                return dict(record.own) if record.own is not None else None
+        return self.own_factors(app)
+
+    def own_factors(self, app: Application) -> dict[str, Decimal] | None:
+        """The object's own factor annotation, if its verified record vouches for it."""
+        return self._own(app, self.trusted(app))
+
+    @staticmethod
+    def _own(app: Application, recorded: RecordedCharge | None) -> dict[str, Decimal] | None:
+        """The object's own factor is what its verified record says the platform set: the
+        annotation is only how the platform asks for one at admission, so a factor written or
+        removed with no webhook in the way changes nothing while the record still verifies."""
+        if recorded is None or recorded.own is None:
+            return None
+        return dict(recorded.own)
+
+    def repricing(self, owned: str, factors: Mapping[str, Decimal] | None) -> dict[str, Decimal]:
+        """How much more (or less) the applications under ``owned`` would reserve if its
+        Tenant's own factor were ``factors`` (``None``: none); nothing is changed."""
+        total: dict[str, Decimal] = {}
+        prefix = owned + "-"
+        for record in self._apps.values():
+            namespace = record.namespace
+            if record.own is not None or not (namespace == owned or namespace.startswith(prefix)):
+                continue
+            effective: Mapping[str, Decimal] = {}
+            for candidate in ancestors(namespace):
+                found = factors if candidate == owned else self._tenant_factors.get(candidate)
+                if found is not None:
+                    effective = found
+                    break
+            change = rl.subtract(apply_factors(record.declared, effective), record.resources)
+            total = rl.add(total, change)
+        return {key: value for key, value in total.items() if value}
+
+    def discounts(self) -> Mapping[str, Mapping[str, Decimal]]:
+        """Per namespace, what its applications commit beyond what they reserve."""
+        return self._discount
+
+    def pool_discounts(self) -> dict[str, dict[str, Decimal]]:
+        """Per pool and key, the discount of the applications whose usage lands in it: a pool
+        commits its reserved figure plus this. Costs O(namespaces with a discount x depth)."""
+        pools: dict[str, dict[str, Decimal]] = {}
+        for namespace, totals in self._discount.items():
+            for key, value in totals.items():
+                bounder = self.tree.bounder(namespace, key)
+                if bounder is not None and value:
+                    pool = pools.setdefault(bounder.namespace, {})
+                    pool[key] = pool.get(key, Decimal(0)) + value
+        return pools
+
+    def values_digest(self, kind: str, spec: object) -> str:
+        """The digest a record of an application of ``kind`` with ``spec`` must carry: of its
+        values with the kind's defaults applied (a CREATE's spec is sparse, the old object of
+        an UPDATE defaulted; both must give one digest)."""
+        found = self.platform.kind(kind)
+        values = {} if spec is None else spec
+        if found is not None:
+            try:
+                values = found.defaulted(spec)
+            except UNEVALUABLE:
+                values = spec
+        return values_digest(values)
+
+    def trusted(self, app: Application) -> RecordedCharge | None:
+        """``app``'s recorded charge if it verifies for this object and its values, else None."""
         if app.recorded is None:
-            return AppRecord(namespace, dict(charge.resources), sys.intern(charge.digest)), ""
-        drift = "" if app.recorded.digest == charge.digest else sys.intern(charge.digest)
-        record = AppRecord(
-            namespace, dict(app.recorded.resources), sys.intern(app.recorded.digest), drift
-        )
-        return record, ""
+            return None
+        digest = self.values_digest(app.kind, app.spec)
+        return app.recorded if verifies(self.keys, app.key, digest, app.recorded) else None
 
     def _shows(self, hold: Hold) -> bool:
         """Whether the state shows ``hold``'s application as admitted, newer than the admission
@@ -250,6 +437,22 @@ def recount(state: ReservationState) -> dict[tuple[str, str], tuple[Decimal, Dec
             if kept != counted:
                 differences[(node.namespace, resource)] = (kept, counted)
     return differences
+
+
+# Charges repeat (a cluster holds few distinct sizes next to its applications): records share
+# one read-only map per distinct charge instead of a dict and Decimals each (~400 bytes).
+_CHARGES: dict[tuple[tuple[str, Decimal], ...], dict[str, Decimal]] = {}
+_CHARGES_MAX = 65_536
+
+
+def _shared(resources: Mapping[str, Decimal]) -> dict[str, Decimal]:
+    key = tuple(sorted(resources.items()))
+    found = _CHARGES.get(key)
+    if found is None:
+        found = dict(key)
+        if len(_CHARGES) < _CHARGES_MAX:
+            _CHARGES[key] = found
+    return found
 
 
 def _reason(exc: Exception) -> str:

@@ -1,4 +1,4 @@
-"""The aiohttp application: AdmissionReview endpoints, health and metrics.
+"""The aiohttp applications: AdmissionReview endpoints and health; metrics on a port of their own.
 
 ``POST /validate`` and ``POST /mutate`` take an ``admission.k8s.io/v1`` AdmissionReview and
 answer one, always echoing the request's uid. Hostile input is answered at the edge: a missing
@@ -8,6 +8,11 @@ included) or is not an AdmissionReview get HTTP 400 with a short reason; a body 
 every failure is a denial: an unexpected exception (logged with its stack trace and a request
 id) and an answer not ready a second before the API server's timeout (fail closed, so the API
 server never has to time out on us).
+
+``/metrics`` is served by :func:`create_metrics_app` on a separate port, so a NetworkPolicy can
+admit the API server's callers to the admission port and only the scraper to the metrics port.
+Metric labels take known values only: a kind no ApplicationDefinition declares is counted as
+``other``, so no request can add a label value (or a byte) to what ``/metrics`` returns.
 """
 
 from __future__ import annotations
@@ -28,9 +33,11 @@ from webhook.http.metrics import Metrics
 from webhook.settings import MAX_REQUEST_BYTES, Settings
 
 __all__ = [
+    "UNKNOWN_KIND_LABEL",
     "Readiness",
     "admission_key",
     "create_app",
+    "create_metrics_app",
     "metrics_key",
     "readiness_key",
     "settings_key",
@@ -38,12 +45,17 @@ __all__ = [
 
 log = logging.getLogger("webhook.requests")
 
+UNKNOWN_KIND_LABEL = "other"
+_LOGGED_CHARS = 253  # a Kubernetes name at most; a longer value is hostile and cut
+
 
 @dataclass
 class Readiness:
-    """What ``/readyz`` needs besides a synced state: the TLS listener is up."""
+    """What ``/readyz`` needs besides a synced state: the TLS listener is up; and, for a live
+    state, what keeps it from being synced and what only degrades it, one line each."""
 
     serving: bool = False
+    explain: Callable[[], tuple[list[str], list[str]]] | None = None
 
 
 admission_key = web.AppKey("admission", Admission)
@@ -64,6 +76,13 @@ def create_app(admission: Admission, settings: Settings) -> web.Application:
     app.router.add_post("/mutate", mutate)
     app.router.add_get("/livez", livez)
     app.router.add_get("/readyz", readyz)
+    return app
+
+
+def create_metrics_app(registry: Metrics) -> web.Application:
+    """The plain-HTTP application serving ``/metrics`` (and nothing that takes a body)."""
+    app = web.Application(client_max_size=1024)
+    app[metrics_key] = registry
     app.router.add_get("/metrics", metrics)
     return app
 
@@ -83,14 +102,30 @@ async def livez(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
+    """Ready when the listener serves and, in enforce mode, the state is synced; the body says
+    why not, and what only one kind or one object suffers from.
+
+    In ``warn`` and ``off`` modes readiness does not wait for the applications: a write that
+    cannot be decided is allowed with a warning (warn) or not looked at (off), so being ready
+    refuses nothing, while being unready would refuse every write (``failurePolicy: Fail``).
+    Kinds set to ``enforce`` under a warn default are denied, one by one, while not synced.
+    """
+    readiness = request.app[readiness_key]
+    blocking, degraded = readiness.explain() if readiness.explain is not None else ([], [])
     problems = []
+    state_needed = request.app[settings_key].mode == "enforce"
     if not request.app[admission_key].state.synced:
-        problems.append("state not synced")
-    if not request.app[readiness_key].serving:
+        if state_needed:
+            problems.append("state not synced")
+        else:
+            degraded = [*(f"not synced: {line}" for line in blocking), *degraded]
+            blocking = []
+    if not readiness.serving:
         problems.append("TLS listener not serving")
+    lines = [f"- {line}" for line in (*blocking, *degraded)] if problems else []
     if problems:
-        return web.Response(status=503, text="; ".join(problems) + "\n")
-    return web.Response(text="ok\n")
+        return web.Response(status=503, text="\n".join(["; ".join(problems), *lines]) + "\n")
+    return web.Response(text="\n".join(["ok", *(f"- {line}" for line in degraded)]) + "\n")
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -125,7 +160,8 @@ async def _review(
         decision = internal_error(review)
     elapsed = time.perf_counter() - started
     try:
-        _observe(request.app[metrics_key], endpoint, review, decision, elapsed)
+        known = request.app[admission_key].state.platform.kind(review.kind) is not None
+        _observe(request.app[metrics_key], endpoint, review, decision, elapsed, known=known)
     except Exception:  # reporting must never change or lose an answer
         logging.getLogger(__name__).exception("recording a decision failed")
     body = review_response(review.uid, decision.response())
@@ -158,13 +194,18 @@ async def _read_review(request: web.Request) -> AdmissionRequest:
 
 
 def _observe(
-    metrics: Metrics, endpoint: str, review: AdmissionRequest, decision: Decision, elapsed: float
+    metrics: Metrics,
+    endpoint: str,
+    review: AdmissionRequest,
+    decision: Decision,
+    elapsed: float,
+    *,
+    known: bool,
 ) -> None:
     metrics.latency.labels(endpoint, decision.outcome).observe(elapsed)
     if endpoint == "validate":
-        metrics.decisions.labels(
-            review.kind, decision.outcome, decision.reason, decision.mode
-        ).inc()
+        kind = review.kind if known else UNKNOWN_KIND_LABEL
+        metrics.decisions.labels(kind, decision.outcome, decision.reason, decision.mode).inc()
     if not log.isEnabledFor(logging.INFO):
         return
     log.info(
@@ -174,9 +215,9 @@ def _observe(
         extra={
             "fields": {
                 "uid": review.uid,
-                "kind": review.kind,
-                "namespace": review.namespace,
-                "name": review.name,
+                "kind": review.kind[:_LOGGED_CHARS],
+                "namespace": review.namespace[:_LOGGED_CHARS],
+                "name": review.name[:_LOGGED_CHARS],
                 "user": review.user,
                 "operation": review.operation,
                 "dry_run": review.dry_run,

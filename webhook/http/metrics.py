@@ -7,7 +7,8 @@ the pod-level guard per namespace with a ResourceQuota (need, room, unknown appl
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from decimal import Decimal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -17,6 +18,8 @@ from webhook.core.guard import QuotaBook, guard_room, namespace_need
 from webhook.core.state import ReservationState
 
 __all__ = ["Metrics"]
+
+_ZERO = Decimal(0)
 
 # Admission is on every tenant write: most answers take well under 10 ms; the tail buckets show
 # time spent waiting (locks, ledger writes) up to the API server's 30 s ceiling.
@@ -36,12 +39,69 @@ class _PoolCollector(Collector):
             "What a pool's applications and carve-outs reserve.",
             labels=["pool", "resource"],
         )
-        for pool in self._state().tree.pools():
+        committed = GaugeMetricFamily(
+            "reservation_pool_committed",
+            "What a pool's applications declare before overcommit factors (reserved + discount).",
+            labels=["pool", "resource"],
+        )
+        discount = GaugeMetricFamily(
+            "reservation_pool_discount",
+            "What overcommit factors take off a pool's reserved figure (committed - reserved).",
+            labels=["pool", "resource"],
+        )
+        beyond = GaugeMetricFamily(
+            "reservation_pool_sold_beyond_budget_ratio",
+            "Share of a pool's budget committed beyond it: max(committed - budget, 0) / budget.",
+            labels=["pool", "resource"],
+        )
+        state = self._state()
+        discounts = state.pool_discounts()
+        for pool in state.tree.pools():
+            off = discounts.get(pool.namespace, {})
             for key, value in pool.budget.items():
-                budget.add_metric([pool.namespace, key], float(value))
-                reserved.add_metric([pool.namespace, key], float(pool.reserved.get(key, 0)))
+                labels = [pool.namespace, key]
+                used = pool.reserved.get(key, _ZERO)
+                total = used + off.get(key, _ZERO)
+                budget.add_metric(labels, float(value))
+                reserved.add_metric(labels, float(used))
+                committed.add_metric(labels, float(total))
+                discount.add_metric(labels, float(off.get(key, _ZERO)))
+                share = max(total - value, _ZERO) / value if value else _ZERO
+                beyond.add_metric(labels, float(share))
         yield budget
         yield reserved
+        yield committed
+        yield discount
+        yield beyond
+
+
+class _HealthCollector(Collector):
+    def __init__(
+        self,
+        unavailable: Callable[[], Mapping[str, str]],
+        problems: Callable[[], Mapping[str, int]],
+    ) -> None:
+        self._unavailable = unavailable
+        self._problems = problems
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        kinds = GaugeMetricFamily(
+            "reservation_kind_unavailable",
+            "1 for a kind whose applications cannot be listed: its writes are denied.",
+            labels=["kind"],
+        )
+        for kind in sorted(self._unavailable()):
+            kinds.add_metric([kind], 1.0)
+        problems = GaugeMetricFamily(
+            "reservation_platform_problems",
+            "Platform objects left out or replaced by their last good version, by store "
+            "(definitions, cluster-types, namespaced-types, presets).",
+            labels=["store"],
+        )
+        for store, count in sorted(self._problems().items()):
+            problems.add_metric([store], float(count))
+        yield kinds
+        yield problems
 
 
 class _GuardCollector(Collector):
@@ -152,6 +212,16 @@ class Metrics:
         ]
         for name, description, read in gauges:
             Gauge(name, description, registry=self.registry).set_function(read)
+
+    def watch_health(
+        self,
+        *,
+        unavailable: Callable[[], Mapping[str, str]],
+        problems: Callable[[], Mapping[str, int]],
+    ) -> None:
+        """Expose kinds whose writes are denied because they cannot be listed, and platform
+        objects left out or replaced by their last good version (by store)."""
+        self.registry.register(_HealthCollector(unavailable, problems))
 
     def watch_guard(self, state: Callable[[], ReservationState], quotas: QuotaBook) -> None:
         """Expose the pod-level guard: need, room and unknown applications per namespace."""

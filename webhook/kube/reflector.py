@@ -2,12 +2,17 @@
 
 This is what client-go's Reflector does, written small: a paginated list replaces the
 consumer's view, then a watch from the list's resourceVersion streams changes (with bookmarks,
-so the resume point stays fresh). A watch that ends normally is reopened from the last
+so the resume point stays fresh). Each page is reduced as it arrives (``reduce`` keeps only what
+the consumer needs from an object), so a list of a large cluster never holds every whole object
+at once; the reduced items replace the consumer's view in one call, so readers never see half a
+list. A watch that ends normally is reopened from the last
 resourceVersion; one that breaks, or stays silent past the read timeout, is reopened after a
 backoff with jitter; ``410 Gone`` (the resume point was compacted away) forces a fresh list.
 
 :attr:`Reflector.synced` is true only after the first list was applied and while the watch is
 live: a watch silent for longer than its read timeout is dead, and the state is then stale.
+A list that fails (``404``: the resource is not served) is retried after a growing backoff and
+kept in :attr:`Reflector.list_error`, with the URL, for readiness to report.
 """
 
 from __future__ import annotations
@@ -42,8 +47,9 @@ class Reflector:
         client: KubeClient,
         resource: ResourceRef,
         *,
-        on_replace: Callable[[list[Obj]], None],
+        on_replace: Callable[[list[Any]], None],
         on_event: Callable[[str, Obj], None],
+        reduce: Callable[[Obj], Any] | None = None,
         namespace: str = "",
         params: Mapping[str, str] | None = None,
         watch_timeout: int = 300,
@@ -57,6 +63,7 @@ class Reflector:
         self.params = dict(params or {})
         self.on_replace = on_replace
         self.on_event = on_event
+        self.reduce = reduce
         self.watch_timeout = watch_timeout
         self.read_timeout = read_timeout
         self.backoff = backoff
@@ -69,6 +76,8 @@ class Reflector:
         self.first_sync_seconds: float | None = None
         self.relists = 0
         self.last_error = ""
+        self.list_error = ""  # why the last list failed (with its URL); empty once one succeeds
+        self.list_failures = 0
 
     @property
     def synced(self) -> bool:
@@ -92,19 +101,31 @@ class Reflector:
                 failures = 0
             except (ApiError, WatchTimeout) as exc:
                 self.watching = False
-                self.last_error = str(exc)
                 failures += 1
+                if not self.listed:
+                    self.list_failures += 1
+                    self.list_error = f"GET {self._url()}: {exc}"
+                    self.last_error = self.list_error
+                    message = "list failed"
+                else:
+                    self.last_error = str(exc)
+                    message = "watch interrupted"
+                    if isinstance(exc, ApiError) and exc.status == 404:
+                        self.listed = False  # no longer served: list again, and report it
+                delay = self._delay(failures)
                 log.warning(
-                    "watch interrupted",
+                    message,
                     extra={
                         "fields": {
                             "resource": self.resource.plural,
+                            "url": self._url(),
                             "error": str(exc),
                             "failures": failures,
+                            "retry_seconds": round(delay, 2),
                         }
                     },
                 )
-                await sleep_unless_stopped(self._delay(failures), stop)
+                await sleep_unless_stopped(delay, stop)
         self.watching = False
 
     def _delay(self, failures: int) -> float:
@@ -112,8 +133,11 @@ class Reflector:
         ceiling = min(high, low * 2 ** min(failures, 16))
         return random.uniform(ceiling / 2, ceiling)  # jitter spreads reconnecting replicas
 
+    def _url(self) -> str:
+        return str(getattr(self.client, "host", "")) + self.resource.path(self.namespace)
+
     async def _list(self) -> None:
-        items: list[Obj] = []
+        items: list[Any] = []
         params = {**self.params, "limit": str(PAGE_SIZE)}
         path = self.resource.path(self.namespace)
         while True:
@@ -124,8 +148,17 @@ class Reflector:
                     items, params = [], {**self.params, "limit": str(PAGE_SIZE)}
                     continue
                 raise
-            items.extend(page.get("items") or [])
             metadata = page.get("metadata") or {}
+            found = page.get("items") or []
+            del page  # the page's objects go as soon as they are reduced
+            if self.reduce is None:
+                items.extend(found)
+            else:
+                for obj in found:
+                    reduced = self.reduce(obj)
+                    if reduced is not None:
+                        items.append(reduced)
+            del found
             token = metadata.get("continue")
             if not token:
                 break
@@ -133,6 +166,7 @@ class Reflector:
         self.resource_version = str(metadata.get("resourceVersion") or "")
         self.on_replace(items)
         self.listed = True
+        self.list_error = ""
         self.last_activity = self.clock()
 
     async def _watch(self, stop: asyncio.Event) -> None:
@@ -179,6 +213,12 @@ class Reflector:
             )
         version = (obj.get("metadata") or {}).get("resourceVersion")
         if kind in ("ADDED", "MODIFIED", "DELETED"):
-            self.on_event(str(kind), obj)
+            try:
+                self.on_event(str(kind), obj)
+            except Exception:  # one bad object never stops the watch
+                log.exception(
+                    "event ignored",
+                    extra={"fields": {"resource": self.resource.plural, "type": kind}},
+                )
         if version:
             self.resource_version = str(version)

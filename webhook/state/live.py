@@ -1,30 +1,55 @@
 """The live cluster state: reflectors feeding a reservation state.
 
 Platform reflectors watch ApplicationDefinitions, KubeVirt instance types (cluster and
-namespaced) and the optional preset ConfigMap; each change rebuilds the :class:`Platform`
-(debounced). Application reflectors, one per kind the definitions declare, watch the
-``apps.cozystack.io`` API and feed the :class:`ReservationState`; they start and stop as
-definitions come and go. A platform change re-lists the applications into a fresh state (a
-recorded charge stays authoritative, so nothing is re-priced silently), carrying pending holds
-over; until the new state has synced, admissions are denied as not synced.
+namespaced) and the optional preset ConfigMap. Of each object only what charges depend on is
+kept (a definition's kind, plural, schema, contract and release prefix; an instance type's guest
+CPU, memory and GPUs; the preset table), and an event that changes none of it (a label, a
+status) changes nothing. A change that matters rebuilds the :class:`Platform` (debounced) and
+re-prices the applications already held, in the background and without listing them again; the
+previous state keeps serving until the new one is complete, then the two are swapped at once.
 
-Only charges, digests, budgets and the tree are kept, never whole application objects.
+An object that cannot be read (a definition without kind or plural, a malformed instance type,
+a garbage preset table) never empties or reverts the platform: its last good version is kept,
+or, with none, it is left out (the preset table: preset-based charges fail closed, never the
+built-in figures); each such problem is reported (log, :attr:`LiveState.problems`, readiness
+details, metrics and the report).
+
+Application reflectors, one per kind the definitions declare, feed the
+:class:`ReservationState`; they start and stop as kinds come and go. A kind whose list fails
+(``404``: not served yet, or a mistyped plural) is *unavailable*: its writes fail closed, the
+reason (with the URL) is reported, its list is retried with backoff, and every other kind keeps
+working. Tenants are the exception: without them no pool is known, so they stop admission.
+
+Of each application only its canonical spec and charge annotation are held (enough to re-price
+it), reduced from each list page as it arrives; never whole objects.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
+import json
 import logging
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
 
-from webhook.core.applications import APPS_API_VERSION, application_from_object, resource_version
-from webhook.core.errors import ReservationError
-from webhook.core.platform import PRESETS_CONFIGMAP, Platform, PlatformBuilder
+from webhook.core.applications import (
+    APPS_API_VERSION,
+    CHARGE_ANNOTATION,
+    AppKey,
+    Application,
+    parse_recorded_charge,
+    resource_version,
+)
+from webhook.core.errors import ManifestError, ReservationError
+from webhook.core.kinds import kind_from_definition
+from webhook.core.platform import PRESETS_CONFIGMAP, PRESETS_KEY, Platform, PlatformBuilder
+from webhook.core.records import RecordKeys
 from webhook.core.state import ReservationState
+from webhook.core.tenants import TENANT_KIND
 from webhook.defaults import default_contracts, default_presets
 from webhook.kube.client import KubeClient, ResourceRef
 from webhook.kube.reflector import Reflector
@@ -34,6 +59,9 @@ __all__ = ["LiveSettings", "LiveState"]
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
+# An application's canonical spec (JSON), charge annotation, and resourceVersion (which orders
+# observations for the ledger: only one newer than an admission settles its entry).
+Held = tuple[str, str | None, int]
 
 DEFINITIONS = ResourceRef("cozystack.io", "v1alpha1", "applicationdefinitions", namespaced=False)
 CLUSTER_TYPES = ResourceRef(
@@ -42,6 +70,8 @@ CLUSTER_TYPES = ResourceRef(
 NAMESPACED_TYPES = ResourceRef("instancetype.kubevirt.io", "v1beta1", "virtualmachineinstancetypes")
 CONFIGMAPS = ResourceRef("", "v1", "configmaps")
 APPS_GROUP, APPS_VERSION = APPS_API_VERSION.split("/")
+STORES: Final = ("definitions", "cluster-types", "namespaced-types", "presets")
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
 
 
 @dataclass(frozen=True)
@@ -50,6 +80,15 @@ class LiveSettings:
     watch_timeout: int = 300  # the server closes a watch after this; it is reopened
     read_timeout: float = 90.0  # a watch silent this long (no event, no bookmark) is dead
     debounce: float = 0.2  # platform changes within this window rebuild once
+    reprice_batch: int = 2000  # applications re-priced between yields to the event loop
+
+
+@dataclass
+class _AppWatch:
+    kind: str
+    reflector: Reflector
+    task: asyncio.Task[None]
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class LiveState:
@@ -61,6 +100,7 @@ class LiveState:
         settings: LiveSettings | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        keys: RecordKeys | None = None,
     ) -> None:
         settings = settings or LiveSettings()
         self.client = client
@@ -68,51 +108,140 @@ class LiveState:
         self.clock = clock
         self.started = clock()
         self.first_sync_seconds: float | None = None
-        self._manifests: dict[str, dict[str, Obj]] = {
-            "definitions": {},
-            "cluster-types": {},
-            "namespaced-types": {},
-            "presets": {},
-        }
+        # Per store, uid -> the object reduced to what the platform depends on.
+        self._objects: dict[str, dict[str, Obj]] = {store: {} for store in STORES}
+        self._good: dict[tuple[str, str], Obj] = {}  # (store, uid) -> its last usable version
+        self._inputs = ""  # what the current platform was built from (canonical JSON)
         self._platform_reflectors = [
-            self._platform_reflector("definitions", DEFINITIONS),
-            self._platform_reflector("cluster-types", CLUSTER_TYPES),
-            self._platform_reflector("namespaced-types", NAMESPACED_TYPES),
+            self._platform_reflector("definitions", DEFINITIONS, _reduce_definition),
+            self._platform_reflector("cluster-types", CLUSTER_TYPES, _reduce_instance_type),
+            self._platform_reflector("namespaced-types", NAMESPACED_TYPES, _reduce_instance_type),
             self._platform_reflector(
                 "presets",
                 CONFIGMAPS,
+                _reduce_configmap,
                 namespace=settings.namespace,
                 params={"fieldSelector": f"metadata.name={PRESETS_CONFIGMAP}"},
             ),
         ]
-        self._apps: dict[str, tuple[Reflector, asyncio.Task[None], asyncio.Event]] = {}
-        self.state = ReservationState(Platform(), readiness=lambda: self.synced)
+        self._apps: dict[str, _AppWatch] = {}  # by plural
+        self._held: dict[str, dict[tuple[str, str], Held]] = {}  # kind -> (ns, name) -> held
+        self.keys = keys if keys is not None else RecordKeys.generate()
+        self.state = self._new_state(Platform())
         self._rebuild_due: asyncio.TimerHandle | None = None
-        self._stop = asyncio.Event()
+        self._repricing: asyncio.Task[None] | None = None
+        self._dirty: set[AppKey] | None = None  # applications changed while re-pricing
         self.platform_generation = 0
+        self.reprices = 0
         self.problems: list[str] = []
-        self.required: list[Callable[[], bool]] = []  # more that must hold to be synced
+        # More that must hold to be synced, by what it is (e.g. the ledger's own list).
+        self.required: dict[str, Callable[[], bool]] = {}
+        self._first_synced = False
+
+    def _new_state(self, platform: Platform) -> ReservationState:
+        return ReservationState(
+            platform,
+            readiness=lambda: self.synced,
+            unavailable=self.kind_unavailable,
+            keys=self.keys,
+        )
+
+    def use_keys(self, keys: RecordKeys) -> None:
+        """Verify and sign records with ``keys`` from now on (the record-key Secret changed)."""
+        self.keys = keys
+        self.state.keys = keys
 
     # -- readiness -----------------------------------------------------------------------
 
     @property
     def synced(self) -> bool:
-        reflectors = [*self._platform_reflectors, *(a[0] for a in self._apps.values())]
-        return (
-            self.platform_generation > 0
-            and all(r.synced for r in reflectors)
-            and all(check() for check in self.required)
-        )
+        """Whether admission may trust the state (a kind that cannot be listed aside)."""
+        if self.platform_generation == 0:
+            return False
+        if not all(r.synced for r in self._platform_reflectors):
+            return False
+        if not all(check() for check in self.required.values()):
+            return False
+        return all(self._kind_excused(watch) for watch in self._apps.values())
+
+    def _kind_excused(self, watch: _AppWatch) -> bool:
+        """Whether this kind's reflector does not hold back the whole state."""
+        reflector = watch.reflector
+        if reflector.synced:
+            return True
+        if watch.kind == TENANT_KIND:
+            return False  # without tenants no pool is known: nothing can be decided
+        if reflector.list_error:
+            return True  # cannot be listed: unavailable for that kind only
+        # A kind that appeared after the first sync and is listing for the first time holds
+        # nothing yet; it waits alone. A kind listed before counts in shared pools: stale, it
+        # stops admission.
+        return self._first_synced and reflector.first_sync_seconds is None
+
+    def kind_unavailable(self, kind: str) -> str:
+        """Why writes of ``kind`` cannot be decided now; empty when they can."""
+        for watch in self._apps.values():
+            if watch.kind != kind or watch.reflector.synced:
+                continue
+            reflector = watch.reflector
+            if reflector.list_error:
+                return f"cannot be listed ({reflector.list_error})"
+            if reflector.first_sync_seconds is None and self._first_synced:
+                return "not listed yet"  # a kind that appeared after the first sync
+        return ""
+
+    def unavailable_kinds(self) -> dict[str, str]:
+        """Kinds whose writes are denied, each with why."""
+        found = {}
+        for watch in self._apps.values():
+            reason = self.kind_unavailable(watch.kind)
+            if reason:
+                found[watch.kind] = reason
+        return found
+
+    def explain(self) -> tuple[list[str], list[str]]:
+        """What keeps the state from being synced, and what only degrades it (one kind, one
+        object), one line each: readiness's body."""
+        blocking: list[str] = []
+        if self.platform_generation == 0:
+            blocking.append("platform: not built yet (waiting for its first lists)")
+        for reflector in self._platform_reflectors:
+            if not reflector.synced:
+                blocking.append(f"{reflector.resource.plural}: {_why(reflector)}")
+        for name, check in self.required.items():
+            if not check():
+                blocking.append(f"{name}: not synced")
+        for plural, watch in sorted(self._apps.items()):
+            if not self._kind_excused(watch):
+                blocking.append(f"applications {plural} ({watch.kind}): {_why(watch.reflector)}")
+        degraded = [
+            f"kind {kind}: {reason}; its writes are denied"
+            for kind, reason in sorted(self.unavailable_kinds().items())
+        ]
+        degraded += [f"platform: {problem}" for problem in self.problems]
+        if self._repricing is not None:
+            degraded.append("platform change: re-pricing; the previous state serves meanwhile")
+        return blocking, degraded
+
+    def problem_counts(self) -> dict[str, int]:
+        """Platform problems by the store they come from, for metrics."""
+        counts = dict.fromkeys(STORES, 0)
+        for problem in self.problems:
+            store = problem.partition(":")[0]
+            if store in counts:
+                counts[store] += 1
+        return counts
 
     def _note_first_sync(self) -> None:
-        if self.first_sync_seconds is None and self.synced:
-            self.first_sync_seconds = self.clock() - self.started
-            log.info(
-                "state synced",
-                extra={
-                    "fields": {"seconds": self.first_sync_seconds, "applications": len(self.state)}
-                },
-            )
+        if self._first_synced or not self.synced:
+            return
+        self._first_synced = True
+        self.first_sync_seconds = self.clock() - self.started
+        _settle_memory(first=True)
+        log.info(
+            "state synced",
+            extra={"fields": {"seconds": self.first_sync_seconds, "applications": len(self.state)}},
+        )
 
     # -- running ---------------------------------------------------------------------------
 
@@ -126,13 +255,18 @@ class LiveState:
                 self._note_first_sync()
                 await sleep_unless_stopped(0.05, stop)
         finally:
-            for _, task, app_stop in list(self._apps.values()):
-                app_stop.set()
-                task.cancel()
+            if self._repricing is not None:
+                self._repricing.cancel()
+            for watch in list(self._apps.values()):
+                watch.stop.set()
+                watch.task.cancel()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(
-                *tasks, *(a[1] for a in self._apps.values()), return_exceptions=True
+                *tasks,
+                *(w.task for w in self._apps.values()),
+                *([self._repricing] if self._repricing is not None else []),
+                return_exceptions=True,
             )
             self.state.synced = False
 
@@ -142,26 +276,39 @@ class LiveState:
         self,
         store: str,
         ref: ResourceRef,
+        reduce: Callable[[Obj], Obj],
         *,
         namespace: str = "",
         params: dict[str, str] | None = None,
     ) -> Reflector:
-        def replace(items: list[Obj]) -> None:
-            self._manifests[store] = {_uid(item): item for item in items}
-            self._schedule_rebuild()
+        def keyed(obj: Obj) -> tuple[str, Obj]:
+            return _uid(obj), reduce(obj)
+
+        def replace_all(items: list[tuple[str, Obj]]) -> None:
+            fresh = dict(items)
+            if fresh != self._objects[store] or self.platform_generation == 0:
+                self._objects[store] = fresh
+                self._schedule_rebuild()
 
         def event(kind: str, obj: Obj) -> None:
+            objects = self._objects[store]
+            uid = _uid(obj)
             if kind == "DELETED":
-                self._manifests[store].pop(_uid(obj), None)
+                if objects.pop(uid, None) is None:
+                    return
             else:
-                self._manifests[store][_uid(obj)] = obj
+                reduced = reduce(obj)
+                if objects.get(uid) == reduced:
+                    return  # nothing a charge depends on changed (a label, a status ...)
+                objects[uid] = reduced
             self._schedule_rebuild()
 
         return Reflector(
             self.client,
             ref,
-            on_replace=replace,
+            on_replace=replace_all,
             on_event=event,
+            reduce=keyed,
             namespace=namespace,
             params=params,
             watch_timeout=self.settings.watch_timeout,
@@ -179,84 +326,194 @@ class LiveState:
 
     def _rebuild(self) -> None:
         self._rebuild_due = None
+        platform, inputs = self._build()
+        for problem in platform.problems:
+            if problem not in self.problems:
+                log.warning("platform object ignored", extra={"fields": {"reason": problem}})
+        self.problems = list(platform.problems)
+        if self.platform_generation > 0 and inputs == self._inputs:
+            # Same content (an object broke and its last good version stands in): only the
+            # report changes; nothing is re-priced.
+            self.state.platform = replace(self.state.platform, problems=platform.problems)
+            return
+        self._inputs = inputs
+        if self.platform_generation == 0:
+            self.state = self._new_state(platform)
+            self.platform_generation = 1
+            self._sync_app_watches(platform)
+            self._log_platform(platform)
+            return
+        if self._repricing is not None:
+            self._repricing.cancel()  # a newer platform supersedes the one being priced
+        self._sync_app_watches(platform, stop=False)  # new kinds list while the rest is priced
+        self._dirty = set()
+        self._repricing = asyncio.get_running_loop().create_task(self._reprice(platform))
+
+    def _build(self) -> tuple[Platform, str]:
+        """The platform from the objects held (bad ones replaced by their last good version, or
+        left out), and the canonical text of what it was built from."""
         builder = PlatformBuilder(default_contracts(), default_presets())
-        problems = []
-        for store in ("definitions", "cluster-types", "namespaced-types", "presets"):
-            for obj in self._manifests[store].values():
-                source = f"{obj.get('kind')}/{(obj.get('metadata') or {}).get('name')}"
-                try:
-                    builder.add(obj, source=source)
-                except ReservationError as exc:
-                    problems.append(str(exc))
-        try:
-            platform = builder.build()
-        except ReservationError as exc:
-            problems.append(str(exc))
-            platform = Platform()
-        for problem in problems:
-            log.warning("platform object ignored", extra={"fields": {"reason": problem}})
-        self.problems = problems
-        previous = self.state
-        self.state = ReservationState(platform, readiness=lambda: self.synced)
-        self.state.pending.carry_over(previous.pending)
-        self.platform_generation += 1
-        self._restart_applications(platform)
+        problems: list[str] = []
+        used: list[tuple[str, str, Obj]] = []
+        present = set()
+        for store in STORES:
+            for uid, obj in sorted(self._objects[store].items()):
+                present.add((store, uid))
+                source = _source(obj)
+                reason = _unusable(store, obj, source)
+                if not reason:
+                    self._good[(store, uid)] = obj
+                    used.append((store, uid, obj))
+                    continue
+                good = self._good.get((store, uid))
+                if good is not None:
+                    problems.append(f"{store}: {reason}; its last good version is kept")
+                    used.append((store, uid, good))
+                elif store == "presets":
+                    problems.append(
+                        f"{store}: {reason}; no good table was seen, so charges that need a "
+                        "preset fail closed (the built-in table is not used)"
+                    )
+                    builder.presets = {}
+                else:
+                    problems.append(f"{store}: {reason}; left out")
+        for key in [k for k in self._good if k not in present]:
+            del self._good[key]  # deleted objects have no last good version to fall back on
+        for _, uid, obj in used:
+            try:
+                builder.add(obj, source=_source(obj))
+            except ReservationError as exc:  # checked above; never expected
+                problems.append(f"{uid}: {exc}")
+        kinds = builder.kinds(skipped=problems)
+        platform = Platform(kinds, builder.catalog(), tuple(problems))
+        inputs = _CANONICAL.encode([[store, uid, obj] for store, uid, obj in used])
+        if builder.presets == {}:
+            inputs += "|presets-broken"
+        return platform, inputs
+
+    def _log_platform(self, platform: Platform) -> None:
         log.info(
             "platform loaded",
             extra={
-                "fields": {"kinds": len(platform.kinds), "generation": self.platform_generation}
+                "fields": {
+                    "kinds": len(platform.kinds),
+                    "generation": self.platform_generation,
+                    "problems": len(platform.problems),
+                }
+            },
+        )
+
+    async def _reprice(self, platform: Platform) -> None:
+        """Price every held application against ``platform`` into a new state, yielding to
+        the event loop between batches; then swap it in (the old one serves until then)."""
+        started = time.perf_counter()
+        fresh = self._new_state(platform)
+        count = 0
+        for kind in list(self._held):
+            if platform.kind(kind) is None:
+                continue
+            for (namespace, name), held in list(self._held.get(kind, {}).items()):
+                fresh.observe(_application(kind, namespace, name, held))
+                count += 1
+                if count % self.settings.reprice_batch == 0:
+                    await asyncio.sleep(0)
+        # From here to the swap nothing awaits: readers see the old state or the new one.
+        for key in self._dirty or ():
+            kind, namespace, name = key
+            found = self._held.get(kind, {}).get((namespace, name))
+            if found is not None and platform.kind(kind) is not None:
+                fresh.observe(_application(kind, namespace, name, found))
+            else:
+                fresh.forget(key)
+        self._dirty = None
+        fresh.pending.carry_over(self.state.pending)
+        self.state = fresh
+        self._sync_app_watches(platform)  # kinds gone stop with the state that knew them
+        self.platform_generation += 1
+        self.reprices += 1
+        self._repricing = None
+        _settle_memory(first=False)
+        self._log_platform(platform)
+        log.info(
+            "applications re-priced",
+            extra={
+                "fields": {
+                    "applications": count,
+                    "seconds": round(time.perf_counter() - started, 3),
+                }
             },
         )
 
     # -- applications ----------------------------------------------------------------------
 
-    def _restart_applications(self, platform: Platform) -> None:
-        for plural, (_, task, app_stop) in list(self._apps.items()):
-            app_stop.set()
-            task.cancel()
-            del self._apps[plural]
-        for kind in platform.kinds.values():
-            ref = ResourceRef(APPS_GROUP, APPS_VERSION, kind.plural)
-            reflector = self._app_reflector(ref, kind.kind)
-            app_stop = asyncio.Event()
-            self._apps[kind.plural] = (
-                reflector,
-                asyncio.create_task(reflector.run(app_stop)),
-                app_stop,
-            )
+    def _sync_app_watches(self, platform: Platform, *, stop: bool = True) -> None:
+        """Start a reflector for each new kind and (with ``stop``) stop those of kinds gone;
+        leave the rest running."""
+        wanted = {kind.plural: kind.kind for kind in platform.kinds.values()}
+        for plural, watch in list(self._apps.items()):
+            if stop and wanted.get(plural) != watch.kind:
+                watch.stop.set()
+                watch.task.cancel()
+                del self._apps[plural]
+                if watch.kind not in wanted.values():
+                    self._held.pop(watch.kind, None)
+        for plural, kind in wanted.items():
+            if plural not in self._apps:
+                reflector = self._app_reflector(ResourceRef(APPS_GROUP, APPS_VERSION, plural), kind)
+                stopped = asyncio.Event()
+                task = asyncio.create_task(reflector.run(stopped))
+                self._apps[plural] = _AppWatch(kind, reflector, task, stopped)
 
     def _app_reflector(self, ref: ResourceRef, kind: str) -> Reflector:
-        state = self.state
+        def reduce(obj: Obj) -> tuple[tuple[str, str], Held] | None:
+            return _held_from_object(kind, obj)
 
-        def replace(items: list[Obj]) -> None:
-            apps = []
-            for item in items:
-                try:
-                    apps.append(application_from_object({**item, "kind": kind}))
-                except ValueError as exc:
-                    log.warning(
-                        "application ignored", extra={"fields": {"kind": kind, "reason": str(exc)}}
-                    )
-            state.replace_kind(kind, apps, version=resource_version(reflector.resource_version))
+        def replace_all(items: list[tuple[tuple[str, str], Held]]) -> None:
+            before = self._held.get(kind, {})
+            fresh = dict(items)
+            self._held[kind] = fresh
+            if self._dirty is not None:
+                self._dirty.update((kind, ns, name) for ns, name in before.keys() | fresh.keys())
+            state = self.state
+            if state.platform.kind(kind) is None:
+                return  # a kind the serving platform does not know yet: the re-price takes it
+            stale = [
+                key
+                for key in [*(k for k, _ in state.records()), *state.unknown()]
+                if key[0] == kind and (key[1], key[2]) not in fresh
+            ]
+            listed = resource_version(reflector.resource_version)
+            for key in stale:
+                state.forget(key, version=listed)
+            for (namespace, name), held in fresh.items():
+                state.observe(_application(kind, namespace, name, held))
 
         def event(event_type: str, obj: Obj) -> None:
-            try:
-                app = application_from_object({**obj, "kind": kind})
-            except ValueError as exc:
-                log.warning(
-                    "application ignored", extra={"fields": {"kind": kind, "reason": str(exc)}}
-                )
+            reduced = _held_from_object(kind, obj)
+            if reduced is None:
                 return
+            (namespace, name), held = reduced
+            held_now = self._held.setdefault(kind, {})
+            key = (kind, namespace, name)
+            if self._dirty is not None:
+                self._dirty.add(key)
+            state = self.state
+            known = state.platform.kind(kind) is not None
             if event_type == "DELETED":
-                state.forget(app.key, version=app.version)
+                held_now.pop((namespace, name), None)
+                if known:
+                    state.forget(key, version=held[2])
             else:
-                state.observe(app)
+                held_now[(namespace, name)] = held
+                if known:
+                    state.observe(_application(kind, namespace, name, held))
 
         reflector = Reflector(
             self.client,
             ref,
-            on_replace=replace,
+            on_replace=replace_all,
             on_event=event,
+            reduce=reduce,
             watch_timeout=self.settings.watch_timeout,
             read_timeout=self.settings.read_timeout,
             clock=self.clock,
@@ -270,10 +527,139 @@ class LiveState:
         found = self.state.platform.kind(kind)
         if found is None:
             return sys.maxsize
-        entry = self._apps.get(found.plural)
-        if entry is None or not entry[0].listed:
+        watch = self._apps.get(found.plural)
+        if watch is None or not watch.reflector.listed:
             return 0
-        return resource_version(entry[0].resource_version)
+        return resource_version(watch.reflector.resource_version)
+
+
+def _why(reflector: Reflector) -> str:
+    if reflector.list_error:
+        return f"cannot be listed ({reflector.list_error}); retrying with backoff"
+    if not reflector.listed:
+        return "not listed yet"
+    if reflector.last_error:
+        return f"watch not live ({reflector.last_error})"
+    return "watch silent past its read timeout"
+
+
+def _settle_memory(*, first: bool) -> None:
+    """Move the long-lived state out of the garbage collector's way.
+
+    A full collection walks every tracked object: with 200,000 applications it pauses for
+    tens of milliseconds, behind the admission tail. Once the state is built, frozen objects
+    are skipped. After a swap the old state's objects are unfrozen first, so what is garbage
+    among them is collected once.
+    """
+    if not first:
+        gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+
+
+def _held_from_object(kind: str, obj: Obj) -> tuple[tuple[str, str], Held] | None:
+    """What the state needs from an application object (its spec and charge annotation);
+    ``None``, logged, for one that names no application."""
+    metadata = obj.get("metadata")
+    if not isinstance(metadata, Mapping):
+        reason = "metadata: missing"
+    else:
+        name, namespace = metadata.get("name"), metadata.get("namespace")
+        if not isinstance(name, str) or not name:
+            reason = "metadata.name: missing"
+        elif not isinstance(namespace, str) or not namespace:
+            reason = "metadata.namespace: missing"
+        else:
+            annotations = metadata.get("annotations")
+            note = annotations.get(CHARGE_ANNOTATION) if isinstance(annotations, Mapping) else None
+            spec = sys.intern(_CANONICAL.encode(obj.get("spec")))
+            recorded = sys.intern(note) if isinstance(note, str) else None
+            version = resource_version(metadata.get("resourceVersion"))
+            return (sys.intern(namespace), name), (spec, recorded, version)
+    log.warning("application ignored", extra={"fields": {"kind": kind, "reason": reason}})
+    return None
+
+
+def _application(kind: str, namespace: str, name: str, held: Held) -> Application:
+    spec, recorded, version = held
+    return Application(
+        kind, namespace, name, json.loads(spec), parse_recorded_charge(recorded), version=version
+    )
+
+
+def _unusable(store: str, obj: Obj, source: str) -> str:
+    """Why ``obj`` cannot go into a platform; empty when it can."""
+    try:
+        if store == "definitions":
+            kind_from_definition(obj, {}, source=source)
+        else:
+            PlatformBuilder({}, {}).add(obj, source=source)
+    except ValueError as exc:
+        return str(ManifestError(source, _name(obj), str(exc)))
+    except ReservationError as exc:
+        return str(exc)
+    return ""
+
+
+def _reduce_definition(obj: Obj) -> Obj:
+    """An ApplicationDefinition as far as charges go: kind, plural, schema, contract, prefix."""
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        return _reduced(obj, spec, "spec")  # kept as it is, to be reported
+    kept: Obj = {key: spec[key] for key in ("application", "reservation") if key in spec}
+    release = spec.get("release")
+    if isinstance(release, Mapping) and "prefix" in release:
+        kept["release"] = {"prefix": release["prefix"]}
+    return _reduced(obj, kept, "spec")
+
+
+def _reduce_instance_type(obj: Obj) -> Obj:
+    """An instance type as far as charges go: guest CPU and memory, GPU device names."""
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        return _reduced(obj, spec, "spec")
+    kept: Obj = {}
+    for key in ("cpu", "memory"):
+        if key in spec:
+            section = spec[key]
+            kept[key] = {"guest": section.get("guest")} if isinstance(section, Mapping) else section
+    if "gpus" in spec:
+        gpus = spec["gpus"]
+        kept["gpus"] = (
+            [{"deviceName": g.get("deviceName")} if isinstance(g, Mapping) else g for g in gpus]
+            if isinstance(gpus, list)
+            else gpus
+        )
+    return _reduced(obj, kept, "spec")
+
+
+def _reduce_configmap(obj: Obj) -> Obj:
+    data = obj.get("data")
+    kept: Any = {PRESETS_KEY: data.get(PRESETS_KEY)} if isinstance(data, Mapping) else data
+    return _reduced(obj, kept, "data")
+
+
+def _reduced(obj: Obj, kept: Any, section: str) -> Obj:
+    metadata = obj.get("metadata")
+    metadata = metadata if isinstance(metadata, Mapping) else {}
+    return {
+        "apiVersion": obj.get("apiVersion"),
+        "kind": obj.get("kind"),
+        "metadata": {k: metadata[k] for k in ("name", "namespace") if k in metadata},
+        section: kept,
+    }
+
+
+def _source(obj: Obj) -> str:
+    metadata = obj.get("metadata") or {}
+    namespace = metadata.get("namespace")
+    where = f"{namespace}/" if namespace else ""
+    return f"{obj.get('kind')} {where}{metadata.get('name')}"
+
+
+def _name(obj: Obj) -> str:
+    metadata = obj.get("metadata")
+    return str(metadata.get("name", "")) if isinstance(metadata, Mapping) else ""
 
 
 def _uid(obj: Obj) -> str:

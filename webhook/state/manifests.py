@@ -9,6 +9,7 @@ that silently lost a manifest would admit against the wrong figures.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -27,12 +28,45 @@ from webhook.core.applications import (
 from webhook.core.errors import ManifestError
 from webhook.core.guard import QuotaBook, quota_from_object
 from webhook.core.platform import Platform, PlatformBuilder
+from webhook.core.records import RecordKeys
 from webhook.core.state import ReservationState
 from webhook.defaults import default_contracts, default_presets
 
-__all__ = ["Manifest", "load_platform", "load_state", "read_manifests"]
+__all__ = ["Manifest", "iter_manifests", "load_platform", "load_state", "read_manifests"]
 
 _SUFFIXES = (".yaml", ".yml", ".json")
+# libyaml's parser (``CSafeLoader``) is several times faster than the pure-Python one and builds
+# the same safe types; the pure one stands in where PyYAML was built without libyaml.
+_BASE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_PLAIN_TAGS: dict[str, str] = {}  # plain scalar -> its resolved tag (a function of the text)
+_PLAIN_TAGS_MAX = 8192
+
+
+class _Loader(_BASE_LOADER):  # type: ignore[misc]
+    """The safe loader, resolving each distinct plain scalar's tag once (the same keys and
+    values recur in every manifest) and skipping path resolvers, which safe loading has none
+    of."""
+
+    def resolve(self, kind: Any, value: Any, implicit: Any) -> Any:
+        if kind is yaml.ScalarNode and implicit[0]:
+            tag = _PLAIN_TAGS.get(value)
+            if tag is None:
+                tag = super().resolve(kind, value, implicit)
+                if len(_PLAIN_TAGS) < _PLAIN_TAGS_MAX:
+                    _PLAIN_TAGS[value] = tag
+            return tag
+        return super().resolve(kind, value, implicit)
+
+    def descend_resolver(self, current_node: Any, current_index: Any) -> None:
+        return None
+
+    def ascend_resolver(self) -> None:
+        return None
+
+
+_LOADER: Any = _Loader
+_END = object()
+_STR, _SEQ, _MAP, _MERGE = (f"tag:yaml.org,2002:{name}" for name in ("str", "seq", "map", "merge"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +77,11 @@ class Manifest:
 
 def read_manifests(paths: Iterable[str | Path]) -> list[Manifest]:
     """All manifests under ``paths`` (directories or single files), in a stable order."""
-    manifests: list[Manifest] = []
+    return list(iter_manifests(paths))
+
+
+def iter_manifests(paths: Iterable[str | Path]) -> Iterator[Manifest]:
+    """The manifests under ``paths`` one by one, in a stable order (one file parsed at a time)."""
     for root in paths:
         root_path = Path(root)
         if not root_path.exists():
@@ -54,8 +92,7 @@ def read_manifests(paths: Iterable[str | Path]) -> list[Manifest]:
             else sorted(p for p in root_path.rglob("*") if p.is_file() and p.suffix in _SUFFIXES)
         )
         for file in files:
-            manifests.extend(_read_file(file))
-    return manifests
+            yield from _read_file(file)
 
 
 def load_platform(paths: Iterable[str | Path]) -> Platform:
@@ -63,22 +100,46 @@ def load_platform(paths: Iterable[str | Path]) -> Platform:
     return _platform(read_manifests(paths))
 
 
-def load_state(paths: Iterable[str | Path], *, quotas: QuotaBook | None = None) -> ReservationState:
+def load_state(
+    paths: Iterable[str | Path],
+    *,
+    quotas: QuotaBook | None = None,
+    keys: RecordKeys | None = None,
+) -> ReservationState:
     """The platform and every application under ``paths``, as a reservation state.
 
     Applications come as ``apps.cozystack.io`` objects or as the HelmReleases Cozystack stores
     them in; ResourceQuotas go into ``quotas`` when it is given (the pod-level guard); other
-    manifests (Namespaces, preferences ...) are ignored.
+    manifests (Namespaces, preferences ...) are ignored. Charge records are believed only when
+    signed with ``keys`` (default: a key of this process, so none is).
     """
-    manifests = read_manifests(paths)
-    state = ReservationState(_platform(manifests))
-    for manifest in manifests:
+    # One pass: platform manifests go to the builder, applications are kept as what the state
+    # needs (kind, name, values, recorded charge) and every other part of a document is dropped
+    # as soon as it is read; the state is built once the platform is known.
+    builder = PlatformBuilder(default_contracts(), default_presets())
+    apps: list[Application] = []
+    seen: dict[tuple[str, str, str], str] = {}
+    for manifest in iter_manifests(paths):
+        if builder.add(manifest.body, source=manifest.source):
+            continue
         app = _application(manifest)
         if app is not None:
-            state.observe(app)
+            first = seen.setdefault(app.key, manifest.source)
+            if first != manifest.source:  # a second object of one name would replace the first
+                raise ManifestError(
+                    manifest.source,
+                    "metadata.name",
+                    f"{app.kind} {app.namespace}/{app.name} is already defined in {first}",
+                )
+            apps.append(app)
         elif quotas is not None and _is_quota(manifest.body):
             namespace = manifest.body.get("metadata", {}).get("namespace") or ""
             quotas.observe(str(namespace), quota_from_object(manifest.body))
+    del seen
+    state = ReservationState(builder.build(), keys=keys)
+    apps.reverse()
+    while apps:
+        state.observe(apps.pop())  # each application's values go once it is priced
     return state
 
 
@@ -109,10 +170,38 @@ def _read_file(file: Path) -> Iterator[Manifest]:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ManifestError(str(file), "", f"cannot read: {exc}") from None
+    if file.suffix == ".json":
+        try:
+            document = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ManifestError(str(file), f"line {exc.lineno}", f"not JSON: {exc.msg}") from None
+        except RecursionError:
+            raise ManifestError(str(file), "", "nested too deeply to read") from None
+        except ValueError as exc:  # a number past Python's integer digit limit
+            raise ManifestError(str(file), "", f"cannot read: {str(exc)[:120]}") from None
+        if document is not None:
+            yield from _unpack(document, str(file))
+        return
+    documents = _yaml_documents(file, text)
+    del text
+    # A single document is named by its file, several by their index: look one ahead.
+    first = next(documents, _END)
+    second = next(documents, _END)
+    if second is _END:
+        if first is not None and first is not _END:
+            yield from _unpack(first, str(file))
+        return
+    for index, document in enumerate(itertools.chain((first, second), documents)):
+        if document is not None:
+            yield from _unpack(document, f"{file}#{index}")
+
+
+def _yaml_documents(file: Path, text: str) -> Iterator[object]:
+    """The documents of a YAML text as they are parsed (libyaml's parser when present)."""
+    loader = _LOADER(text)
     try:
-        documents = [json.loads(text)] if file.suffix == ".json" else list(yaml.safe_load_all(text))
-    except json.JSONDecodeError as exc:
-        raise ManifestError(str(file), f"line {exc.lineno}", f"not JSON: {exc.msg}") from None
+        while loader.check_node():
+            yield _construct(loader, loader.get_node(), {})
     except RecursionError:
         raise ManifestError(str(file), "", "nested too deeply to read") from None
     except yaml.YAMLError as exc:
@@ -120,13 +209,55 @@ def _read_file(file: Path) -> Iterator[Manifest]:
         where = f"line {mark.line + 1}" if mark is not None else ""
         reason = getattr(exc, "problem", None) or str(exc)
         raise ManifestError(str(file), where, f"not YAML: {reason}") from None
-    except ValueError as exc:  # a number past Python's integer digit limit, in JSON or YAML
+    except ValueError as exc:  # a number past Python's integer digit limit
         raise ManifestError(str(file), "", f"cannot read: {str(exc)[:120]}") from None
-    for index, document in enumerate(documents):
-        source = str(file) if len(documents) == 1 else f"{file}#{index}"
-        if document is None:
-            continue
-        yield from _unpack(document, source)
+    finally:
+        loader.dispose()
+
+
+def _construct(loader: Any, node: yaml.Node, made: dict[int, object]) -> object:
+    """What ``SafeLoader`` builds from ``node``, on a short path for the plain tags.
+
+    Most of a manifest is plain maps, lists and strings; PyYAML's constructor spends more time
+    on its bookkeeping than on them. Other scalars go through the safe constructor's own
+    functions, other tags (merge keys, sets, ordered maps) through the safe constructor whole.
+    ``made`` holds each collection built, by node, so an alias (even a recursive one) yields
+    the same object, as PyYAML's does.
+    """
+    if isinstance(node, yaml.ScalarNode):
+        if node.tag == _STR:
+            return node.value
+        return loader.yaml_constructors.get(node.tag, loader.yaml_constructors[None])(loader, node)
+    done = made.get(id(node))
+    if done is not None:
+        return done
+    if isinstance(node, yaml.SequenceNode) and node.tag == _SEQ:
+        items: list[object] = []
+        made[id(node)] = items
+        items.extend(_construct(loader, child, made) for child in node.value)
+        return items
+    if (
+        isinstance(node, yaml.MappingNode)
+        and node.tag == _MAP
+        and not any(key.tag == _MERGE for key, _ in node.value)
+    ):
+        mapping: dict[object, object] = {}
+        made[id(node)] = mapping
+        for key_node, value_node in node.value:
+            key = _construct(loader, key_node, made)
+            try:
+                mapping[key] = _construct(loader, value_node, made)
+            except TypeError:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping",
+                    node.start_mark,
+                    "found unhashable key",
+                    key_node.start_mark,
+                ) from None
+        return mapping
+    constructed = loader.construct_document(node)
+    made[id(node)] = constructed
+    return constructed
 
 
 def _unpack(document: object, source: str) -> Iterator[Manifest]:

@@ -1,0 +1,247 @@
+"""``--state`` load time and memory, and CREATE latency as the state grows, with the goals.
+
+1. Load: a directory of 100,000 VMInstances (each with its own disk names, labels and the charge
+   annotation; 100 YAML files of 1,000 documents) over 1,000 tenants, plus the real platform
+   data, loaded by ``load_state`` in a fresh process. Printed: seconds, and resident memory
+   (``VmRSS``, not traced allocations) after load minus before, per application.
+   Goals: under 5 s, at most 1 KiB per application.
+2. CREATE tail: in a fresh process per size, a state of 1,000 and of 200,000 applications,
+   then 10,000 non-dry-run CREATEs decided and applied one after another (the state grows, as
+   a server's does). Full collections are what a large heap adds to the tail, and a bounded
+   run may or may not happen to meet one; so besides the natural run, a second run charges a
+   full collection (``gc.collect()``) to one request in 50, past the p99 boundary. Both with the
+   state frozen out of the collector's way (``gc.freeze()``, what ``serve`` does after load)
+   and without. Each request is timed in CPU time: on a shared machine wall time measures the
+   scheduler more than the request. Sizes alternate over three rounds; medians are printed.
+   Goal: p99 at 200,000 within 1.5x of p99 at 1,000.
+
+Run: .venv/bin/python -m benchmarks.state_load
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+LOAD_APPLICATIONS = 100_000
+TENANTS = 1_000
+PER_FILE = 1_000
+CREATE_SIZES = (1_000, 200_000)
+CREATES = 10_000
+ROUNDS = 3
+TYPES = ("u1.micro", "u1.small", "u1.medium", "u1.large", "cx1.medium", "m1.large")
+
+
+def rss() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+# -- 1. load ----------------------------------------------------------------------------------
+
+
+def write_state(directory: Path, applications: int) -> None:
+    """Tenants and VMInstances as a cluster dump would hold them (charge annotation included)."""
+    from webhook.core.applications import CHARGE_ANNOTATION
+    from webhook.core.records import RecordKeys, signed_annotation, values_digest
+    from webhook.state.manifests import load_platform
+
+    platform = load_platform([ROOT / "fixtures" / "cozystack"])
+    lines = []
+    for index in range(TENANTS):
+        lines.append(
+            "apiVersion: apps.cozystack.io/v1alpha1\nkind: Tenant\n"
+            f"metadata: {{name: t{index}, namespace: tenant-root}}\n"
+            "spec: {resourceQuotas: {cpu: '100000', memory: 100000Gi}}\n"
+        )
+    (directory / "tenants.yaml").write_text("---\n".join(lines))
+    for start in range(0, applications, PER_FILE):
+        documents = []
+        for index in range(start, min(applications, start + PER_FILE)):
+            name, namespace = f"vm{index:06d}", f"tenant-t{index % TENANTS}"
+            spec = {
+                "instanceType": TYPES[index % len(TYPES)],
+                "instanceProfile": "ubuntu",
+                "disks": [{"name": f"{name}-system"}, {"name": f"{name}-data"}],
+            }
+            charge = platform.charge("VMInstance", spec, namespace=namespace)
+            note = signed_annotation(
+                RecordKeys(b"benchmark-record-key-0123456789ab"),
+                ("VMInstance", namespace, name),
+                values_digest(platform.kinds["VMInstance"].defaulted(spec)),
+                charge.resources,
+                charge.digest,
+            )
+            documents.append(
+                "apiVersion: apps.cozystack.io/v1alpha1\nkind: VMInstance\nmetadata:\n"
+                f"  name: {name}\n  namespace: {namespace}\n"
+                f"  labels: {{app.kubernetes.io/managed-by: cozystack, team: team-{index % 50}}}\n"
+                f"  annotations:\n    {CHARGE_ANNOTATION}: '{note}'\n"
+                f"spec:\n  instanceType: {spec['instanceType']}\n  instanceProfile: ubuntu\n"
+                f"  disks:\n  - name: {name}-system\n  - name: {name}-data\n"
+            )
+        (directory / f"apps-{start // PER_FILE:03d}.yaml").write_text("---\n".join(documents))
+
+
+def measure_load(directory: str) -> dict[str, Any]:
+    from webhook.state.manifests import load_state
+
+    gc.collect()
+    before = rss()
+    started, cpu = time.perf_counter(), time.process_time()
+    state = load_state([ROOT / "fixtures" / "cozystack", directory])
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+    gc.collect()
+    return {"seconds": seconds, "cpu": cpu, "applications": len(state), "grown": rss() - before}
+
+
+# -- 2. CREATE tail -----------------------------------------------------------------------
+
+
+def measure_creates(size: int) -> dict[str, Any]:
+    from benchmarks.decide import build
+    from webhook.admission import apply_admitted
+    from webhook.core.decisions import Policy, decide
+    from webhook.core.reviews import parse_review
+    from webhook.state.manifests import load_platform
+
+    platform = load_platform([ROOT / "fixtures" / "cozystack"])
+    state = build(platform, size)
+    policy = Policy()
+    results: dict[str, Any] = {}
+    serial = 0
+    for frozen in (False, True):
+        gc.collect()
+        if frozen:
+            gc.freeze()
+        collection = time.perf_counter()
+        gc.collect()
+        results[f"full_gc_ms_{frozen}"] = (time.perf_counter() - collection) * 1000
+        for forced in (False, True):
+            samples = []
+            for index in range(CREATES):
+                serial += 1
+                request = parse_review(create(serial))
+                started = time.process_time_ns()
+                decision = decide(request, state, policy)
+                apply_admitted(state, request, decision)
+                if forced and index % 50 == 49:
+                    gc.collect()
+                samples.append(time.process_time_ns() - started)
+                assert decision.allowed, decision.message
+            samples.sort()
+            results[f"p99_us_{frozen}_{forced}"] = samples[int(len(samples) * 0.99)] / 1000
+        gc.unfreeze()
+    return results
+
+
+def create(serial: int) -> dict[str, Any]:
+    namespace, name = f"tenant-t{serial % 100}-c{serial % 99}", f"new-{serial:07d}"
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": f"u{serial}",
+            "operation": "CREATE",
+            "namespace": namespace,
+            "name": name,
+            "kind": {"group": "apps.cozystack.io", "version": "v1alpha1", "kind": "VMInstance"},
+            "resource": {
+                "group": "apps.cozystack.io",
+                "version": "v1alpha1",
+                "resource": "vminstances",
+            },
+            "object": {
+                "apiVersion": "apps.cozystack.io/v1alpha1",
+                "kind": "VMInstance",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"instanceType": "u1.micro", "disks": [{"name": f"{name}-system"}]},
+            },
+        },
+    }
+
+
+# -- driver ----------------------------------------------------------------------------------
+
+
+def child(*arguments: str) -> dict[str, Any]:
+    output = subprocess.run(
+        [sys.executable, "-m", "benchmarks.state_load", *arguments],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    result: dict[str, Any] = json.loads(output.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        write_state(Path(directory), LOAD_APPLICATIONS)
+        loads = [child("--load", directory) for _ in range(ROUNDS)]
+    seconds = statistics.median(r["seconds"] for r in loads)
+    per_app = statistics.median(r["grown"] / r["applications"] for r in loads)
+    applications = loads[0]["applications"]
+    print(
+        f"--state load: {applications:,} applications ({LOAD_APPLICATIONS:,} VMInstances, "
+        f"{TENANTS:,} tenants), {ROUNDS} runs, median"
+    )
+    print(
+        f"  load time   {seconds:6.2f} s      goal < 5 s        "
+        f"{'met' if seconds < 5 else 'NOT met'}  (min {min(r['seconds'] for r in loads):.2f},"
+        f" max {max(r['seconds'] for r in loads):.2f})"
+    )
+    cpu = statistics.median(r["cpu"] for r in loads)
+    print(f"  CPU time    {cpu:6.2f} s      (the machine is shared: the steadier figure)")
+    print(
+        f"  RSS growth  {per_app:6,.0f} B/app  goal <= 1,024 B  "
+        f"{'met' if per_app <= 1024 else 'NOT met'}"
+    )
+
+    runs: dict[int, list[dict[str, Any]]] = {size: [] for size in CREATE_SIZES}
+    for _ in range(ROUNDS):
+        for size in CREATE_SIZES:
+            runs[size].append(child("--creates", str(size)))
+
+    def figure(size: int, key: str) -> float:
+        return float(statistics.median(r[key] for r in runs[size]))
+
+    small, large = CREATE_SIZES
+    print(f"\nCREATE decided and applied, {CREATES:,} per run, {ROUNDS} rounds, median p99 (us)")
+    print(f"{'':34}{small:>12,} {large:>12,} {'ratio':>7}   goal <= 1.5")
+    for frozen in (False, True):
+        for forced in (False, True):
+            key = f"p99_us_{frozen}_{forced}"
+            label = ("frozen" if frozen else "not frozen") + (
+                ", full GC on 2%" if forced else ", natural GC"
+            )
+            ratio = figure(large, key) / figure(small, key)
+            verdict = ("met" if ratio <= 1.5 else "NOT met") if frozen else ""
+            print(
+                f"  {label:32}{figure(small, key):>12.0f} {figure(large, key):>12.0f} "
+                f"{ratio:>7.2f}   {verdict}"
+            )
+    for frozen in (False, True):
+        key = f"full_gc_ms_{frozen}"
+        label = "full collection, " + ("frozen" if frozen else "not frozen") + " (ms)"
+        print(f"  {label:32}{figure(small, key):>12.1f} {figure(large, key):>12.1f}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--load"]:
+        print(json.dumps(measure_load(sys.argv[2])))
+    elif sys.argv[1:2] == ["--creates"]:
+        print(json.dumps(measure_creates(int(sys.argv[2]))))
+    else:
+        main()

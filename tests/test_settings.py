@@ -1,0 +1,51 @@
+"""Server settings for the metrics port, the record key and the overcommit rules."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from webhook.settings import SettingsError, load_settings
+
+
+def test_metrics_listen_on_their_own_port_defaulting_to_the_listen_host() -> None:
+    settings = load_settings({"listen": "0.0.0.0:8443"}, environ={})
+    assert (settings.metrics_host, settings.metrics_port) == ("0.0.0.0", 8080)
+    moved = load_settings({}, environ={"WEBHOOK_METRICS_LISTEN": "127.0.0.1:9090"})
+    assert (moved.metrics_host, moved.metrics_port) == ("127.0.0.1", 9090)
+    with pytest.raises(SettingsError, match="metrics-listen: 'nope' is not HOST:PORT"):
+        load_settings({"metrics_listen": "nope"}, environ={})
+
+
+def test_overcommit_rules_from_flags_and_environment() -> None:
+    rules = load_settings(
+        {"overcommit_admins": ["platform-ops", "system:serviceaccount:cozy-system:rollout"]},
+        environ={
+            "WEBHOOK_OVERCOMMIT_MAX": "memory=1.2 nvidia.com/gpu=2",
+            "WEBHOOK_OVERCOMMIT_STEP": "0.05",
+        },
+    ).policy.overcommit
+    assert rules.admins == {"platform-ops", "system:serviceaccount:cozy-system:rollout"}
+    assert rules.maximum == {
+        "cpu": Decimal(4),
+        "memory": Decimal("1.2"),
+        "nvidia.com/gpu": Decimal(2),
+    }
+    assert rules.step == Decimal("0.05")
+    defaults = load_settings({}, environ={}).policy.overcommit
+    assert defaults.admins == {"system:masters", "cozystack-cluster-admin"}
+
+
+@pytest.mark.parametrize(
+    ("flags", "why"),
+    [
+        ({"overcommit_max": ["memory=0.5"]}, "overcommit-max"),
+        ({"overcommit_max": ["memory"]}, "overcommit-max"),
+        ({"overcommit_step": "0"}, "overcommit-step"),
+        ({"overcommit_step": "x"}, "overcommit-step"),
+    ],
+)
+def test_bad_overcommit_settings_are_refused_by_name(flags: dict[str, object], why: str) -> None:
+    with pytest.raises(SettingsError, match=why):
+        load_settings(flags, environ={})

@@ -1,0 +1,255 @@
+"""Signed charge records: what the webhook writes on an object, and the only thing it trusts back.
+
+The charge annotation is authoritative for pool usage and is the "old charge" of an UPDATE, so a
+value a tenant could write would be a discount on its own budget. The webhook therefore signs
+what it records with a key only it holds (HMAC-SHA256), over everything the figure depends on:
+
+    kind, namespace, name, the digest of the (defaulted) values it charged, the charge,
+    the charge digest (contract and catalog entries used), the overcommit factor applied, what
+    was committed (declared) before the factor, and the object's own factor annotation.
+
+A record is believed only when its MAC verifies under a key the webhook holds *and* its values
+digest matches the object's values as they stand. Anything else (forged, copied from another
+object, left over from an older spec, signed with a retired key) is ignored and the object is
+evaluated as it stands. Hence the invariant: **the pool counts, for every object, either the
+current evaluation of its values or a charge the webhook itself computed for exactly these
+values of exactly this object**; nothing a tenant writes selects a third figure.
+
+Keys rotate by adding a new current key and keeping the old one as a previous key for a while:
+records signed with a previous key keep verifying; every write re-signs with the current key.
+
+Pure: the key is passed in; generating one uses ``secrets`` and nothing else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from types import MappingProxyType
+from typing import Final
+
+from webhook.core import resources as rl
+from webhook.core.errors import QuantityError
+from webhook.core.quantities import parse_quantity
+
+__all__ = [
+    "MIN_KEY_BYTES",
+    "RecordKeys",
+    "RecordedCharge",
+    "mac",
+    "parse_recorded_charge",
+    "record_annotation",
+    "sign",
+    "signed_annotation",
+    "values_digest",
+    "verifies",
+]
+
+MIN_KEY_BYTES: Final = 32
+# Kubernetes caps all of an object's annotations at 256 KiB; a record is well under 1 KiB.
+MAX_ANNOTATION_CHARS: Final = 4096
+MAC_PREFIX: Final = "hmac-sha256:"
+VERSION: Final = "v1"
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+_EMPTY: Mapping[str, Decimal] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedCharge:
+    """A charge record as read from an object: believed only once :func:`verifies` says so.
+
+    ``resources`` is what the pool is charged (after any overcommit factor); ``factor`` the
+    factor applied per key (empty: none); ``committed`` what was declared before the factor
+    (empty: the same as ``resources``); ``own`` the object's own overcommit annotation as the
+    platform set it (``None``: none), so a factor on a stored object is believed only when a
+    record vouches for it; ``values`` the digest of the values charged.
+    """
+
+    resources: Mapping[str, Decimal]
+    digest: str
+    values: str = ""
+    mac: str = ""
+    factor: Mapping[str, Decimal] = field(default_factory=lambda: _EMPTY)
+    committed: Mapping[str, Decimal] = field(default_factory=lambda: _EMPTY)
+    own: Mapping[str, Decimal] | None = None
+    source: str = ""  # where ``factor`` came from: "application" or a tenant's namespace
+
+    @property
+    def declared(self) -> Mapping[str, Decimal]:
+        """What was committed before any factor."""
+        return self.committed or self.resources
+
+
+@dataclass(frozen=True, slots=True)
+class RecordKeys:
+    """The key records are signed with, and retired keys still accepted when verifying."""
+
+    current: bytes
+    previous: tuple[bytes, ...] = ()
+
+    def __post_init__(self) -> None:
+        for key in (self.current, *self.previous):
+            if len(key) < MIN_KEY_BYTES:
+                raise ValueError(f"a record key needs at least {MIN_KEY_BYTES} bytes")
+
+    @classmethod
+    def generate(cls) -> RecordKeys:
+        """A fresh random key (per process: records signed with it die with the process)."""
+        return cls(secrets.token_bytes(MIN_KEY_BYTES))
+
+    def rotated(self) -> RecordKeys:
+        """A new current key; the current one becomes the previous one (one kept)."""
+        return RecordKeys(secrets.token_bytes(MIN_KEY_BYTES), (self.current,))
+
+
+def values_digest(values: object) -> str:
+    """``sha256:<hex>`` of canonical JSON of the values (pass them defaulted)."""
+    try:
+        text = _CANONICAL.encode(values)
+    except (TypeError, ValueError, RecursionError):
+        text = repr(type(values))  # not JSON: no record can match it
+    return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def mac(
+    key: bytes,
+    app: tuple[str, str, str],
+    values: str,
+    charge: Mapping[str, Decimal],
+    digest: str,
+    factor: Mapping[str, Decimal] = _EMPTY,
+    committed: Mapping[str, Decimal] = _EMPTY,
+    own: Mapping[str, Decimal] | None = None,
+    source: str = "",
+) -> str:
+    """The MAC of one record under ``key``: ``hmac-sha256:<hex>``."""
+    kind, namespace, name = app
+    message = _CANONICAL.encode(
+        [
+            VERSION,
+            kind,
+            namespace,
+            name,
+            values,
+            rl.to_strings(charge),
+            digest,
+            rl.to_strings(factor),
+            rl.to_strings(committed),
+            None if own is None else rl.to_strings(own),
+            source,
+        ]
+    )
+    return MAC_PREFIX + hmac.new(key, message.encode(), hashlib.sha256).hexdigest()
+
+
+def sign(
+    keys: RecordKeys,
+    app: tuple[str, str, str],
+    values: str,
+    charge: Mapping[str, Decimal],
+    digest: str,
+    factor: Mapping[str, Decimal] = _EMPTY,
+    committed: Mapping[str, Decimal] = _EMPTY,
+    own: Mapping[str, Decimal] | None = None,
+    source: str = "",
+) -> RecordedCharge:
+    """The record of ``charge`` for this object and values, signed with the current key.
+
+    ``committed`` is kept only when it differs from ``charge`` (a factor applied).
+    """
+    committed = dict(committed) if dict(committed) != dict(charge) else {}
+    own = dict(own) if own is not None else None
+    source = source if factor else ""
+    signature = mac(keys.current, app, values, charge, digest, factor, committed, own, source)
+    return RecordedCharge(
+        dict(charge), digest, values, signature, dict(factor), committed, own, source
+    )
+
+
+def verifies(
+    keys: RecordKeys, app: tuple[str, str, str], values: str, record: RecordedCharge
+) -> bool:
+    """Whether ``record`` was signed by one of ``keys`` for exactly this object and values."""
+    if not record.mac.startswith(MAC_PREFIX) or record.values != values:
+        return False
+    for key in (keys.current, *keys.previous):
+        expected = mac(
+            key,
+            app,
+            values,
+            record.resources,
+            record.digest,
+            record.factor,
+            record.committed,
+            record.own,
+            record.source,
+        )
+        if hmac.compare_digest(expected, record.mac):
+            return True
+    return False
+
+
+def signed_annotation(
+    keys: RecordKeys,
+    app: tuple[str, str, str],
+    values: str,
+    charge: Mapping[str, Decimal],
+    digest: str,
+) -> str:
+    """The annotation the webhook writes for a charge without a factor: signed, compact."""
+    return record_annotation(sign(keys, app, values, charge, digest))
+
+
+def record_annotation(record: RecordedCharge) -> str:
+    """The annotation value: compact JSON, keys in a fixed order."""
+    body: dict[str, object] = {"charge": rl.to_strings(record.resources), "digest": record.digest}
+    if record.committed:
+        body["committed"] = rl.to_strings(record.committed)
+    if record.factor:
+        body["factor"] = rl.to_strings(record.factor)
+        body["source"] = record.source
+    if record.own is not None:
+        body["own"] = rl.to_strings(record.own)
+    body["values"] = record.values
+    body["mac"] = record.mac
+    return _COMPACT.encode(body)
+
+
+def parse_recorded_charge(text: object) -> RecordedCharge | None:
+    """The annotation's content, unverified; ``None`` when absent or unreadable."""
+    if not isinstance(text, str) or len(text) > MAX_ANNOTATION_CHARS:
+        return None
+    try:
+        body = json.loads(text)
+        if not isinstance(body, Mapping):
+            return None
+        charge, digest = body["charge"], body["digest"]
+        values, signature = body.get("values", ""), body.get("mac", "")
+        factor, committed = body.get("factor") or {}, body.get("committed") or {}
+        own, source = body.get("own"), body.get("source", "")
+        if not (
+            isinstance(charge, Mapping)
+            and isinstance(factor, Mapping)
+            and isinstance(committed, Mapping)
+            and (own is None or isinstance(own, Mapping))
+            and all(isinstance(v, str) for v in (digest, values, signature, source))
+        ):
+            return None
+        resources = {str(k): parse_quantity(v) for k, v in charge.items()}
+        factors = {str(k): parse_quantity(v) for k, v in factor.items()}
+        declared = {str(k): parse_quantity(v) for k, v in committed.items()}
+        owned = {str(k): parse_quantity(v) for k, v in own.items()} if own is not None else None
+    except (ValueError, KeyError, TypeError, ArithmeticError, RecursionError, QuantityError):
+        return None
+    amounts = [*resources.values(), *declared.values()]
+    if any(v < 0 for v in amounts) or any(
+        v <= 0 for v in [*factors.values(), *(owned or {}).values()]
+    ):
+        return None
+    return RecordedCharge(resources, digest, values, signature, factors, declared, owned, source)
