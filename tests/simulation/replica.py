@@ -15,6 +15,7 @@ import contextlib
 from collections.abc import Callable
 
 from tests.simulation.apiserver import SimAPI, SimClient
+from webhook.core.records import RecordKeys
 from webhook.ledger import Ledger, LedgerSettings
 from webhook.state.live import LiveSettings, LiveState
 from webhook.waits import sleep_unless_stopped
@@ -36,6 +37,7 @@ class Replica:
         monotonic: Callable[[], float],
         wall: Callable[[], float],
         is_leader: Callable[[str], bool],
+        keys: RecordKeys,
     ) -> None:
         self.name = name
         self.wall = wall
@@ -62,7 +64,8 @@ class Replica:
         # with itself only, so the simulator's monotonic clock is swapped in.
         self.ledger.reflector.clock = monotonic
         self.ledger.reflector.started = monotonic()
-        self.live.required.append(lambda: self.ledger.synced)
+        self.live.required["ledger (tenantreservations)"] = lambda: self.ledger.synced
+        self.live.use_keys(keys)  # the record-key Secret every replica reads
         self._stop = asyncio.Event()
         self._tasks = [
             asyncio.ensure_future(self.live.run(self._stop)),

@@ -51,6 +51,7 @@ from webhook.core import kinds as kinds_module
 from webhook.core.applications import application_from_object
 from webhook.core.contracts import Contract, compile_contract
 from webhook.core.decisions import Decision, Policy, mutate
+from webhook.core.records import MIN_KEY_BYTES, RecordKeys
 from webhook.core.reviews import parse_review
 from webhook.core.state import ReservationState
 from webhook.core.tenants import parent_namespace
@@ -159,6 +160,7 @@ class Simulation:
         # How eagerly each (replica, resource) stream is fed: a slow one lags behind the others.
         self.lag: dict[tuple[str, str], float] = {}
         self.heartbeat = self.rng.choice((1.0, 0.9, 0.6))
+        self.keys = RecordKeys(self.rng.randbytes(MIN_KEY_BYTES))  # the record-key Secret
 
     # -- clocks and trace ----------------------------------------------------------------
 
@@ -199,7 +201,7 @@ class Simulation:
             spec = {"resourceQuotas": dict(quotas)} if quotas else {}
             self.api.create("tenants", _app("Tenant", namespace, name, spec))
         annotated = rng.random() < 0.7
-        setup_state = ReservationState(builders.platform())
+        setup_state = ReservationState(builders.platform(), keys=self.keys)
         for _ in range(rng.randint(0, 3)):
             namespace, name = rng.choice(namespaces), rng.choice(NAMES)
             obj = _app("Thing", namespace, name, {"memory": f"{rng.randint(1, 4)}Gi"})
@@ -227,7 +229,12 @@ class Simulation:
 
     def _start(self, name: str) -> None:
         self.replicas[name] = Replica(
-            self.api, name, monotonic=self.monotonic, wall=self.wall, is_leader=self._is_leader
+            self.api,
+            name,
+            monotonic=self.monotonic,
+            wall=self.wall,
+            is_leader=self._is_leader,
+            keys=self.keys,
         )
 
     def _warm_up(self) -> None:
