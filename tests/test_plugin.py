@@ -233,3 +233,36 @@ async def test_a_kubeconfig_split_over_several_files_resolves_as_kubectl_does(
         out, err = capsys.readouterr()
     assert status == 0, err
     assert [p["pool"] for p in json.loads(out)["pools"]] == ["tenant-acme"]
+
+
+async def test_guard_against_a_cluster_reads_the_namespaces_quotas_and_fails_on_short(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with cluster(tmp_path) as (server, kubeconfig):
+        server.create(tenant("tenant-root", "acme", {"memory": "16Gi", "cpu": "16"}))
+        server.create(tenant("tenant-root", "other", {"memory": "4Gi"}))
+        for index in range(13):
+            server.create(
+                app("VMInstance", "tenant-acme", f"vm{index}", {"instanceType": "u1.micro"})
+            )
+        hard = {"requests.memory": "16Gi", "limits.memory": "16Gi", "requests.cpu": "1600m"}
+        server.create(
+            {
+                "apiVersion": "v1",
+                "kind": "ResourceQuota",
+                "metadata": {"name": "tenant-quota", "namespace": "tenant-acme"},
+                "spec": {"hard": hard},
+            }
+        )
+        server.requests.clear()
+        argv = ["guard", "-n", "tenant-acme", "-o", "json", "--fail-on", "short"]
+        status = await asyncio.to_thread(main, [*argv, "--kubeconfig", str(kubeconfig)])
+        report = json.loads(capsys.readouterr().out)
+    assert status == 1
+    (row,) = report["namespaces"]
+    # 13 x (1Gi + 270Mi) = 16822Mi against 16Gi: 438Mi short.
+    assert row["namespace"] == "tenant-acme"
+    assert row["guard"] == "observed"
+    assert row["short"] == {"requests.memory": "438Mi"}
+    assert row["smallestFactor"] == "1.03"
+    assert not [r for r in server.requests if "tenant-other" in r.path]

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import yaml
 
+from webhook.audit.command import register as register_audit
 from webhook.console import (
     EXIT_CODES,
     EXIT_FOUND,
@@ -34,6 +35,8 @@ from webhook.console import (
     run,
 )
 from webhook.core.decisions import MODES, Mode, Policy
+from webhook.plan import add_parser as add_plan_parser
+from webhook.rebalance import add_parser as add_rebalance_parser
 
 if TYPE_CHECKING:
     from webhook.core.guard import QuotaBook
@@ -126,7 +129,10 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SIZE",
         help="a target VM memory size (e.g. 1Gi): print the factor a budget of such VMs needs",
     )
-    guard.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    guard.add_argument(
+        "-n", "--namespace", default="", help="this namespace and the tenant namespaces below it"
+    )
+    add_output(guard, ("table", "json", "yaml"), default="table")
     guard.add_argument(
         "--fail-on",
         choices=("short",),
@@ -189,6 +195,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     generate.add_argument("--days", type=int, default=365, help="serving certificate lifetime")
     generate.set_defaults(handler=_certs_generate)
+
+    add_plan_parser(commands)
+    add_rebalance_parser(commands)
+    register_audit(commands)
 
     schema = commands.add_parser("contract-schema", help="print the contract JSON Schema")
     schema.set_defaults(handler=_contract_schema)
@@ -460,26 +470,14 @@ def _load_state_logging(
 
 
 def _guard(args: argparse.Namespace) -> int:
-    from webhook.core.errors import QuantityError
     from webhook.core.guard import QuotaBook
-    from webhook.core.quantities import parse_quantity
-    from webhook.guard_report import build_guard_report, render_guard_report
+    from webhook.guard_report import build_guard_report, parse_mixes, print_guard_report
 
-    mixes = []
-    for size in args.mix:
-        try:
-            mixes.append(parse_quantity(size))
-        except QuantityError as exc:
-            raise CommandError(f"--mix {size!r}: {exc}") from None
+    mixes = parse_mixes(args.mix)
     quotas = QuotaBook()
     state = _load_state(args.state, quotas=quotas)
-    report = build_guard_report(state, quotas, mixes)
-    if args.output == "json":
-        print(json.dumps(report, indent=2))
-    else:
-        print(render_guard_report(report))
-    short = any(row["short"] for row in report["namespaces"])
-    return 1 if args.fail_on == "short" and short else 0
+    report = build_guard_report(state, quotas, mixes, namespace=args.namespace)
+    return print_guard_report(report, args.output, fail_on_short=args.fail_on == "short")
 
 
 def _certs_generate(args: argparse.Namespace) -> int:

@@ -89,6 +89,33 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("-n", "--namespace", required=True)
     add_output(explain, ("table", "wide", "json", "yaml"), default="table")
     explain.set_defaults(handler=_explain)
+    guard = commands.add_parser(
+        "guard",
+        help="will admitted applications' pods fit their namespace's ResourceQuotas?",
+        epilog=EXIT_CODES,
+    )
+    _source(guard)
+    guard_scope = guard.add_mutually_exclusive_group()
+    guard_scope.add_argument(
+        "-n", "--namespace", default="", help="this namespace and the tenant namespaces below it"
+    )
+    guard_scope.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="every namespace (the default)"
+    )
+    guard.add_argument(
+        "--mix",
+        action="append",
+        default=[],
+        metavar="SIZE",
+        help="a target VM memory size (e.g. 1Gi): the factor a budget of such VMs needs",
+    )
+    add_output(guard, ("table", "json", "yaml"), default="table")
+    guard.add_argument(
+        "--fail-on",
+        choices=("short",),
+        help="exit 1 when admitted applications cannot all run in some namespace",
+    )
+    guard.set_defaults(handler=_guard)
     completion = commands.add_parser("completion", help="print a shell completion script")
     completion.add_argument("shell", choices=("bash", "zsh"))
     completion.set_defaults(handler=_completion, parser=parser)
@@ -165,6 +192,37 @@ def _report(args: argparse.Namespace) -> int:
         print(f"{PROG} report: --fail-on: {'; '.join(found)}", file=sys.stderr)
         return EXIT_FOUND
     return 0
+
+
+def _guard(args: argparse.Namespace) -> int:
+    from webhook.core.guard import QuotaBook
+    from webhook.guard_report import build_guard_report, parse_mixes, print_guard_report
+
+    namespace = "" if args.all_namespaces else args.namespace
+    mixes = parse_mixes(args.mix)
+    if args.state:
+        from webhook.console import load_state_showing_progress
+
+        quotas = QuotaBook()
+        state = load_state_showing_progress(args.state, quotas=quotas)
+    else:
+        state, quotas = _ask(args, lambda client: _guard_snapshot(client, args, namespace))
+    report = build_guard_report(state, quotas, mixes, namespace=namespace)
+    return print_guard_report(report, args.output, fail_on_short=args.fail_on == "short")
+
+
+async def _guard_snapshot(
+    client: KubeClient, args: argparse.Namespace, namespace: str
+) -> tuple[Any, Any]:
+    from webhook.state.snapshot import read_quotas
+
+    snapshot = await _snapshot(client, args, namespace)
+    for note in snapshot.notes:
+        print(f"note: {note}", file=sys.stderr)
+    scope = None
+    if namespace:
+        scope = sorted({node.namespace for node in snapshot.state.tree.nodes()} | {namespace})
+    return snapshot.state, await read_quotas(client, scope)
 
 
 async def _snapshot(client: KubeClient, args: argparse.Namespace, namespace: str) -> Snapshot:

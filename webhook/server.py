@@ -39,6 +39,7 @@ from webhook.record_keys import RecordKeySecret
 from webhook.settings import Settings
 from webhook.state.live import LiveSettings, LiveState
 from webhook.state.quotas import QuotaWatch
+from webhook.state.room import RoomWatch
 from webhook.tls.contexts import CertificateReloader
 from webhook.tls.rotation import MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS, CertificateRotator
 from webhook.waits import sleep_unless_stopped
@@ -84,6 +85,11 @@ class LiveServices:
         self.live.required["ledger (tenantreservations)"] = lambda: self.ledger.synced
         # The pod-level guard: warnings only, so readiness does not wait for it.
         self.quotas = QuotaWatch(client, read_timeout=settings.watch_read_timeout)
+        # "No node has room right now": off unless the operator grants the server read access
+        # to nodes and pods and sets WEBHOOK_ROOM_WARNINGS=on (see "Making room for a VM").
+        self.room: RoomWatch | None = None
+        if os.environ.get("WEBHOOK_ROOM_WARNINGS", "off") == "on":
+            self.room = RoomWatch(client)
         self.elector = LeaderElector(
             client,
             namespace=settings.namespace,
@@ -125,6 +131,7 @@ class LiveServices:
             self.live.run(stop),
             self.ledger.reflector.run(stop),
             self.quotas.run(stop),
+            *([self.room.run(stop)] if self.room is not None else []),
             self.elector.run(stop),
             self._duties(stop),
         )
@@ -214,6 +221,7 @@ class WebhookServer:
                 settings.policy,
                 reserver=services.ledger,
                 quotas=services.quotas.book,
+                room=services.room.book if services.room is not None else None,
             )
         elif state is not None:
             self.admission = Admission(state, settings.policy, quotas=quotas)

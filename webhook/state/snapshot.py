@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from webhook.core.applications import APPS_API_VERSION, application_from_object
+from webhook.core.guard import QuotaBook, quota_from_object
 from webhook.core.platform import Platform, PlatformBuilder
 from webhook.core.state import ReservationState
 from webhook.core.tenants import TENANT_KIND, ancestors, owned_namespace, owner_release
@@ -241,6 +242,26 @@ def _note_unserved(snapshot: Snapshot, unserved: set[str]) -> None:
 
 def _apps(plural: str) -> ResourceRef:
     return ResourceRef(APPS_GROUP, APPS_VERSION, plural)
+
+
+async def read_quotas(client: KubeClient, namespaces: list[str] | None) -> QuotaBook:
+    """The ResourceQuotas of these namespaces (``None``: every namespace), for the guard."""
+    reader = _Reader(client)
+    book = QuotaBook()
+    ref = ResourceRef("", "v1", "resourcequotas")
+    scopes = [""] if namespaces is None else namespaces
+    limit = asyncio.Semaphore(PARALLEL)
+
+    async def one(namespace: str) -> list[Obj]:
+        async with limit:
+            return await reader.list(ref, namespace, kind="ResourceQuota") or []
+
+    for objs in await asyncio.gather(*(one(ns) for ns in scopes)):
+        for obj in objs:
+            metadata = obj.get("metadata")
+            if isinstance(metadata, Mapping):
+                book.observe(str(metadata.get("namespace", "")), quota_from_object(obj))
+    return book
 
 
 class _Reader:
