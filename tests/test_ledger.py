@@ -261,6 +261,30 @@ async def test_another_replicas_expired_entry_stays_counted_until_this_state_cau
     assert (await b.admit(create("z", "1Gi", uid="uid-z2"))).allowed
 
 
+async def test_a_lagging_replica_that_never_saw_a_settled_entry_waits_before_deciding() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "8Gi"}}, catch_up_seconds=0.05)
+    b = Replica(cluster, "b", {POOL: {"memory": "8Gi"}}, catch_up_seconds=0.05)
+    assert (await a.admit(create("w", "1Gi"))).allowed
+    b.deliver()  # b reads w's entry; from here on both of b's watches lag
+    assert (await a.admit(create("x", "2Gi"))).allowed
+    a.observe(thing(cluster, "w", "1Gi"))
+    a.observe(thing(cluster, "x", "2Gi"))
+    assert (await a.admit(create("v", "1Gi"))).allowed  # the write drops w and x, settled
+    assert [e["id"] for e in cluster.entries()] == ["uid-v"]
+    b.deliver()  # w left before b's eyes; x came and went unseen, its object stored
+    decision = await b.admit(create("y", "5Gi"))
+    assert not decision.allowed, "w 1Gi + x 2Gi + v 1Gi + y 5Gi > 8Gi"
+    assert decision.reason == "ledger-catching-up"
+    b.observe(thing(None, "w", "1Gi"))
+    b.observe(thing(None, "x", "2Gi"))
+    b.seen = cluster.revision  # the application watch passes the version b read
+    decision = await b.admit(create("y", "5Gi", uid="uid-y2"))
+    assert not decision.allowed
+    assert decision.reason == "exceeded"
+    assert (await b.admit(create("z", "4Gi"))).allowed
+
+
 # ---------------------------------------------------------------------------------------------
 # What a replica counts for others: the ledger as it is now
 

@@ -22,6 +22,12 @@ unstamped (it was added by the write that produced the object's current resource
 every later write stamps it with that revision. So every reader knows exactly which
 observations are newer than the admission; only those settle it.
 
+**Missed entries.** Every write that removes entries adds them, per kind, to the object's
+``status.released`` counts. A replica whose copy jumps past entries it never saw (admitted and
+removed between two versions it read, their objects perhaps stored where its state has not
+looked yet) finds the count grown by more than it saw leave, and decides nothing for the pool
+until its state has reached that version (a bounded wait, then "try again").
+
 **Bounds.** A pool's object holds at most :data:`MAX_ENTRIES` entries of at most
 :data:`MAX_ENTRY_BYTES` each, well under etcd's 1.5 MiB object limit: at the bound, a request is
 denied with 429 "try again" (settled and expired entries make room within seconds), and no
@@ -218,9 +224,18 @@ class Ledger:
 
     async def _commit(self, pool: str, batch: list[_Waiter]) -> None:
         """Decide ``batch`` against ``pool`` and commit the allowed ones in one write."""
+        deadline = asyncio.get_running_loop().time() + self.settings.catch_up_seconds
         for _ in range(self.settings.attempts):
-            current = self._objects.get(pool) or await self._ensure(pool)
-            state = self._current()
+            while True:  # decide only once the state has passed what the ledger removed
+                current = self._objects.get(pool) or await self._ensure(pool)
+                state = self._current()
+                if not state.pending.fenced(pool):
+                    break
+                if not await self._wait_unfenced([pool], deadline):
+                    for waiter in batch:
+                        if not waiter.future.done():
+                            waiter.future.set_result(_behind(pool))
+                    return
             pending = state.pending
             ids = {w.request.uid for w in batch}
             kept = self._kept(pool, current, state, without=ids)
@@ -281,6 +296,7 @@ class Ledger:
         self, pools: list[str], request: AdmissionRequest, policy: Policy
     ) -> Decision:
         uid = request.uid
+        deadline = asyncio.get_running_loop().time() + self.settings.catch_up_seconds
         async with self._locked(pools):
             for _ in range(self.settings.attempts):
                 # Decide against each pool's ledger object exactly as it will be written: an
@@ -295,6 +311,11 @@ class Ledger:
                     return _unavailable()
                 basis = {pool: self._objects.get(pool) for pool in pools}
                 state = self._current()
+                if any(state.pending.fenced(pool) for pool in pools):
+                    if not await self._wait_unfenced(pools, deadline):
+                        await self._roll_back(pools, uid)
+                        return _behind(", ".join(pools))
+                    continue
                 for pool in pools:
                     own = state.pending.counted(pool, uid)
                     if own is not None:
@@ -373,6 +394,16 @@ class Ledger:
                 await stack.enter_async_context(self._pools.setdefault(pool, _Pool()).lock)
             yield
 
+    async def _wait_unfenced(self, pools: list[str], deadline: float) -> bool:
+        """Wait (until ``deadline``, loop time) for the state to pass every fence on ``pools``;
+        whether it did."""
+        loop = asyncio.get_running_loop()
+        while any(self._current().pending.fenced(pool) for pool in pools):
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
     # -- expiry ----------------------------------------------------------------------------
 
     async def _sweep(self, pool: str) -> bool:
@@ -431,6 +462,14 @@ class Ledger:
     def _status(self, pool: str, current: Obj, state: ReservationState, entries: list[Obj]) -> Obj:
         old = current.get("status") or {}
         status = {**old, **self._summary(pool, state, old), "pending": entries}
+        kept = {str(e.get("id") or "") for e in entries}
+        removed = [e for e in self._current_entries(current) if str(e.get("id") or "") not in kept]
+        if removed:  # every removal counted, so a replica that never saw one knows to wait
+            released = _released(old)
+            for entry in removed:
+                kind = _kind(entry)
+                released[kind] = released.get(kind, 0) + 1
+            status["released"] = released
         return {k: v for k, v in status.items() if v is not None}
 
     def _summary(self, pool: str, state: ReservationState, old: Mapping[str, Any]) -> Obj:
@@ -518,7 +557,12 @@ class Ledger:
         for entry in self._current_entries(obj):
             hold = self._hold(pool, entry, version, known)
             parsed[hold.id] = (entry, hold)
-        self._state.pending.track(pool, [h for _, h in parsed.values()], version=version)
+        self._state.pending.track(
+            pool,
+            [h for _, h in parsed.values()],
+            version=version,
+            released=_released(obj.get("status") or {}),
+        )
         if parsed:
             self._parsed[pool] = parsed
         else:
@@ -533,9 +577,9 @@ class Ledger:
         if cached is not None and _same(cached[0], entry):
             hold = cached[1]
             return hold if hold.after == after else _with_after(hold, after)
-        kind, _, rest = str(entry.get("application") or "").partition("/")
+        _, _, rest = str(entry.get("application") or "").partition("/")
         namespace, _, name = rest.partition("/")
-        key: AppKey = (kind, namespace, name)
+        key: AppKey = (_kind(entry), namespace, name)
         return Hold(
             id=hold_id,
             key=key,
@@ -642,6 +686,16 @@ def _full(pool: str) -> Decision:
     )
 
 
+def _behind(pool: str) -> Decision:
+    return errored(
+        503,
+        "ServiceUnavailable",
+        "ledger-catching-up",
+        f"tenant reservations: this replica has not yet seen every application the ledger of "
+        f"pool {pool} accounted for; try again",
+    )
+
+
 def _too_large() -> Decision:
     return errored(
         400,
@@ -654,6 +708,22 @@ def _too_large() -> Decision:
 def _expired(entry: Mapping[str, Any], now: str) -> bool:
     expires = entry.get("expires")
     return not isinstance(expires, str) or len(expires) != len(now) or expires <= now
+
+
+def _kind(entry: Mapping[str, Any]) -> str:
+    return str(entry.get("application") or "").partition("/")[0]
+
+
+def _released(status: Mapping[str, Any]) -> dict[str, int]:
+    """The object's removal counts by kind (a hostile or missing value counts as none)."""
+    counts = status.get("released")
+    if not isinstance(counts, Mapping):
+        return {}
+    return {
+        str(kind): count
+        for kind, count in counts.items()
+        if isinstance(count, int) and not isinstance(count, bool) and count >= 0
+    }
 
 
 def _hold_of(entry: Obj, decision: Decision, pool: str) -> Hold:

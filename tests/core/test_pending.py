@@ -148,3 +148,73 @@ def test_the_counted_figure_is_exactly_what_the_rules_keep(steps: list[tuple]) -
         counted = {n for n in listed | set(departed) if n not in settled}
         assert used(tree) == len(counted) * GI
         assert len(charges) == len(counted)
+
+
+# ---------------------------------------------------------------------------------------------
+# Entries that came and went between two copies this replica read
+
+
+def test_entries_that_came_and_went_unseen_fence_the_pool_until_the_watch_passes() -> None:
+    charges, tree = pending()
+    charges.track(POOL, [hold("a", after=5)], version=5, released={})
+    # Version 9: a left (seen leaving), and b was admitted and removed in between (never seen).
+    charges.track(POOL, [], version=9, released={"Thing": 2})
+    assert charges.fenced(POOL)
+    charges.catch_up(lambda kind: 8)
+    assert charges.fenced(POOL), "the state has not reached the version that showed the gap"
+    charges.catch_up(lambda kind: 9 if kind == "Thing" else 0)
+    assert not charges.fenced(POOL)
+    assert used(tree) == 0
+
+
+def test_entries_seen_leaving_raise_no_fence() -> None:
+    charges, _ = pending()
+    charges.track(POOL, [hold("a", after=5), hold("b", after=5)], version=5, released={})
+    charges.track(POOL, [], version=9, released={"Thing": 2})
+    assert not charges.fenced(POOL)
+
+
+def test_a_first_copy_with_removals_fences_and_a_recreated_object_fences_again() -> None:
+    charges, _ = pending()
+    charges.track(POOL, [], version=4, released={"Thing": 1})
+    assert charges.fenced(POOL)
+    charges.catch_up(lambda kind: 4)
+    charges.track(POOL, [], version=7, released=None)  # deleted
+    charges.track(POOL, [], version=8, released={"Thing": 1})  # recreated, one removal since
+    assert charges.fenced(POOL)
+
+
+# A writer's history: each write removes some listed entries (by position) and adds some.
+histories = st.lists(
+    st.tuples(st.lists(st.integers(0, 7), max_size=3), st.integers(0, 2), st.booleans()),
+    min_size=1,
+    max_size=25,
+)
+
+
+@given(histories)
+def test_a_pool_is_fenced_exactly_when_some_removed_entry_was_never_in_a_copy_read(
+    writes: list[tuple[list[int], int, bool]],
+) -> None:
+    charges, _ = pending()
+    listed: list[str] = []
+    released = 0
+    seen: set[str] = set()
+    removed: set[str] = set()
+    fresh = 0
+    for version, (drops, adds, read) in enumerate(writes, start=1):
+        for index in sorted({i % len(listed) for i in drops} if listed else set(), reverse=True):
+            removed.add(listed.pop(index))
+            released += 1
+        for _ in range(adds):
+            fresh += 1
+            listed.append(f"e{fresh}")
+        if read:
+            charges.track(
+                POOL,
+                [hold(name, after=version, hold_id=name) for name in listed],
+                version=version,
+                released={"Thing": released} if released else {},
+            )
+            seen.update(listed)
+            assert charges.fenced(POOL) == bool(removed - seen)

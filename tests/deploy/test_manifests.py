@@ -378,6 +378,7 @@ TENANT_RESERVATION: Final[Manifest] = {
                 "revision": "41",
             }
         ],
+        "released": {"VMInstance": 12, "Postgres": 3},
         "conditions": [
             {
                 "type": "Overcommitted",
@@ -432,6 +433,7 @@ def test_a_tenant_reservation_as_the_ledger_writes_it_fits_the_schema_unpruned(
         pytest.param(("spec", "pool"), 7, id="pool-not-a-string"),
         pytest.param(("status", "budget"), {"cpu": 4}, id="quantity-not-a-string"),
         pytest.param(("status", "pending"), [{"id": "x"}], id="pending-without-charge"),
+        pytest.param(("status", "released"), {"VMInstance": -1}, id="released-negative"),
         pytest.param(
             ("status", "conditions"),
             [{"type": "Overcommitted", "status": "Yes"}],

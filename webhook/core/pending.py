@@ -21,6 +21,14 @@ exact under concurrency:
   has seen every write up to the entry's removal, so the object (if it was ever stored) is
   counted instead. A silent watch therefore never lets a hold go early; the replica stops being
   ready first.
+* **A replica that missed entries waits for the state before deciding.** Each ledger object
+  counts, per kind, every entry ever removed from it (``released``). When a replica's copy of
+  the object advances and that count grew by more than the entries it saw leave, entries came
+  and went unseen (admitted, then settled or dropped, between two versions it read): their
+  objects may be stored where its state has not looked yet. The pool is then *fenced* at the
+  new version for those kinds, and no decision is made for it until the state's watch of each
+  fenced kind has reached that version: etcd revisions are one counter, so by then the state
+  has seen every such object, or its absence.
 * **Ids are the request's.** An id seen settled is remembered while the ledger still lists it, so
   a later delete of the object does not make it count again.
 
@@ -68,6 +76,8 @@ class PendingCharges:
         self._by_key: dict[AppKey, set[_Slot]] = {}
         self._resolved: set[str] = set()  # ids seen settled while the ledger lists them
         self._resolved_floor = 0  # how many were still listed at the last pruning
+        self._released: dict[str, dict[str, int]] = {}  # pool -> kind -> removed, as last read
+        self._fences: dict[tuple[str, str], int] = {}  # (pool, kind) -> revision to reach
         self._figures: dict[str, dict[str, Decimal]] = {}  # pool -> counted usage
         self._adjusted: dict[str, dict[str, Decimal]] = {}  # pool -> decided, being written
 
@@ -91,10 +101,26 @@ class PendingCharges:
 
     # -- following the ledger --------------------------------------------------------------
 
-    def track(self, pool: str, entries: Iterable[Hold], *, version: int) -> None:
-        """``pool``'s ledger object, at resourceVersion ``version``, lists exactly ``entries``."""
+    def fenced(self, pool: str) -> bool:
+        """Whether ``pool`` waits for the state to pass entries this replica never saw."""
+        return any(slot[0] == pool for slot in self._fences)
+
+    def track(
+        self,
+        pool: str,
+        entries: Iterable[Hold],
+        *,
+        version: int,
+        released: Mapping[str, int] | None = None,
+    ) -> None:
+        """``pool``'s ledger object, at resourceVersion ``version``, lists exactly ``entries``
+        and has had ``released`` entries of each kind removed (``None``: the object is gone)."""
         listed = {entry.id: entry for entry in entries}
         before = self._entries.get(pool, {})
+        if released is None:
+            self._released.pop(pool, None)
+        else:
+            self._fence(pool, before, listed, released, version)
         for hold_id in before.keys() - listed.keys():
             slot = (pool, hold_id)
             if slot in self._counted:
@@ -138,7 +164,11 @@ class PendingCharges:
         self._resolved.add(hold_id)
 
     def catch_up(self, seen: Callable[[str], int]) -> None:
-        """Release departed entries whose kind's watch has reached the revision they left at."""
+        """Release departed entries whose kind's watch has reached the revision they left at,
+        and fences the state has passed."""
+        for fence, revision in list(self._fences.items()):
+            if seen(fence[1]) >= revision:
+                del self._fences[fence]
         for slot, revision in list(self._departed.items()):
             hold = self._counted[slot]
             if seen(hold.key[0]) >= revision:
@@ -175,8 +205,31 @@ class PendingCharges:
         self._entries = {pool: dict(entries) for pool, entries in other._entries.items()}
         self._departed = dict(other._departed)
         self._resolved = set(other._resolved)
+        self._released = {pool: dict(counts) for pool, counts in other._released.items()}
+        self._fences = dict(other._fences)
 
     # -- internals -------------------------------------------------------------------------
+
+    def _fence(
+        self,
+        pool: str,
+        before: Mapping[str, Hold],
+        listed: Mapping[str, Hold],
+        released: Mapping[str, int],
+        version: int,
+    ) -> None:
+        """Fence ``pool`` for every kind whose removals this replica did not all see."""
+        previous = self._released.get(pool, {})
+        seen_leave: dict[str, int] = {}
+        for hold_id in before.keys() - listed.keys():
+            kind = before[hold_id].key[0]
+            seen_leave[kind] = seen_leave.get(kind, 0) + 1
+        for kind, count in released.items():
+            earlier = previous.get(kind, 0)
+            if count < earlier or count - earlier > seen_leave.get(kind, 0):
+                fence = (pool, kind)
+                self._fences[fence] = max(self._fences.get(fence, 0), version)
+        self._released[pool] = dict(released)
 
     def _count(self, slot: _Slot, hold: Hold) -> None:
         self._counted[slot] = hold
