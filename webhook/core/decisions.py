@@ -530,14 +530,27 @@ def _old_charge(
     verifies for the old values, else its evaluation (both at its effective factor), else
     nothing.
 
-    Never more than the webhook itself computed: an unsigned or foreign record is ignored.
+    Never more than the webhook itself computed: an unsigned or foreign record is ignored. A
+    record older than the request's old object (this state has not seen a shrink yet) credits
+    no more than that old object evaluates to: the held increase is what the stored object
+    will add, whatever copy of it another replica counts.
     """
     record = state.record(app.key)
-    if record is not None:
-        return record.resources
     old = _old_application(request)
+    if record is not None:
+        if old is None or not 0 < record.version < old.version:
+            return record.resources
+        evaluated = _evaluated_old(request, state, old)
+        return {k: min(v, evaluated.get(k, Decimal(0))) for k, v in record.resources.items()}
     if old is None:
         return {}
+    return _evaluated_old(request, state, old)
+
+
+def _evaluated_old(
+    request: AdmissionRequest, state: ReservationState, old: Application
+) -> Mapping[str, Decimal]:
+    """The old object's charge at its effective factor: its verified record, else evaluated."""
     own = state.believed_own(old) if request.kind != TENANT_KIND else None
     factors, _ = state.factors_for(request.namespace, own)
     trusted = state.trusted(old)
