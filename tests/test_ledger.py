@@ -285,6 +285,27 @@ async def test_a_lagging_replica_that_never_saw_a_settled_entry_waits_before_dec
     assert (await b.admit(create("z", "4Gi"))).allowed
 
 
+async def test_a_grow_decided_on_a_copy_that_missed_a_shrink_holds_the_whole_increase() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "6Gi"}})
+    b = Replica(cluster, "b", {POOL: {"memory": "6Gi"}})
+    big = thing(cluster, "x", "3Gi")
+    a.observe(big)
+    b.observe(big)
+    small = thing(cluster, "x", "1Gi")
+    b.observe(small)  # a's watch lags: it still counts x at 3Gi
+    body = review(
+        "Thing", POOL, "x", {"memory": "3Gi"}, operation="UPDATE", old_spec={"memory": "1Gi"}
+    )
+    body["request"]["uid"] = "grow"
+    body["request"]["oldObject"]["metadata"]["resourceVersion"] = str(small.version)
+    assert (await a.admit(parse_review(body))).allowed
+    assert len(cluster.entries()) == 1, "the grow from the stored 1Gi is held, not 0"
+    b.deliver()
+    decision = await b.admit(create("z", "4Gi"))
+    assert not decision.allowed, "x 1Gi + the grow 2Gi + z 4Gi > 6Gi"
+
+
 # ---------------------------------------------------------------------------------------------
 # What a replica counts for others: the ledger as it is now
 
