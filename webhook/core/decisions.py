@@ -222,7 +222,8 @@ def _decide_application(
             "declares it, so its reservation cannot be evaluated",
         )
     try:
-        charge = state.platform.charge(request.kind, app.spec, namespace=namespace)
+        prepared = state.platform.values(request.kind, app.spec)  # bounded, defaulted, digested
+        charge = state.platform.charge_values(request.kind, prepared, namespace=namespace)
     except EvaluationError as exc:
         if kind.contract is None:
             return errored(403, "Forbidden", "no-contract", str(exc.for_kind(request.kind)))
@@ -231,7 +232,7 @@ def _decide_application(
         return invalid(
             "spec", f"{request.kind}: the values cannot be evaluated ({type(exc).__name__})"
         )
-    values = state.values_digest(request.kind, app.spec)
+    values = prepared.digest  # what state.values_digest gives, without a second encoding
     forged = _forged_annotation(request, state, app, values)
     if forged:
         return errored(403, "Forbidden", "forged-charge", forged)
