@@ -594,7 +594,9 @@ def _audit(decision: Decision, *, outcome: str, mode: Mode, allowed: bool) -> di
     if decision.factor:
         audit["overcommit"] = decision.factor
     if decision.delta is not None:
-        audit["delta"] = _json(decision.delta)
+        # A CREATE's delta is its charge: the same figures, encoded once.
+        same = decision.charge is not None and decision.delta == decision.charge
+        audit["delta"] = audit["charge"] if same else _json(decision.delta)
     if decision.pool:
         audit["pool"] = decision.pool
     if decision.reserved_after:
