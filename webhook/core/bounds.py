@@ -60,11 +60,15 @@ def check_values(values: object, limits: ValuesLimits = DEFAULT_VALUES_LIMITS) -
                 "spec", f"the values nest deeper than {limits.max_depth} levels; refused"
             )
         seen += size
-        stack.extend([(child, depth + 1) for child in children if _is_container(child)])
+        for child in children:
+            kind = type(child)
+            if (
+                kind is dict
+                or kind is list
+                or (kind not in _SCALARS and isinstance(child, Mapping | list | tuple))
+            ):
+                stack.append((child, depth + 1))
 
 
-def _is_container(value: object) -> bool:
-    kind = type(value)
-    if kind is str or kind is int or kind is float or kind is bool or value is None:
-        return False
-    return isinstance(value, Mapping | list | tuple)
+# What JSON and YAML values mostly are: never containers, so no ABC check is needed for them.
+_SCALARS: Final = frozenset({str, int, float, bool, type(None)})
