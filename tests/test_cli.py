@@ -167,18 +167,19 @@ def test_review_reports_a_malformed_review_and_goes_on(
     assert len(responses(out)) == 1
 
 
-def test_report_prints_pools_as_a_table_and_as_json(capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_prints_pools_as_a_table_a_wide_table_and_as_json(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     status, out, _ = run(capsys, "report", *STATE)
     assert status == 0
-    assert out.splitlines()[0].split() == [
-        "POOL",
-        "BUDGET",
-        "RESERVED",
-        "AVAILABLE",
-        "OVERCOMMITTED",
-        "MEMBERS",
-        "CARVE-OUTS",
-    ]
+    header = ["POOL", "RESOURCE", "BUDGET", "RESERVED", "AVAILABLE", "OVERCOMMITTED", "MEMBERS"]
+    assert out.splitlines()[0].split() == header
+    # a row per pool and resource: narrow whatever keys a budget sets
+    assert out.splitlines()[1].split() == ["tenant-acme", "cpu", "32", "4", "28", "-", "2"]
+    assert out.splitlines()[2].split() == ["memory", "16Gi", "4Gi", "12Gi", "-"]
+    status, out, _ = run(capsys, "report", "-o", "wide", *STATE)
+    assert out.splitlines()[0].split() == [*header, "CARVE-OUTS"]
+    assert out.splitlines()[1].split()[-2:] == ["tenant-acme,tenant-acme-dev", "tenant-acme-dev-ci"]
     status, out, _ = run(capsys, "report", "--json", *STATE)
     acme = json.loads(out)["pools"][0]
     assert acme["pool"] == "tenant-acme"

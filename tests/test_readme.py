@@ -1,7 +1,12 @@
-"""The README opens with the two commands, and CI runs the README's test command."""
+"""The README opens with two commands, CI runs its test command, and its commands all run."""
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,3 +33,56 @@ def test_the_run_command_uses_files_that_exist() -> None:
     run, _ = opening_commands()
     for path in re.findall(r"(fixtures/\S+)", run):
         assert (ROOT / path).exists(), path
+
+
+BIN = Path(sys.executable).parent
+# Commands the README shows that cannot run here: they need a cluster, or run until stopped.
+NEEDS_A_CLUSTER = ("webhook serve",)
+
+
+def readme_commands() -> list[tuple[str, int]]:
+    """Every `webhook ...` and `kubectl reservation ...` line in a ```sh block, with the exit
+    status the README documents for it (a trailing `# exit N`, else 0)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    commands = []
+    for block in re.findall(r"```sh\n(.*?)\n```", text, flags=re.DOTALL):
+        for raw in block.replace("\\\n", " ").splitlines():
+            match = re.fullmatch(r"(.*?)(?:\s+#\s*(.*))?", raw.strip())
+            assert match is not None
+            command, comment = match[1], match[2] or ""
+            if not command.startswith(("webhook ", "kubectl reservation ")):
+                continue
+            status = re.search(r"\bexit (\d+)", comment)
+            commands.append((command, int(status[1]) if status else 0))
+    return commands
+
+
+def runnable(command: str) -> bool:
+    if command.startswith(NEEDS_A_CLUSTER):
+        return False
+    return not command.startswith("kubectl reservation ") or "--state" in command
+
+
+def test_the_readme_shows_commands_that_can_run_here() -> None:
+    commands = [c for c, _ in readme_commands() if runnable(c)]
+    assert len(commands) >= 10
+    assert any(c.startswith("kubectl reservation ") for c in commands)
+
+
+@pytest.mark.parametrize(
+    ("command", "status"),
+    [pytest.param(c, s, id=c[:60]) for c, s in readme_commands() if runnable(c)],
+)
+def test_a_readme_command_runs_and_exits_as_documented(command: str, status: int) -> None:
+    shell = command.replace("kubectl reservation ", "kubectl-reservation ", 1)
+    done = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", shell],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"},
+        timeout=120,
+        check=False,
+    )
+    assert "Traceback" not in done.stderr
+    assert done.returncode == status, done.stderr

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from webhook.core.decisions import Decision, Policy, decide, errored, mutate
 from webhook.core.guard import QuotaBook, guard_warning
 from webhook.core.reviews import AdmissionRequest, parse_review, review_response
+from webhook.core.room import RoomBook, room_warning
 from webhook.core.state import ReservationState
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "conflict",
     "internal_error",
     "with_guard_warning",
+    "with_room_warning",
 ]
 
 log = logging.getLogger(__name__)
@@ -65,11 +67,13 @@ class Admission:
         *,
         reserver: Reserver | None = None,
         quotas: QuotaBook | None = None,
+        room: RoomBook | None = None,
     ) -> None:
         self._state = state if callable(state) else (lambda: state)
         self.policy = policy
         self.reserver = reserver
         self.quotas = quotas
+        self.room = room
 
     @property
     def state(self) -> ReservationState:
@@ -78,9 +82,11 @@ class Admission:
     async def validate(self, request: AdmissionRequest) -> Decision:
         if self.reserver is not None:
             decision = await self.reserver.admit(request, self.policy)
-            return with_guard_warning(decision, request, self.state, self.quotas)
+            decision = with_guard_warning(decision, request, self.state, self.quotas)
+            return with_room_warning(decision, request, self.room)
         decision = conflict(request, self.state) or decide(request, self.state, self.policy)
         decision = with_guard_warning(decision, request, self.state, self.quotas)
+        decision = with_room_warning(decision, request, self.room)
         apply_admitted(self.state, request, decision)
         return decision
 
@@ -142,6 +148,18 @@ def with_guard_warning(
     key = (request.kind, request.namespace, request.name)
     charges = ((k, r.resources if r else None) for k, r in state.records_in(request.namespace))
     warning = guard_warning(key, decision.charge, charges, found)
+    if warning is None:
+        return decision
+    return replace(decision, warnings=(*decision.warnings, warning))
+
+
+def with_room_warning(
+    decision: Decision, request: AdmissionRequest, room: RoomBook | None
+) -> Decision:
+    """Add "no node has room right now" to an allowed VM write, from the last snapshot."""
+    if room is None or not decision.allowed or decision.charge is None:
+        return decision
+    warning = room_warning(request.kind, decision.charge, room.largest)
     if warning is None:
         return decision
     return replace(decision, warnings=(*decision.warnings, warning))

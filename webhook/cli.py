@@ -1,88 +1,115 @@
 """The command line: ``webhook <command>``.
 
-Each command is a thin shell over the core: parse arguments, load the state, call one pure
-function, print. Errors print one line naming the file or path and the reason, and exit non-zero
-(2 for bad input or usage, 1 for a request that was evaluated and refused).
+Each command is a thin shell over the core: parse arguments, load what it needs, call one pure
+function, print. A command is a subparser with ``set_defaults(handler=...)``; :func:`main` runs
+every handler through :func:`webhook.console.run`, so each one, present or added later, fails
+the same way: one line on stderr naming the file, flag or path and the fix, exit status 2 (the
+exit codes are in ``--help``). Heavy modules (aiohttp, the Kubernetes client) are imported by
+the commands that use them, so a command that reads files starts fast.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import yaml
 
-from webhook.admission import admit, apply_admitted
-from webhook.core.contract_schema import CONTRACT_SCHEMA
+from webhook.console import (
+    EXIT_CODES,
+    EXIT_FOUND,
+    EXIT_INPUT,
+    CommandError,
+    Parser,
+    VersionAction,
+    add_fail_on,
+    add_output,
+    load_state_showing_progress,
+    run,
+)
 from webhook.core.decisions import MODES, Mode, Policy
-from webhook.core.errors import QuantityError, ReservationError
-from webhook.core.guard import QuotaBook
-from webhook.core.quantities import parse_quantity
-from webhook.core.records import RecordKeys
-from webhook.core.reviews import ReviewError
-from webhook.logs import configure as configure_logs
-from webhook.record_keys import RecordKeyError, keys_from_file
-from webhook.report import build_report, explain_charge, render_report
-from webhook.server import serve
-from webhook.settings import SettingsError, load_settings
-from webhook.state.manifests import load_platform, load_state
-from webhook.tls.certificates import CertificateError, generate
+from webhook.plan import add_parser as add_plan_parser
+from webhook.rebalance import add_parser as add_rebalance_parser
+
+if TYPE_CHECKING:
+    from webhook.core.guard import QuotaBook
+    from webhook.core.platform import Platform
+    from webhook.core.records import RecordKeys
+    from webhook.core.state import ReservationState
 
 __all__ = ["main"]
 
-EXIT_INPUT = 2
-
-
-class CommandError(Exception):
-    """Bad input to a command: the message is printed as is."""
+log = logging.getLogger("webhook")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    try:
-        result: int = args.handler(args)
-    except (ReservationError, CommandError) as exc:
-        print(f"webhook {args.command}: {exc}", file=sys.stderr)
-        return EXIT_INPUT
-    return result
+    parts = (args.command, getattr(args, "certs_command", ""))
+    name = " ".join(str(part) for part in parts if part)
+    return run(f"webhook {name}", args.handler, args)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="webhook", description="Cozystack tenant quotas as reservation limits."
+    parser = Parser(
+        prog="webhook",
+        description="Cozystack tenant quotas as reservation limits.",
+        epilog=EXIT_CODES,
     )
+    parser.add_argument("--version", action=VersionAction)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    evaluate = commands.add_parser("evaluate", help="print the charge of an application's values")
-    _add_state(evaluate)
+    evaluate = commands.add_parser(
+        "evaluate", help="print the charge of an application's values", epilog=EXIT_CODES
+    )
+    evaluate.add_argument(
+        "--state",
+        action="append",
+        metavar="DIR",
+        help="manifest directories holding the platform (repeatable); "
+        "default: the Cozystack platform bundled with the package",
+    )
     evaluate.add_argument("--kind", help="application kind (default: the --object's kind)")
     source = evaluate.add_mutually_exclusive_group(required=True)
     source.add_argument(
         "--values", metavar="FILE", help="values (the spec), YAML or JSON; - is stdin"
     )
     source.add_argument("--object", metavar="FILE", help="an apps.cozystack.io object; - is stdin")
-    evaluate.add_argument("--namespace", default="", help="namespace for namespaced instance types")
-    evaluate.add_argument("--explain", action="store_true", help="print each term's contribution")
+    evaluate.add_argument(
+        "-n", "--namespace", default="", help="namespace for namespaced instance types"
+    )
+    evaluate.add_argument(
+        "--explain",
+        action="store_true",
+        help="each term's contribution and where it came from "
+        "(a table on a terminal, JSON otherwise)",
+    )
+    evaluate.add_argument("-o", "--output", choices=("json", "yaml", "table"), help="output format")
     evaluate.set_defaults(handler=_evaluate)
 
     review = commands.add_parser(
-        "review", help="decide AdmissionReview requests in order against a state"
+        "review", help="decide AdmissionReview requests in order against a state", epilog=EXIT_CODES
     )
     _add_state(review)
     _add_policy(review)
     review.add_argument("files", nargs="+", metavar="FILE", help="AdmissionReview JSON; - is stdin")
     review.set_defaults(handler=_review)
 
-    report = commands.add_parser("report", help="print every pool: budget, reserved, available")
+    report = commands.add_parser(
+        "report", help="print every pool: budget, reserved, available", epilog=EXIT_CODES
+    )
     _add_state(report)
-    report.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    report.add_argument(
+        "-n", "--namespace", default="", help="only the pool this namespace is in, and below"
+    )
+    add_output(report, ("table", "wide", "json", "yaml"), default="table")
+    add_fail_on(report)
     report.set_defaults(handler=_report)
 
     guard = commands.add_parser(
@@ -91,6 +118,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Per tenant namespace: the pod-level guard (ResourceQuotas), what admitted "
         "applications' pods will request, and the factor on resourceQuotas that lets them all "
         "run. Exit status 1 with --fail-on short when some namespace is short.",
+        epilog=EXIT_CODES,
     )
     _add_state(guard)
     guard.add_argument(
@@ -100,7 +128,10 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SIZE",
         help="a target VM memory size (e.g. 1Gi): print the factor a budget of such VMs needs",
     )
-    guard.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    guard.add_argument(
+        "-n", "--namespace", default="", help="this namespace and the tenant namespaces below it"
+    )
+    add_output(guard, ("table", "json", "yaml"), default="table")
     guard.add_argument(
         "--fail-on",
         choices=("short",),
@@ -108,7 +139,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     guard.set_defaults(handler=_guard)
 
-    serve = commands.add_parser("serve", help="serve AdmissionReviews over TLS")
+    serve = commands.add_parser("serve", help="serve AdmissionReviews over TLS", epilog=EXIT_CODES)
     serve.add_argument(
         "--state", action="append", metavar="DIR", help="directory of manifests (repeatable)"
     )
@@ -140,22 +171,45 @@ def _parser() -> argparse.ArgumentParser:
         "--mode-for", action="append", metavar="KIND=MODE", help="a mode for one kind (repeatable)"
     )
     serve.add_argument("--config", metavar="FILE", help="settings file (YAML)")
-    serve.add_argument("--log-level", metavar="LEVEL", help="default INFO")
+    serve.add_argument(
+        "--log-level", metavar="LEVEL", help="debug, info, warning, error (default info)"
+    )
     serve.set_defaults(handler=_serve)
 
     certs = commands.add_parser("certs", help="certificates for the webhook")
     certs_commands = certs.add_subparsers(dest="certs_command", required=True, metavar="COMMAND")
     generate = certs_commands.add_parser(
-        "generate", help="write a CA and a serving certificate (tls.crt, tls.key, ca.crt)"
+        "generate",
+        help="write a CA and a serving certificate (tls.crt, tls.key, ca.crt)",
+        epilog=EXIT_CODES,
     )
-    generate.add_argument("--out", required=True, metavar="DIR")
-    generate.add_argument("--dns", action="append", default=[], metavar="NAME")
-    generate.add_argument("--ip", action="append", default=[], metavar="ADDR")
+    generate.add_argument(
+        "--out", required=True, metavar="DIR", help="directory (created when missing)"
+    )
+    generate.add_argument(
+        "--dns", action="append", default=[], metavar="NAME", help="a DNS name (repeatable)"
+    )
+    generate.add_argument(
+        "--ip", action="append", default=[], metavar="ADDR", help="an IP address (repeatable)"
+    )
     generate.add_argument("--days", type=int, default=365, help="serving certificate lifetime")
     generate.set_defaults(handler=_certs_generate)
 
+    add_plan_parser(commands)
+    add_rebalance_parser(commands)
+
     schema = commands.add_parser("contract-schema", help="print the contract JSON Schema")
     schema.set_defaults(handler=_contract_schema)
+
+    completion = commands.add_parser(
+        "completion",
+        help="print a shell completion script",
+        description="Print a completion script generated from this parser. Bash: "
+        "source <(webhook completion bash). Zsh: webhook completion zsh > "
+        '"${fpath[1]}/_webhook".',
+    )
+    completion.add_argument("shell", choices=("bash", "zsh"))
+    completion.set_defaults(handler=_completion, parser=parser)
     return parser
 
 
@@ -180,6 +234,8 @@ def _add_record_key(parser: argparse.ArgumentParser) -> None:
 
 
 def _record_keys(path: str | None) -> RecordKeys | None:
+    from webhook.record_keys import RecordKeyError, keys_from_file
+
     if not path:
         return None
     try:
@@ -219,13 +275,34 @@ def _add_policy(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _policy(args: argparse.Namespace) -> Policy:
+def _load_state(
+    paths: Sequence[str], *, quotas: QuotaBook | None = None, keys: RecordKeys | None = None
+) -> ReservationState:
+    state = cast("ReservationState", load_state_showing_progress(paths, quotas=quotas, keys=keys))
+    _require_platform(state.platform, paths)
+    return state
+
+
+def _require_platform(platform: Platform, paths: Sequence[str]) -> None:
+    if not platform.kinds:
+        raise CommandError(
+            f"--state {' '.join(paths)}: no ApplicationDefinition found; add the platform's "
+            "definitions (e.g. --state fixtures/cozystack)"
+        )
+
+
+def _policy(args: argparse.Namespace, known: Sequence[str]) -> Policy:
+    from webhook.settings import SettingsError, check_mode_kinds, load_settings
+
     per_kind: dict[str, Mode] = {}
     for item in args.mode_for:
         kind, _, mode = item.partition("=")
         if not kind or mode not in MODES:
-            raise CommandError(f"--mode-for {item!r}: expected KIND=MODE, MODE one of {MODES}")
+            raise CommandError(
+                f"--mode-for {item!r}: expected KIND=MODE, MODE one of {', '.join(MODES)}"
+            )
         per_kind[kind] = cast(Mode, mode)  # checked against MODES above
+    check_mode_kinds(per_kind, known)
     try:
         rules = load_settings(_overcommit_flags(args), environ={}).policy.overcommit
     except SettingsError as exc:
@@ -242,9 +319,13 @@ def _overcommit_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _review(args: argparse.Namespace) -> int:
+    from webhook.admission import admit, apply_admitted
+    from webhook.core.guard import QuotaBook
+    from webhook.core.reviews import ReviewError
+
     quotas = QuotaBook()
-    state = load_state(args.state, quotas=quotas, keys=_record_keys(args.record_key_file))
-    policy = _policy(args)
+    state = _load_state(args.state, quotas=quotas, keys=_record_keys(args.record_key_file))
+    policy = _policy(args, list(state.platform.kinds))
     status = 0
     for name in args.files:
         for index, body in enumerate(_read_reviews(name)):
@@ -285,6 +366,12 @@ def _read_reviews(name: str) -> list[Any]:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from webhook.logs import configure as configure_logs
+    from webhook.server import serve
+    from webhook.settings import check_mode_kinds, load_settings
+
     flags = {
         "state": args.state,
         "kubeconfig": args.kubeconfig,
@@ -300,57 +387,114 @@ def _serve(args: argparse.Namespace) -> int:
         "config": args.config,
         "log_level": args.log_level,
     }
-    try:
-        settings = load_settings(flags)
-    except SettingsError as exc:
-        raise CommandError(str(exc)) from None
+    settings = load_settings(flags)
     configure_logs(settings.log_level)
+    if settings.state:
+        # Check what can be checked before listening: the platform, and the per-kind modes.
+        from webhook.state.manifests import load_platform
+
+        platform = load_platform(settings.state)
+        _require_platform(platform, settings.state)
+        check_mode_kinds(settings.mode_for, list(platform.kinds))
+        kinds = sorted(platform.kinds)
+    else:
+        # Fail before logging anything when there is no cluster to read.
+        from webhook.kube.config import connect, in_cluster
+
+        connect(settings.kubeconfig) if settings.kubeconfig else in_cluster()
+        # A live cluster may declare kinds beyond the bundled platform: warn, don't refuse.
+        from webhook.defaults import platform_dir
+        from webhook.state.manifests import load_platform
+
+        kinds = sorted(load_platform([platform_dir()]).kinds)
+        for kind in check_mode_kinds(settings.mode_for, kinds, strict=False):
+            log.warning(
+                "mode for a kind the bundled platform does not declare",
+                extra={"fields": {"kind": kind, "mode": settings.mode_for[kind]}},
+            )
+    modes = {kind: settings.policy.mode_for(kind) for kind in sorted({*kinds, *settings.mode_for})}
+    log.info("modes", extra={"fields": {"default": settings.mode, "modes": modes}})
+    from webhook.core.guard import QuotaBook
+
     if settings.state and not settings.record_key_file:
-        logging.getLogger("webhook").info(
+        log.info(
             "charge records are signed with a key of this process: records written by another "
             "process are not believed (give --record-key-file to keep one)"
         )
-    # Manifest directories, or the cluster (--kubeconfig, else the pod's service account).
-    quotas = QuotaBook()
-    state = (
-        load_state(settings.state, quotas=quotas, keys=_record_keys(settings.record_key_file))
-        if settings.state
-        else None
-    )
-    try:
-        asyncio.run(serve(state, settings, quotas=quotas))
-    except CertificateError as exc:
-        raise CommandError(str(exc)) from None
+    quotas = QuotaBook()  # filled with the state's ResourceQuotas as it loads
+    load = None
+    if settings.state:
+        paths = settings.state
+        keys = _record_keys(settings.record_key_file)
+
+        def load() -> ReservationState:
+            return _load_state_logging(paths, quotas, keys)
+
+    asyncio.run(serve(None, settings, quotas=quotas, load=load))
     return 0
 
 
-def _guard(args: argparse.Namespace) -> int:
-    from webhook.guard_report import build_guard_report, render_guard_report
+def _load_state_logging(
+    paths: Sequence[str], quotas: QuotaBook, keys: RecordKeys | None
+) -> ReservationState:
+    """Load manifest directories, logging counts every few seconds (the server's progress)."""
+    from webhook.state.manifests import load_state
 
-    mixes = []
-    for size in args.mix:
-        try:
-            mixes.append(parse_quantity(size))
-        except QuantityError as exc:
-            raise CommandError(f"--mix {size!r}: {exc}") from None
+    started = time.monotonic()
+    last = [started]
+
+    def progress(files: int, total: int, manifests: int) -> None:
+        now = time.monotonic()
+        if now - last[0] >= 2.0:
+            last[0] = now
+            log.info(
+                "loading state",
+                extra={"fields": {"files": files, "of": total, "manifests": manifests}},
+            )
+
+    state = load_state(paths, quotas=quotas, keys=keys, progress=progress)
+    _require_platform(state.platform, paths)
+    log.info(
+        "state loaded",
+        extra={
+            "fields": {
+                "applications": len(state),
+                "kinds": len(state.platform.kinds),
+                "seconds": round(time.monotonic() - started, 3),
+            }
+        },
+    )
+    return state
+
+
+def _guard(args: argparse.Namespace) -> int:
+    from webhook.core.guard import QuotaBook
+    from webhook.guard_report import build_guard_report, parse_mixes, print_guard_report
+
+    mixes = parse_mixes(args.mix)
     quotas = QuotaBook()
-    state = load_state(args.state, quotas=quotas)
-    report = build_guard_report(state, quotas, mixes)
-    if args.output == "json":
-        print(json.dumps(report, indent=2))
-    else:
-        print(render_guard_report(report))
-    short = any(row["short"] for row in report["namespaces"])
-    return 1 if args.fail_on == "short" and short else 0
+    state = _load_state(args.state, quotas=quotas)
+    report = build_guard_report(state, quotas, mixes, namespace=args.namespace)
+    return print_guard_report(report, args.output, fail_on_short=args.fail_on == "short")
 
 
 def _certs_generate(args: argparse.Namespace) -> int:
-    try:
-        bundle = generate(
-            Path(args.out), dns_names=args.dns, ip_addresses=args.ip, valid_days=args.days
+    from webhook.tls.certificates import generate
+
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise CommandError(
+            f"--out {args.out}: is a file, not a directory; name a directory "
+            "(it is created when missing)"
         )
-    except CertificateError as exc:
-        raise CommandError(str(exc)) from None
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CommandError(
+            f"--out {args.out}: cannot create the directory: {exc.strerror}; "
+            "name a directory you can write"
+        ) from None
+    bundle = generate(out, dns_names=args.dns, ip_addresses=args.ip, valid_days=args.days)
     print(
         f"wrote {bundle.cert_file}, {bundle.key_file} and {bundle.ca_file} "
         f"(serial {bundle.serial:x}, valid until {bundle.not_after:%Y-%m-%d})"
@@ -359,21 +503,43 @@ def _certs_generate(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    state = load_state(args.state, keys=_record_keys(args.record_key_file))
-    report = build_report(state)
-    if args.json:
-        print(json.dumps(report, indent=2))
+    from webhook.report import build_report, dump, failures, render_report
+
+    state = _load_state(args.state, keys=_record_keys(args.record_key_file))
+    report = build_report(state, namespace=args.namespace)
+    if args.output in ("json", "yaml"):
+        print(dump(report, args.output))
     else:
-        print(render_report(report))
+        print(render_report(report, wide=args.output == "wide"))
+    found = failures(report, args.fail_on)
+    if found:
+        print(f"webhook report: --fail-on: {'; '.join(found)}", file=sys.stderr)
+        return EXIT_FOUND
     return 0
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    platform = load_platform(args.state)
+    from webhook.core.unknown_keys import unknown_key_warnings
+    from webhook.report import dump, explain_charge, render_explanation
+    from webhook.state.manifests import load_platform
+
+    if args.state:
+        platform = load_platform(args.state)
+        _require_platform(platform, args.state)
+    else:
+        from webhook.defaults import platform_dir
+
+        platform = load_platform([platform_dir()])
     namespace = args.namespace
     if args.object:
         document = _read_document(args.object)
-        kind = args.kind or document.get("kind")
+        written = document.get("kind")
+        if args.kind and isinstance(written, str) and written and written != args.kind:
+            raise CommandError(
+                f"--kind {args.kind} contradicts {args.object}, which is a {written}; "
+                "drop --kind or pass the right object"
+            )
+        kind = args.kind or written
         if not isinstance(kind, str) or not kind:
             raise CommandError(f"{args.object}: kind: missing (or pass --kind)")
         spec = document.get("spec")
@@ -382,16 +548,50 @@ def _evaluate(args: argparse.Namespace) -> int:
             namespace = str(metadata.get("namespace") or "")
     else:
         if not args.kind:
-            raise CommandError("--values needs --kind")
+            raise CommandError("--values needs --kind KIND, e.g. --kind VMInstance")
         kind, spec = args.kind, _read_document(args.values, allow_empty=True)
+    found = platform.kind(kind)
+    if found is None:
+        from webhook.core.spelling import did_you_mean
+
+        raise CommandError(
+            f"{kind}: unknown application kind{did_you_mean(kind, platform.kinds)}; "
+            f"known kinds: {', '.join(sorted(platform.kinds))}"
+        )
     charge = platform.charge(kind, spec, namespace=namespace)
-    output = explain_charge(charge) if args.explain else charge.as_strings()
-    print(json.dumps(output, sort_keys=not args.explain))
+    for warning in unknown_key_warnings(kind, spec, found.schema):
+        print(f"warning: {warning}", file=sys.stderr)
+    if not args.explain:
+        output = args.output or "json"
+        if output == "json":
+            print(json.dumps(charge.as_strings(), sort_keys=True))
+        elif output == "yaml":
+            print(dump(charge.as_strings(), "yaml"))
+        else:
+            print("\n".join(f"{k}: {v}" for k, v in sorted(charge.as_strings().items())))
+        return 0
+    explained = explain_charge(charge, written=spec, defaulted=found.defaulted(spec))
+    output = args.output or ("table" if sys.stdout.isatty() else "json")
+    if output == "table":
+        print(render_explanation(explained))
+    elif output == "yaml":
+        print(dump(explained, "yaml"))
+    else:
+        print(json.dumps(explained))
     return 0
 
 
 def _contract_schema(args: argparse.Namespace) -> int:
+    from webhook.core.contract_schema import CONTRACT_SCHEMA
+
     print(json.dumps(CONTRACT_SCHEMA, indent=2))
+    return 0
+
+
+def _completion(args: argparse.Namespace) -> int:
+    import shtab
+
+    print(shtab.complete(args.parser, shell=args.shell))
     return 0
 
 
@@ -403,7 +603,10 @@ def _read_document(name: str, *, allow_empty: bool = False) -> Any:
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise CommandError(f"{name}: not YAML or JSON: {exc}") from None
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}:" if mark is not None else ""
+        reason = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        raise CommandError(f"{name}:{where} not YAML or JSON: {reason}") from None
     if document is None and allow_empty:
         return None
     if not isinstance(document, Mapping):

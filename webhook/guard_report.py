@@ -9,11 +9,13 @@ Namespaces whose admitted applications cannot all run come first.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from decimal import Decimal
-from typing import Any
+from typing import Any, Final
 
 from webhook.core import resources as rl
+from webhook.core.errors import QuantityError
 from webhook.core.guard import (
     QuotaBook,
     factor_for_mix,
@@ -21,24 +23,34 @@ from webhook.core.guard import (
     render_tenant_quota,
     smallest_factor,
 )
-from webhook.core.quantities import format_quantity
+from webhook.core.quantities import format_quantity, parse_quantity
 from webhook.core.state import ReservationState
+from webhook.report import dump, human_quantity
 
-__all__ = ["build_guard_report", "render_guard_report"]
+__all__ = ["build_guard_report", "parse_mixes", "print_guard_report", "render_guard_report"]
+
+EXIT_SHORT: Final = 1
 
 
 def build_guard_report(
-    state: ReservationState, quotas: QuotaBook, mixes: Iterable[Decimal] = ()
+    state: ReservationState,
+    quotas: QuotaBook,
+    mixes: Iterable[Decimal] = (),
+    *,
+    namespace: str = "",
 ) -> dict[str, Any]:
-    """The guard report as data (the ``-o json`` shape)."""
+    """The guard report as data (the ``-o json`` shape); with ``namespace``, that namespace
+    and the tenant namespaces below it."""
     mixes = list(mixes)
     namespaces = {node.namespace for node in state.tree.nodes() if node.budget}
     namespaces.update(quotas.namespaces())
+    if namespace:
+        namespaces &= _subtree(state, namespace)
     rows = []
-    for namespace in sorted(namespaces):
-        node = state.tree.get(namespace)
+    for row_namespace in sorted(namespaces):
+        node = state.tree.get(row_namespace)
         budget = dict(node.budget) if node is not None else {}
-        observed = quotas.quotas(namespace)
+        observed = quotas.quotas(row_namespace)
         hard: dict[str, Decimal] = {}
         binding: dict[str, str] = {}
         if observed:
@@ -52,7 +64,7 @@ def build_guard_report(
             source = "rendered"
         need_total, unknown = namespace_need(
             (key, record.resources if record else None)
-            for key, record in state.records_in(namespace)
+            for key, record in state.records_in(row_namespace)
         )
         short = {
             key: need_total[key] - hard[key]
@@ -60,7 +72,7 @@ def build_guard_report(
             if key in hard and need_total[key] > hard[key]
         }
         row: dict[str, Any] = {
-            "namespace": namespace,
+            "namespace": row_namespace,
             "guard": source,
             "hard": rl.to_strings({k: v for k, v in hard.items() if k.startswith("requests.")}),
             "need": rl.to_strings(need_total),
@@ -78,6 +90,40 @@ def build_guard_report(
         rows.append(row)
     rows.sort(key=lambda row: (not row["short"], row["namespace"]))
     return {"namespaces": rows}
+
+
+def _subtree(state: ReservationState, namespace: str) -> set[str]:
+    """``namespace`` and every tenant namespace below it."""
+    found = {namespace}
+    node = state.tree.get(namespace)
+    stack = [node] if node is not None else []
+    while stack:
+        current = stack.pop()
+        for child in current.children.values():
+            found.add(child.namespace)
+            stack.append(child)
+    return found
+
+
+def parse_mixes(sizes: Iterable[str]) -> list[Decimal]:
+    """``--mix`` sizes as quantities; a bad one is a :class:`ReservationError` naming it."""
+    mixes = []
+    for size in sizes:
+        try:
+            mixes.append(parse_quantity(size))
+        except QuantityError as exc:
+            raise QuantityError(f"--mix {size!r}: {exc}") from None
+    return mixes
+
+
+def print_guard_report(report: dict[str, Any], output: str, *, fail_on_short: bool) -> int:
+    """Print the report as asked; the exit status (1 when asked to fail on a short namespace)."""
+    print(dump(report, output) if output in ("json", "yaml") else render_guard_report(report))
+    short = [row["namespace"] for row in report["namespaces"] if row["short"]]
+    if fail_on_short and short:
+        print(f"guard: --fail-on short: {', '.join(short)}", file=sys.stderr)
+        return EXIT_SHORT
+    return 0
 
 
 def render_guard_report(report: dict[str, Any]) -> str:
@@ -104,4 +150,4 @@ def render_guard_report(report: dict[str, Any]) -> str:
 
 
 def _pairs(values: dict[str, str]) -> str:
-    return ",".join(f"{key}={value}" for key, value in values.items())
+    return ",".join(f"{key}={human_quantity(value)}" for key, value in values.items())

@@ -1,40 +1,58 @@
-"""The pools report: budget, reserved, available and overcommitted per pool, as data or a table.
+"""The pools report and charge explanations: data for JSON and YAML, tables for people.
 
 Also lists what an operator must look at, first: applications whose reservation is unknown (they
 block their pool), applications whose values no longer evaluate (they keep their recorded charge),
 platform objects left out or kept at their last good version, kinds that cannot be listed; then,
 after the pools, applications whose recorded charge differs from what today's contract says
 (drift).
+
+Data (``-o json``, ``-o yaml``) carries exact canonical quantities (``13056Mi``); tables carry
+human ones (``12.75Gi``), and ``-o wide`` adds every column.
 """
 
 from __future__ import annotations
 
-from decimal import Decimal
-from typing import Any
+import json
+import re
+from collections.abc import Mapping, Sequence
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Any, Final
 
 from webhook.core import resources as rl
 from webhook.core.applications import Application
 from webhook.core.evaluation import Charge
 from webhook.core.overcommit import apply_factors, format_factors
-from webhook.core.quantities import format_quantity
+from webhook.core.quantities import format_quantity, parse_quantity
 from webhook.core.state import ReservationState
-from webhook.core.tenants import TENANT_KIND
+from webhook.core.tenants import TENANT_KIND, ancestors
 
 __all__ = [
+    "FAIL_ON",
+    "OUTPUTS",
     "build_report",
+    "dump",
     "explain_charge",
     "explain_factor",
+    "failures",
+    "human_quantity",
     "render_explanation",
     "render_report",
 ]
 
+OUTPUTS: Final = ("table", "wide", "json", "yaml")
+FAIL_ON: Final = ("unknown", "drift", "overcommitted")
+_BINARY: Final = (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20))
 _ZERO = Decimal(0)
 
 
-def build_report(state: ReservationState) -> dict[str, Any]:
+def build_report(state: ReservationState, *, namespace: str = "") -> dict[str, Any]:
+    """Every pool, or with ``namespace`` the pool it is in and every pool below it."""
+    inside = _scope(state, namespace)
     pools = []
     discounts = state.pool_discounts()
     for pool in state.tree.pools():
+        if inside is not None and pool.namespace not in inside["pools"]:
+            continue
         entry = {
             "pool": pool.namespace,
             "budget": rl.to_strings(pool.budget),
@@ -58,13 +76,20 @@ def build_report(state: ReservationState) -> dict[str, Any]:
                 soldBeyondBudget=beyond,
             )
         pools.append(entry)
+
+    def wanted(ns: str) -> bool:
+        return not namespace or namespace in ancestors(ns)
+
     unknown = [
         {"application": f"{kind}/{name}", "namespace": ns, "reason": reason}
         for (kind, ns, name), reason in sorted(state.unknown().items())
+        if wanted(ns)
     ]
     failing = []
     drift = []
     for (kind, ns, name), record in sorted(state.records()):
+        if not wanted(ns):
+            continue
         where = {"application": f"{kind}/{name}", "namespace": ns}
         if record.problem:
             failing.append({**where, "reason": record.problem})
@@ -84,7 +109,7 @@ def build_report(state: ReservationState) -> dict[str, Any]:
         for kind in sorted(state.platform.kinds)
         if (reason := state.kind_unavailable(kind))
     ]
-    return {
+    report: dict[str, Any] = {
         "unknown": unknown,
         "unevaluable": failing,
         "platformProblems": list(state.platform.problems),
@@ -92,9 +117,101 @@ def build_report(state: ReservationState) -> dict[str, Any]:
         "pools": pools,
         "drift": drift,
     }
+    if inside is not None:
+        report["namespace"] = {
+            "name": namespace,
+            "known": inside["known"],
+            "pool": inside["pool"],
+            # Cozystack's EnforcedHard: what this namespace's own applications could still hold.
+            "ceiling": rl.to_strings(state.tree.ceiling(namespace)),
+        }
+    return report
 
 
-def render_report(report: dict[str, Any]) -> str:
+def _scope(state: ReservationState, namespace: str) -> dict[str, Any] | None:
+    if not namespace:
+        return None
+    root = state.tree.pool_root(namespace)
+    below = {
+        pool.namespace for pool in state.tree.pools() if namespace in ancestors(pool.namespace)
+    }
+    return {
+        "known": state.tree.get(namespace) is not None,
+        "pool": root.namespace if root is not None else None,
+        "pools": below | ({root.namespace} if root is not None else set()),
+    }
+
+
+def failures(report: Mapping[str, Any], fail_on: Sequence[str]) -> list[str]:
+    """What ``--fail-on`` asked about and the report found, one phrase each."""
+    found = []
+    if "unknown" in fail_on:
+        count = len(report["unknown"]) + len(report["unevaluable"])
+        if count:
+            found.append(f"{count} application(s) with an unknown or unevaluable reservation")
+    if "drift" in fail_on and report["drift"]:
+        found.append(f"{len(report['drift'])} application(s) with contract drift")
+    if "overcommitted" in fail_on:
+        over = [p["pool"] for p in report["pools"] if p["overcommitted"]]
+        if over:
+            found.append(f"{len(over)} overcommitted pool(s): {', '.join(over)}")
+    return found
+
+
+def dump(data: Any, output: str) -> str:
+    """Data as JSON (indented) or YAML, exact quantities as they are."""
+    if output == "yaml":
+        import yaml
+
+        return str(yaml.safe_dump(data, sort_keys=False, default_flow_style=False)).rstrip("\n")
+    return json.dumps(data, indent=2)
+
+
+def human_quantity(text: str) -> str:
+    """A canonical quantity for a table: ``13056Mi`` reads ``12.75Gi``, ``7500m`` reads ``7.5``.
+
+    Binary byte quantities are shown in the largest unit they reach, to two decimals at most;
+    the exact figure is what JSON and YAML carry.
+    """
+    if text.endswith("m") and text[:-1].isdigit() and int(text[:-1]) >= 1000:
+        return f"{Decimal(text[:-1]).scaleb(-3).normalize():f}"  # 7500m of CPU reads 7.5
+    if not text.endswith(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")):
+        return text
+    value = parse_quantity(text)
+    for suffix, unit in _BINARY:
+        if value >= unit:
+            shown = (value / unit).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
+            return f"{shown.normalize():f}{suffix}"
+    return text
+
+
+def render_report(report: dict[str, Any], *, wide: bool = False) -> str:
+    """The report as tables: a row per pool and resource, then what needs a look.
+
+    One row per resource keeps the table narrow whatever keys a budget sets; ``wide`` adds who
+    is in each pool and its carve-outs.
+    """
+    header = ["POOL", "RESOURCE", "BUDGET", "RESERVED", "AVAILABLE", "OVERCOMMITTED", "MEMBERS"]
+    if wide:
+        header.append("CARVE-OUTS")
+    rows = [tuple(header)]
+    for pool in report["pools"]:
+        for index, key in enumerate(pool["budget"]):
+            first = index == 0
+            members = ",".join(pool["members"]) if wide else str(len(pool["members"]))
+            row = [
+                pool["pool"] if first else "",
+                key,
+                human_quantity(pool["budget"][key]),
+                human_quantity(pool["reserved"].get(key, "0")),
+                human_quantity(pool["available"].get(key, "0")),
+                human_quantity(pool["overcommitted"][key]) if key in pool["overcommitted"] else "-",
+                members if first else "",
+            ]
+            if wide:
+                row.append((",".join(pool["carveOuts"]) or "-") if first else "")
+            rows.append(tuple(row))
+    # What an operator must act on comes first: unknown reservations block their pools.
     lines: list[str] = []
     for title, key in (
         ("Unknown reservations (their pools grant nothing more until fixed or deleted)", "unknown"),
@@ -112,26 +229,24 @@ def render_report(report: dict[str, Any]) -> str:
         lines += ["Kinds that cannot be listed (their writes are denied):"]
         lines += [f"  {i['kind']}: {i['reason']}" for i in report["unavailableKinds"]]
         lines.append("")
-    rows = [("POOL", "BUDGET", "RESERVED", "AVAILABLE", "OVERCOMMITTED", "MEMBERS", "CARVE-OUTS")]
-    for pool in report["pools"]:
-        rows.append(
-            (
-                pool["pool"],
-                _pairs(pool["budget"]),
-                _pairs(pool["reserved"]),
-                _pairs(pool["available"]),
-                _pairs(pool["overcommitted"]) or "-",
-                ",".join(pool["members"]),
-                ",".join(pool["carveOuts"]) or "-",
-            )
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines += [
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    ]
+    lines += _table(rows)
+    scope = report.get("namespace")
     if len(rows) == 1:
-        lines.append("(no tenant declares a quota)")
+        if scope is None:
+            lines.append("(no tenant declares a quota)")
+        elif not scope["known"]:
+            lines.append(
+                f"(namespace {scope['name']} is unknown: no tenant owns it and no application "
+                "lives in it)"
+            )
+        else:
+            lines.append(f"(no quota at or above {scope['name']}: it is in no pool)")
+    if scope is not None and scope["known"]:
+        where = f"in pool {scope['pool']}" if scope["pool"] else "in no pool"
+        lines += ["", f"{scope['name']} is {where}."]
+        if scope["ceiling"]:
+            pairs = _pairs(scope["ceiling"], human=True).replace(",", ", ")
+            lines.append(f"{scope['name']}'s own applications can reserve at most: {pairs}")
     discounted = [pool for pool in report["pools"] if pool.get("discount")]
     if discounted:
         lines += ["", "Overcommit factors (committed = reserved + discount):"]
@@ -151,8 +266,16 @@ def render_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _pairs(resources: dict[str, str]) -> str:
-    return ",".join(f"{k}={v}" for k, v in resources.items())
+def _table(rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+
+
+def _pairs(resources: Mapping[str, str], *, human: bool = False) -> str:
+    return ",".join(f"{k}={human_quantity(v) if human else v}" for k, v in resources.items())
 
 
 def explain_factor(state: ReservationState, app: Application, charge: Charge) -> dict[str, Any]:
@@ -178,8 +301,33 @@ def explain_factor(state: ReservationState, app: Application, charge: Charge) ->
     }
 
 
-def explain_charge(charge: Charge, *, overcommit: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A charge term by term: which path, which instance type or preset, which count."""
+def explain_charge(
+    charge: Charge,
+    *,
+    written: object = None,
+    defaulted: object = None,
+    overcommit: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A charge term by term: which path, which instance type or preset, which count.
+
+    Given the values as ``written`` and as ``defaulted`` by the schema, it also lists the
+    defaults the tenant did not write, and marks a term whose source is one of them.
+    """
+    defaults = schema_defaults(written, defaulted) if defaulted is not None else {}
+    default_names = {v for v in defaults.values() if isinstance(v, str)}
+    terms = []
+    for term in charge.terms:
+        entry: dict[str, Any] = {"term": term.term}
+        if term.path:
+            entry["path"] = term.path
+        entry["count"] = format_quantity(term.count)
+        if term.source:
+            entry["source"] = term.source
+            used = sorted(n for n in default_names if n and _names(term.source, n))
+            if used:
+                entry["schemaDefaults"] = used
+        entry["resources"] = rl.to_strings(term.resources)
+        terms.append(entry)
     return {
         **({"overcommit": overcommit} if overcommit else {}),
         "kind": charge.kind,
@@ -187,41 +335,69 @@ def explain_charge(charge: Charge, *, overcommit: dict[str, Any] | None = None) 
         "digest": charge.digest,
         "contractDigest": charge.contract_digest,
         **({"exempt": charge.exempt_reason} if charge.exempt_reason else {}),
-        "terms": [
-            {
-                "term": term.term,
-                **({"path": term.path} if term.path else {}),
-                "count": format_quantity(term.count),
-                **({"source": term.source} if term.source else {}),
-                "resources": rl.to_strings(term.resources),
-            }
-            for term in charge.terms
-        ],
+        "terms": terms,
+        **({"defaults": defaults} if defaults else {}),
     }
 
 
-def render_explanation(explained: dict[str, Any], *, recorded: dict[str, Any] | None) -> str:
+MAX_DEFAULTS: Final = 40
+
+
+def _names(text: str, name: str) -> bool:
+    """Whether ``text`` mentions ``name`` as a whole word (``u1.medium``, not ``u1.medium2``)."""
+    return re.search(rf"(?<![\w.-]){re.escape(name)}(?![\w.-])", text) is not None
+
+
+def schema_defaults(written: object, defaulted: object, path: str = "") -> dict[str, Any]:
+    """The scalar values present in ``defaulted`` but not in ``written``, by dotted path."""
+    found: dict[str, Any] = {}
+    if isinstance(defaulted, Mapping):
+        mine = written if isinstance(written, Mapping) else {}
+        for key, value in defaulted.items():
+            where = f"{path}.{key}" if path else str(key)
+            if key not in mine:
+                if isinstance(value, Mapping | list):
+                    found.update(schema_defaults(None, value, where))
+                else:
+                    found[where] = value
+            else:
+                found.update(schema_defaults(mine[key], value, where))
+            if len(found) >= MAX_DEFAULTS:
+                break
+    elif isinstance(defaulted, list) and not isinstance(written, list):
+        for index, value in enumerate(defaulted):
+            found.update(schema_defaults(None, value, f"{path}[{index}]"))
+    return dict(list(found.items())[:MAX_DEFAULTS])
+
+
+def render_explanation(
+    explained: dict[str, Any], *, recorded: dict[str, Any] | None = None, wide: bool = False
+) -> str:
     """The explanation as a table, with the recorded charge when it differs (drift)."""
+    human = True
     rows = [("TERM", "PATH", "COUNT", "SOURCE", "RESERVES")]
     for term in explained["terms"]:
+        source = term.get("source", "-")
+        if term.get("schemaDefaults"):
+            source += f" ({', '.join(term['schemaDefaults'])}: schema default, not written)"
         rows.append(
             (
                 term["term"],
                 term.get("path", "-"),
                 term["count"],
-                term.get("source", "-"),
-                _pairs(term["resources"]) or "-",
+                source,
+                _pairs(term["resources"], human=human) or "-",
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = [f"{explained['kind']} reserves {_pairs(explained['charge']) or 'nothing'}"]
+    charge = _pairs(explained["charge"], human=human) or "nothing"
+    lines = [f"{explained['kind']} reserves {charge}"]
     if explained.get("exempt"):
         lines.append(f"exempt: {explained['exempt']}")
     else:
-        lines += [
-            "",
-            *("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows),
-        ]
+        lines += ["", *_table(rows)]
+    if explained.get("defaults"):
+        lines += ["", "Not written, so the schema's defaults were used:"]
+        lines += [f"  {k}: {json.dumps(v)}" for k, v in explained["defaults"].items()]
     factor = explained.get("overcommit")
     if factor:
         lines += [

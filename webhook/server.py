@@ -21,20 +21,30 @@ from aiohttp import web
 
 from webhook.admission import Admission
 from webhook.core.guard import QuotaBook
+from webhook.core.platform import Platform
 from webhook.core.state import ReservationState, recount
-from webhook.http.app import create_app, create_metrics_app, metrics_key, readiness_key
+from webhook.http.app import (
+    create_app,
+    create_metrics_app,
+    edges_key,
+    metrics_key,
+    readiness_key,
+)
+from webhook.http.edges import observe_handshakes
 from webhook.kube.client import KubeClient
+from webhook.kube.config import connect, in_cluster
 from webhook.kube.lease import LeaderElector
 from webhook.ledger import Ledger, LedgerSettings
 from webhook.record_keys import RecordKeySecret
 from webhook.settings import Settings
 from webhook.state.live import LiveSettings, LiveState
 from webhook.state.quotas import QuotaWatch
+from webhook.state.room import RoomWatch
 from webhook.tls.contexts import CertificateReloader
 from webhook.tls.rotation import MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS, CertificateRotator
 from webhook.waits import sleep_unless_stopped
 
-__all__ = ["LiveServices", "WebhookServer", "serve"]
+__all__ = ["ListenError", "LiveServices", "WebhookServer", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +85,11 @@ class LiveServices:
         self.live.required["ledger (tenantreservations)"] = lambda: self.ledger.synced
         # The pod-level guard: warnings only, so readiness does not wait for it.
         self.quotas = QuotaWatch(client, read_timeout=settings.watch_read_timeout)
+        # "No node has room right now": off unless the operator grants the server read access
+        # to nodes and pods and sets WEBHOOK_ROOM_WARNINGS=on (see "Making room for a VM").
+        self.room: RoomWatch | None = None
+        if os.environ.get("WEBHOOK_ROOM_WARNINGS", "off") == "on":
+            self.room = RoomWatch(client)
         self.elector = LeaderElector(
             client,
             namespace=settings.namespace,
@@ -116,6 +131,7 @@ class LiveServices:
             self.live.run(stop),
             self.ledger.reflector.run(stop),
             self.quotas.run(stop),
+            *([self.room.run(stop)] if self.room is not None else []),
             self.elector.run(stop),
             self._duties(stop),
         )
@@ -190,7 +206,7 @@ class WebhookServer:
 
     def __init__(
         self,
-        state: ReservationState | None,
+        state: ReservationState | Callable[[], ReservationState] | None,
         settings: Settings,
         *,
         services: LiveServices | None = None,
@@ -205,6 +221,7 @@ class WebhookServer:
                 settings.policy,
                 reserver=services.ledger,
                 quotas=services.quotas.book,
+                room=services.room.book if services.room is not None else None,
             )
         elif state is not None:
             self.admission = Admission(state, settings.policy, quotas=quotas)
@@ -215,6 +232,7 @@ class WebhookServer:
         self.reloader = CertificateReloader(
             settings.cert_file, settings.key_file, client_ca=client_ca
         )
+        observe_handshakes(self.reloader.context, self.app[edges_key])
         metrics = self.app[metrics_key]
         metrics.certificate_expiry.set_function(lambda: self.reloader.not_after.timestamp())
         if services is not None:
@@ -302,11 +320,18 @@ async def _now(function: Callable[..., object], *args: object) -> None:
 
 
 async def serve(
-    state: ReservationState | None, settings: Settings, *, quotas: QuotaBook | None = None
+    state: ReservationState | None,
+    settings: Settings,
+    *,
+    quotas: QuotaBook | None = None,
+    load: Callable[[], ReservationState] | None = None,
 ) -> None:
     """Serve until SIGTERM or SIGINT: on ``state``, or on the cluster when it is ``None``.
 
     ``quotas`` are the ResourceQuotas read with ``state`` (the pod-level guard's warnings).
+    With ``load``, the state is loaded in a thread after the listener is up, so ``/livez``
+    answers while a large state loads; until it is loaded ``/readyz`` fails and every request
+    is denied "state not synced" (fail closed). A load that fails stops the server.
     """
     services = None
     if state is not None:
@@ -314,20 +339,51 @@ async def serve(
         # (a full collection over 200,000 applications pauses for tens of milliseconds).
         gc.collect()
         gc.freeze()
-    if state is None:
-        client = (
-            KubeClient.from_kubeconfig(settings.kubeconfig)
-            if settings.kubeconfig
-            else KubeClient.in_cluster()
-        )
+    current = [state if state is not None else ReservationState(Platform(), synced=False)]
+
+    def state_of() -> ReservationState:
+        return current[0]
+
+    if state is None and load is None:
+        client = connect(settings.kubeconfig) if settings.kubeconfig else in_cluster()
         services = LiveServices(client, settings)
-        if services.rotator is not None:
-            await services.rotator.bootstrap(Path(settings.cert_dir))
-    server = WebhookServer(state, settings, services=services, quotas=quotas)
+        try:
+            if services.rotator is not None:
+                await services.rotator.bootstrap(Path(settings.cert_dir))
+        except BaseException:
+            await client.close()
+            raise
+    server = WebhookServer(
+        state_of if state is not None or load is not None else None,
+        settings,
+        services=services,
+        quotas=quotas,
+    )
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, server.stop)
-    await server.start()
+    try:
+        await server.start()
+    except OSError as exc:
+        server.stop()
+        await server.wait()  # closes what did start (a listener, the cluster client)
+        if server.port:  # the admission port bound: the metrics port did not
+            where, flag = f"{settings.metrics_host}:{settings.metrics_port}", "--metrics-listen"
+        else:
+            where, flag = f"{settings.listen_host}:{settings.listen_port}", "--listen"
+        raise ListenError(
+            f"cannot listen on {where}: {exc.strerror or exc}; pass another {flag} HOST:PORT "
+            "or stop what holds it"
+        ) from None
+    if load is not None:
+        try:
+            current[0] = await asyncio.to_thread(load)
+            gc.collect()  # as for a state given loaded, above
+            gc.freeze()
+        except BaseException:
+            server.stop()
+            await server.wait()
+            raise
     await server.wait()
 
 
@@ -336,3 +392,7 @@ def _bound_port(site: web.TCPSite, asked: int) -> int:
     server = site._server  # the bound asyncio server
     sockets = getattr(server, "sockets", None) or ()
     return int(sockets[0].getsockname()[1]) if sockets else asked
+
+
+class ListenError(OSError):
+    """The listener cannot bind (the port is taken, the address is not ours)."""

@@ -20,8 +20,11 @@ import yaml
 
 from webhook.core.decisions import MODES, Mode, Policy
 from webhook.core.overcommit import DEFAULT_ADMINS, DEFAULT_MAXIMUM, DEFAULT_STEP, OvercommitRules
+from webhook.core.spelling import did_you_mean
 
-__all__ = ["Settings", "SettingsError", "load_settings"]
+__all__ = ["LOG_LEVELS", "Settings", "SettingsError", "check_mode_kinds", "load_settings"]
+
+LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 # controller-runtime's bound: two 1.5 MB etcd objects (object and oldObject) plus envelope.
 MAX_REQUEST_BYTES: Final = 7 * 1024 * 1024
@@ -170,7 +173,6 @@ def _build(raw: Mapping[str, Any]) -> Settings:
     for name in (
         "cert_dir",
         "client_ca",
-        "log_level",
         "namespace",
         "replica",
         "lease_name",
@@ -178,6 +180,8 @@ def _build(raw: Mapping[str, Any]) -> Settings:
     ):
         if name in raw:
             values[name] = str(raw[name])
+    if "log_level" in raw:
+        values["log_level"] = _log_level(raw["log_level"])
     if "timeout_seconds" in raw:
         timeout = _number("timeout-seconds", raw["timeout_seconds"], integer=True)
         if not 1 <= timeout <= 30:
@@ -236,6 +240,38 @@ def _mode(name: str, value: Any) -> Mode:
     if value not in MODES:
         raise SettingsError(f"{name}: {value!r} is not one of {', '.join(MODES)}")
     return cast(Mode, value)
+
+
+def _log_level(value: Any) -> str:
+    level = str(value).upper()
+    if level not in LOG_LEVELS:
+        choices = ", ".join(name.lower() for name in LOG_LEVELS)
+        raise SettingsError(f"log-level: {value!r} is not one of {choices}")
+    return level
+
+
+def check_mode_kinds(
+    mode_for: Mapping[str, Mode], known: Sequence[str], *, strict: bool = True
+) -> list[str]:
+    """Refuse a per-kind mode for a kind that does not exist or is mis-cased.
+
+    A kind named with the wrong case (``postgres``) is always refused with the right spelling:
+    kinds are case-sensitive and the mode would silently never apply. A kind the platform does
+    not know is refused when ``strict`` (the platform is all there is, as with ``--state``);
+    otherwise it is returned, for a warning (a live cluster may add kinds later).
+    """
+    unknown = []
+    for kind in mode_for:
+        if kind in known:
+            continue
+        hint = did_you_mean(kind, known)
+        if strict or hint:
+            names = ", ".join(sorted(known)) or "none"
+            raise SettingsError(
+                f"mode-for {kind}: no such application kind{hint}; known kinds: {names}"
+            )
+        unknown.append(kind)
+    return unknown
 
 
 def _mode_for(value: Any) -> dict[str, Mode]:

@@ -183,7 +183,7 @@ def test_zero_count_charges_nothing() -> None:
         pytest.param(
             [{"name": "db", "count": "$.replicas", "storage": "1Gi"}],
             {"replicas": "1.5"},
-            "Thing: replicas: 1500m is not a whole number",
+            'Thing: replicas: "1.5" is not a whole number (a count is digits only)',
             id="fractional-count",
         ),
         pytest.param(
@@ -338,4 +338,4 @@ def test_a_required_value_of_zero_counts_as_unset_like_a_chart_if() -> None:
 def test_a_charge_past_what_a_kubernetes_quantity_holds_fails_closed() -> None:
     terms = [{"name": "w", "count": "$.n", "storage": "$.size"}]
     with pytest.raises(EvaluationError, match="exceeds what a Kubernetes quantity holds"):
-        charge(terms, {"n": 2**62, "size": "4Ei"})
+        charge(terms, {"n": 100_000, "size": "1Ei"})  # counts stop at 100,000; 2^60 x that

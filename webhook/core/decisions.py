@@ -50,6 +50,7 @@ from webhook.core.records import parse_recorded_charge, record_annotation, sign,
 from webhook.core.reviews import AdmissionRequest, Response
 from webhook.core.state import ReservationState
 from webhook.core.tenants import TENANT_KIND, TENANT_NAME, owned_namespace, parse_budget
+from webhook.core.unknown_keys import unknown_key_warnings
 
 Factors = dict[str, Decimal]
 
@@ -264,6 +265,7 @@ def _decide_application(
         committed=charge.resources if priced.reserved != charge.resources else None,
         factor=priced.label,
     )
+    facts.warnings.extend(unknown_key_warnings(request.kind, app.spec, kind.schema))
     contribution = dict(delta)
     if request.kind == TENANT_KIND:
         tenant = _tenant_change(request, state, app, facts)

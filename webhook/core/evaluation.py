@@ -17,7 +17,7 @@ import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, localcontext
-from typing import Any
+from typing import Any, Final
 
 from webhook.core import resources as rl
 from webhook.core.catalog import Catalog
@@ -154,6 +154,12 @@ class _Size:
 
 
 _ABSENT = object()
+
+# The most a count read from values may be (replicas, shards, maxReplicas ...). Kubernetes'
+# own replica fields are int32, but no Cozystack application runs anywhere near this many of
+# anything; past it a typo (``1e12``) would otherwise become an absurd charge.
+MAX_COUNT: Final = 100_000
+_DIGITS: Final = frozenset("0123456789")
 
 
 @dataclass
@@ -402,10 +408,9 @@ class _Run:
         raise AssertionError(expression)  # pragma: no cover - exhaustive over CountExpr
 
     def number(self, raw: object, where: str, *, integer: bool) -> Decimal:
-        value = self.quantity(raw, where)
-        if integer and value != value.to_integral_value():
-            raise EvaluationError(where, f"{format_quantity(value)} is not a whole number")
-        return value
+        if integer:
+            return count(raw, where)
+        return self.quantity(raw, where)
 
     def quantity(self, raw: object, where: str) -> Decimal:
         try:
@@ -488,3 +493,38 @@ def _join(prefix: str, rest: str) -> str:
     if not prefix:
         return rest
     return f"{prefix}{rest}" if rest.startswith("[") else f"{prefix}.{rest}"
+
+
+def count(raw: object, where: str) -> Decimal:
+    """A count as written in values: a whole number from 0 to :data:`MAX_COUNT`.
+
+    Digits only: no suffix (``1Ei``), exponent (``1e12``), fraction or boolean. The error
+    quotes the value as the tenant typed it (``2.5``, ``true``), never a converted form.
+    """
+    value: int | None = None
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        value = raw
+    elif (isinstance(raw, float) and raw.is_integer() and abs(raw) <= MAX_COUNT) or (
+        isinstance(raw, str) and 0 < len(raw) <= 20 and set(raw) <= _DIGITS
+    ):
+        value = int(raw)
+    if value is None:
+        raise EvaluationError(
+            where, f"{_as_typed(raw)} is not a whole number (a count is digits only)"
+        )
+    if value < 0:
+        raise EvaluationError(where, f"{_as_typed(raw)} must not be negative")
+    if value > MAX_COUNT:
+        raise EvaluationError(
+            where, f"{_as_typed(raw)} is more than {MAX_COUNT:,}, the most a count may be"
+        )
+    return Decimal(value)
+
+
+def _as_typed(raw: object) -> str:
+    """A value as it appeared in YAML or JSON, shortened: ``true``, ``2.5``, ``"1Ei"``."""
+    try:
+        text = json.dumps(raw)
+    except (TypeError, ValueError):
+        text = type(raw).__name__
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -9,10 +9,12 @@ ApplicationDefinition or a ``ReservationContract`` object for a contract, a Conf
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Mapping
 from functools import cache
 from importlib import resources
-from typing import Any
+from pathlib import Path
+from typing import Any, Final
 
 import yaml
 
@@ -20,7 +22,18 @@ from webhook.core.catalog import Preset, presets_from_table
 from webhook.core.contracts import Contract
 from webhook.core.platform import contracts_from_documents
 
-__all__ = ["contract_documents", "default_contracts", "default_presets"]
+__all__ = [
+    "PLATFORM_SOURCE",
+    "contract_documents",
+    "default_contracts",
+    "default_presets",
+    "defaults_digest",
+    "platform_dir",
+]
+
+# Where ``platform/`` was copied from (its PROVENANCE.md says file by file); ``--version``
+# prints it. The same files are ``fixtures/cozystack``, and a test keeps the two identical.
+PLATFORM_SOURCE: Final = "cozystack/cozystack@3c780acd417f"
 
 
 def contract_documents() -> Iterator[tuple[str, Mapping[str, Any]]]:
@@ -44,3 +57,23 @@ def default_presets() -> Mapping[str, Preset]:
     """Cozystack's preset table, legacy aliases included."""
     text = resources.files(__package__).joinpath("resource-presets.yaml").read_text("utf-8")
     return presets_from_table(yaml.safe_load(text))
+
+
+def platform_dir() -> Path:
+    """The bundled Cozystack platform: ApplicationDefinitions and instance types, as manifests.
+
+    ``webhook evaluate`` uses it when no ``--state`` is given, so an installed package charges
+    the shipped kinds without a clone of this repository.
+    """
+    return Path(str(resources.files(__package__).joinpath("platform")))
+
+
+@cache
+def defaults_digest() -> str:
+    """A digest of everything shipped as data (contracts, presets, platform), for ``--version``."""
+    digest = hashlib.sha256()
+    root = Path(str(resources.files(__package__)))
+    for path in sorted(p for p in root.rglob("*") if p.suffix in (".yaml", ".md")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]

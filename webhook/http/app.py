@@ -29,6 +29,7 @@ from aiohttp import web
 from webhook.admission import Admission, internal_error
 from webhook.core.decisions import Decision, errored
 from webhook.core.reviews import AdmissionRequest, ReviewError, parse_review, review_response
+from webhook.http.edges import EdgeLog
 from webhook.http.metrics import Metrics
 from webhook.settings import MAX_REQUEST_BYTES, Settings
 
@@ -38,6 +39,7 @@ __all__ = [
     "admission_key",
     "create_app",
     "create_metrics_app",
+    "edges_key",
     "metrics_key",
     "readiness_key",
     "settings_key",
@@ -62,6 +64,7 @@ admission_key = web.AppKey("admission", Admission)
 settings_key = web.AppKey("settings", Settings)
 metrics_key = web.AppKey("metrics", Metrics)
 readiness_key = web.AppKey("readiness", Readiness)
+edges_key = web.AppKey("edges", EdgeLog)
 
 
 def create_app(admission: Admission, settings: Settings) -> web.Application:
@@ -72,6 +75,7 @@ def create_app(admission: Admission, settings: Settings) -> web.Application:
     if admission.quotas is not None:
         app[metrics_key].watch_guard(lambda: admission.state, admission.quotas)
     app[readiness_key] = Readiness()
+    app[edges_key] = EdgeLog()
     app.router.add_post("/validate", validate)
     app.router.add_post("/mutate", mutate)
     app.router.add_get("/livez", livez)
@@ -144,7 +148,14 @@ async def _review(
         async with asyncio.timeout(settings.deadline_seconds):
             review = await _read_review(request)
     except TimeoutError:
+        request.app[edges_key].rejected(
+            "http", str(request.remote or "unknown"), "408 the request body did not arrive in time"
+        )
         raise web.HTTPRequestTimeout(text="the request body did not arrive in time\n") from None
+    except web.HTTPException as exc:  # 400, 413: logged (rate-limited), then answered
+        reason = f"{exc.status} {' '.join((exc.text or exc.reason).split())}"
+        request.app[edges_key].rejected("http", str(request.remote or "unknown"), reason)
+        raise
     try:
         async with asyncio.timeout(settings.deadline_seconds):
             decision = await decide(review)

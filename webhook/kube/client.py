@@ -71,8 +71,11 @@ class ResourceRef:
 class KubeClient:
     """Requests and watches against one API server."""
 
-    def __init__(self, configuration: k8s_client.Configuration) -> None:
+    def __init__(
+        self, configuration: k8s_client.Configuration, *, timeout: float = REQUEST_TIMEOUT
+    ) -> None:
         self._configuration = configuration
+        self.timeout = timeout
         self.host = str(configuration.host).rstrip("/")
         self._ssl = _ssl_context(configuration)
         self._session: aiohttp.ClientSession | None = None
@@ -138,7 +141,7 @@ class KubeClient:
                 params=params,
                 data=data,
                 headers=headers,
-                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT),
+                timeout=aiohttp.ClientTimeout(total=self.timeout),
             ) as response:
                 text = await response.text()
                 if response.status >= 400:
@@ -147,7 +150,7 @@ class KubeClient:
                 return result
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise ApiError(
-                0, "Unreachable", f"{method} {path}: {exc or type(exc).__name__}"
+                0, "Unreachable", f"{method} {self.host}{path}: {exc or type(exc).__name__}"
             ) from None
 
     async def get(self, ref: ResourceRef, namespace: str, name: str) -> Obj:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import yaml
 
@@ -32,9 +32,27 @@ from webhook.core.records import RecordKeys
 from webhook.core.state import ReservationState
 from webhook.defaults import default_contracts, default_presets
 
-__all__ = ["Manifest", "iter_manifests", "load_platform", "load_state", "read_manifests"]
+__all__ = [
+    "Manifest",
+    "Progress",
+    "iter_manifests",
+    "load_platform",
+    "load_state",
+    "read_manifests",
+]
 
 _SUFFIXES = (".yaml", ".yml", ".json")
+# The kinds a platform is made of (see PlatformBuilder.add). A file that names none of them
+# cannot describe the platform, so reading only the platform skips it without parsing it.
+_PLATFORM_KINDS: Final = (
+    "ApplicationDefinition",
+    "Instancetype",
+    "ReservationContract",
+    "ConfigMap",
+)
+
+# Called as files and documents are read: (files read, files in all, manifests so far).
+Progress = Callable[[int, int, int], None]
 # libyaml's parser (``CSafeLoader``) is several times faster than the pure-Python one and builds
 # the same safe types; the pure one stands in where PyYAML was built without libyaml.
 _BASE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -75,29 +93,49 @@ class Manifest:
     body: Mapping[str, Any]
 
 
-def read_manifests(paths: Iterable[str | Path]) -> list[Manifest]:
+def read_manifests(paths: Iterable[str | Path], *, platform_only: bool = False) -> list[Manifest]:
     """All manifests under ``paths`` (directories or single files), in a stable order."""
-    return list(iter_manifests(paths))
+    return list(iter_manifests(paths, platform_only=platform_only))
 
 
-def iter_manifests(paths: Iterable[str | Path]) -> Iterator[Manifest]:
-    """The manifests under ``paths`` one by one, in a stable order (one file parsed at a time)."""
+def iter_manifests(
+    paths: Iterable[str | Path],
+    *,
+    platform_only: bool = False,
+    progress: Progress | None = None,
+) -> Iterator[Manifest]:
+    """The manifests under ``paths`` one by one, in a stable order (one file parsed at a time).
+
+    ``platform_only`` skips, unparsed, every file that names no platform kind; ``progress`` is
+    called after every file and every thousand manifests.
+    """
+    files: list[Path] = []
     for root in paths:
         root_path = Path(root)
         if not root_path.exists():
             raise ManifestError(str(root_path), "", "no such file or directory")
-        files = (
+        files += (
             [root_path]
             if root_path.is_file()
             else sorted(p for p in root_path.rglob("*") if p.is_file() and p.suffix in _SUFFIXES)
         )
-        for file in files:
-            yield from _read_file(file)
+    count = 0
+    for done, file in enumerate(files, start=1):
+        for manifest in _read_file(file, platform_only=platform_only):
+            count += 1
+            if progress is not None and count % 1000 == 0:
+                progress(done - 1, len(files), count)
+            yield manifest
+        if progress is not None:
+            progress(done, len(files), count)
 
 
 def load_platform(paths: Iterable[str | Path]) -> Platform:
-    """The platform (kinds, instance types, presets, contracts) described under ``paths``."""
-    return _platform(read_manifests(paths))
+    """The platform (kinds, instance types, presets, contracts) described under ``paths``.
+
+    Only files that name a platform kind are parsed: applications are not read at all.
+    """
+    return _platform(read_manifests(paths, platform_only=True))
 
 
 def load_state(
@@ -105,6 +143,7 @@ def load_state(
     *,
     quotas: QuotaBook | None = None,
     keys: RecordKeys | None = None,
+    progress: Progress | None = None,
 ) -> ReservationState:
     """The platform and every application under ``paths``, as a reservation state.
 
@@ -119,7 +158,7 @@ def load_state(
     builder = PlatformBuilder(default_contracts(), default_presets())
     apps: list[Application] = []
     seen: dict[tuple[str, str, str], str] = {}
-    for manifest in iter_manifests(paths):
+    for manifest in iter_manifests(paths, progress=progress):
         if builder.add(manifest.body, source=manifest.source):
             continue
         app = _application(manifest)
@@ -165,11 +204,13 @@ def _application(manifest: Manifest) -> Application | None:
     return None
 
 
-def _read_file(file: Path) -> Iterator[Manifest]:
+def _read_file(file: Path, *, platform_only: bool = False) -> Iterator[Manifest]:
     try:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ManifestError(str(file), "", f"cannot read: {exc}") from None
+    if platform_only and not any(kind in text for kind in _PLATFORM_KINDS):
+        return
     if file.suffix == ".json":
         try:
             document = json.loads(text)
@@ -207,7 +248,7 @@ def _yaml_documents(file: Path, text: str) -> Iterator[object]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else ""
-        reason = getattr(exc, "problem", None) or str(exc)
+        reason = " ".join(str(getattr(exc, "problem", None) or exc).split())
         raise ManifestError(str(file), where, f"not YAML: {reason}") from None
     except ValueError as exc:  # a number past Python's integer digit limit
         raise ManifestError(str(file), "", f"cannot read: {str(exc)[:120]}") from None

@@ -1,0 +1,307 @@
+"""The rebalancer against the emulated API server, with a fake KubeVirt moving the VMs."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.apiserver.server import EmulatedAPIServer
+from tests.builders import FIXTURES
+from webhook.core.rebalancing import OPT_IN_ANNOTATION, Goal, find_goals
+from webhook.kube.client import KubeClient
+from webhook.rebalance import Rebalancer, RebalanceSettings
+
+Obj = dict[str, Any]
+LLAMA = "tenant-demo/rhel7-red-llama"
+KUBEVIRT = "kubevirt.io"
+
+
+def seed_objects() -> list[Obj]:
+    document = yaml.safe_load((FIXTURES / "capacity" / "seed-snapshot.yaml").read_text())
+    return [copy.deepcopy(item) for item in document["items"]]
+
+
+def register(api: EmulatedAPIServer) -> None:
+    api.resource("", "v1", "nodes", "Node", namespaced=False)
+    api.resource("", "v1", "pods", "Pod")
+    api.resource("", "v1", "events", "Event")
+    api.resource(KUBEVIRT, "v1", "virtualmachineinstances", "VirtualMachineInstance")
+    api.resource(
+        KUBEVIRT, "v1", "virtualmachineinstancemigrations", "VirtualMachineInstanceMigration"
+    )
+
+
+class FakeKubeVirt:
+    """Plays virt-controller: a new migration moves its VMI (and launcher) to the target."""
+
+    def __init__(self, api: EmulatedAPIServer, result: str = "Succeeded") -> None:
+        self.api = api
+        self.result = result
+        self.after: Callable[[Obj], None] = lambda _: None
+        self.seen: list[Obj] = []
+
+    async def run(self) -> None:
+        while True:
+            for migration in self.api.objects(KUBEVIRT, "virtualmachineinstancemigrations"):
+                if migration.get("status", {}).get("phase"):
+                    continue
+                self.seen.append(migration)
+                if self.result == "Succeeded":
+                    self._move(migration)
+                migration["status"] = {"phase": self.result}
+                self.api.update(migration)
+                self.after(migration)
+            await asyncio.sleep(0.01)
+
+    def _move(self, migration: Obj) -> None:
+        namespace = migration["metadata"]["namespace"]
+        name = migration["spec"]["vmiName"]
+        hostname = migration["spec"]["addedNodeSelector"]["kubernetes.io/hostname"]
+        node = next(
+            n["metadata"]["name"]
+            for n in self.api.objects("", "nodes")
+            if n["metadata"]["labels"].get("kubernetes.io/hostname") == hostname
+        )
+        vmi = self.api.get(KUBEVIRT, "virtualmachineinstances", namespace, name)
+        assert vmi is not None
+        vmi["status"]["nodeName"] = node
+        self.api.update(vmi)
+        for pod in self.api.objects("", "pods", namespace):
+            if pod["metadata"].get("labels", {}).get("vm.kubevirt.io/name") == name:
+                pod["spec"]["nodeName"] = node
+                self.api.update(pod)
+
+
+@asynccontextmanager
+async def cluster(
+    tmp_path: Path, objects: list[Obj], *, result: str = "Succeeded"
+) -> AsyncIterator[tuple[EmulatedAPIServer, KubeClient, FakeKubeVirt]]:
+    async with EmulatedAPIServer() as api:
+        register(api)
+        for obj in objects:
+            api.create(obj)
+        kubevirt = FakeKubeVirt(api, result)
+        task = asyncio.create_task(kubevirt.run())
+        client = KubeClient.from_kubeconfig(str(api.kubeconfig(tmp_path / "kubeconfig")))
+        try:
+            yield api, client, kubevirt
+        finally:
+            task.cancel()
+            await client.close()
+
+
+def settings(**kw: Any) -> RebalanceSettings:
+    return RebalanceSettings(all_vms=True, interval=0.01, poll=0.01, **kw)
+
+
+def events(api: EmulatedAPIServer) -> list[tuple[str, str, str]]:
+    return [
+        (e["involvedObject"]["name"], e["reason"], e["type"])
+        for e in sorted(api.objects("", "events"), key=lambda e: e["metadata"]["name"])
+    ]
+
+
+def counter(rebalancer: Rebalancer, name: str, **labels: str) -> float:
+    value = rebalancer.metrics.registry.get_sample_value(name, labels)
+    return value or 0.0
+
+
+async def test_dry_run_only_reports_the_plan_once(tmp_path: Path) -> None:
+    async with cluster(tmp_path, seed_objects()) as (api, client, _kubevirt):
+        rebalancer = Rebalancer(client, settings())
+        assert await rebalancer.round() == [(Goal("place", LLAMA), "planned")]
+        assert await rebalancer.round() == [(Goal("place", LLAMA), "planned")]
+        assert events(api) == [("rhel7-red-llama", "MakeRoomPlan", "Normal")]
+        message = api.objects("", "events")[0]["message"]
+        assert message.startswith("dry run: 1 live migration(s): 1. tenant-demo/")
+        assert api.objects(KUBEVIRT, "virtualmachineinstancemigrations") == []
+
+
+async def test_apply_migrates_one_vm_and_the_pending_vm_then_fits(tmp_path: Path) -> None:
+    async with cluster(tmp_path, seed_objects()) as (api, client, kubevirt):
+        rebalancer = Rebalancer(client, settings(apply=True))
+        assert await rebalancer.round() == [(Goal("place", LLAMA), "done")]
+        assert len(kubevirt.seen) == 1
+        assert [r for _, r, _ in events(api)] == ["MakeRoomStarted", "MakeRoomDone"]
+        assert counter(rebalancer, "reservation_rebalance_plans_total", outcome="done") == 1
+        # The next round finds room already made: nothing left to move.
+        assert await rebalancer.round() == [(Goal("place", LLAMA), "nothing")]
+
+
+async def test_a_failed_migration_stops_the_plan_and_says_so(tmp_path: Path) -> None:
+    async with cluster(tmp_path, seed_objects(), result="Failed") as (api, client, _kubevirt):
+        rebalancer = Rebalancer(client, settings(apply=True))
+        assert await rebalancer.round() == [(Goal("place", LLAMA), "failed")]
+        failed = [e for e in api.objects("", "events") if e["reason"] == "MakeRoomFailed"]
+        assert len(failed) == 1
+        assert failed[0]["type"] == "Warning"
+        assert failed[0]["involvedObject"]["kind"] == "VirtualMachineInstance"
+        assert "stopped at step 1" in failed[0]["message"]
+        assert counter(rebalancer, "reservation_rebalance_migrations_total", result="Failed") == 1
+
+
+def two_move_cluster() -> list[Obj]:
+    """a holds x and y (8Gi each); the 20Gi VM needs both gone; b and c take one each."""
+
+    def node(name: str, gib: int) -> Obj:
+        labels = {"kubernetes.io/hostname": name, "kubevirt.io/schedulable": "true"}
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "labels": labels},
+            "status": {"allocatable": {"memory": f"{gib}Gi", "cpu": "16", "pods": "110"}},
+        }
+
+    def vm(name: str, gib: int, where: str | None) -> list[Obj]:
+        pod: Obj = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"virt-launcher-{name}",
+                "namespace": "t",
+                "labels": {"kubevirt.io": "virt-launcher", "vm.kubevirt.io/name": name},
+            },
+            "spec": {
+                "nodeSelector": {"kubevirt.io/schedulable": "true"},
+                "containers": [
+                    {"name": "compute", "resources": {"requests": {"memory": f"{gib}Gi"}}}
+                ],
+            },
+            "status": {"phase": "Running"},
+        }
+        vmi: Obj = {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachineInstance",
+            "metadata": {
+                "name": name,
+                "namespace": "t",
+                "annotations": {OPT_IN_ANNOTATION: "true"},
+            },
+            "spec": {"domain": {"resources": {"requests": {"memory": f"{gib}Gi"}}}},
+            "status": {
+                "phase": "Running",
+                "conditions": [{"type": "LiveMigratable", "status": "True"}],
+            },
+        }
+        if where:
+            pod["spec"]["nodeName"] = where
+            vmi["status"]["nodeName"] = where
+        else:
+            vmi["status"]["phase"] = "Scheduling"
+            pod["status"] = {
+                "phase": "Pending",
+                "conditions": [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": "0/3 nodes are available: 3 Insufficient memory.",
+                    }
+                ],
+            }
+        return [pod, vmi]
+
+    return [
+        node("a", 24),
+        node("b", 10),
+        node("c", 10),
+        *vm("x", 8, "a"),
+        *vm("y", 8, "a"),
+        *vm("big", 20, None),
+    ]
+
+
+async def test_a_new_pod_on_a_step_target_invalidates_the_rest_of_the_plan(tmp_path: Path) -> None:
+    async with cluster(tmp_path, two_move_cluster()) as (api, client, kubevirt):
+
+        def squat(migration: Obj) -> None:
+            # After step 1 someone else schedules a pod on the node step 2 needs.
+            taken = {
+                m["spec"]["addedNodeSelector"]["kubernetes.io/hostname"] for m in kubevirt.seen
+            }
+            free = ({"b", "c"} - taken).pop()
+            api.create(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": "squatter", "namespace": "other"},
+                    "spec": {
+                        "nodeName": free,
+                        "containers": [{"name": "c", "resources": {"requests": {"memory": "4Gi"}}}],
+                    },
+                    "status": {"phase": "Running"},
+                }
+            )
+
+        kubevirt.after = squat
+        rebalancer = Rebalancer(client, RebalanceSettings(interval=0.01, poll=0.01, apply=True))
+        assert await rebalancer.round() == [(Goal("place", "t/big"), "invalidated")]
+        assert len(kubevirt.seen) == 1  # step 2 was never started
+        invalid = [e for e in api.objects("", "events") if e["reason"] == "MakeRoomInvalidated"]
+        assert len(invalid) == 1
+        assert "stopped before step 2: the cluster changed under the plan" in invalid[0]["message"]
+        assert "no longer has room" in invalid[0]["message"]
+
+
+async def test_the_loop_survives_a_failing_api_call_and_stops_on_request(tmp_path: Path) -> None:
+    async with cluster(tmp_path, seed_objects()) as (api, client, _kubevirt):
+        rebalancer = Rebalancer(client, settings())
+        api.fail_next(1, 500)
+        stop = asyncio.Event()
+        task = asyncio.create_task(rebalancer.run(stop))
+        async with asyncio.timeout(30):
+            while not api.objects("", "events"):
+                await asyncio.sleep(0.02)
+        stop.set()
+        await asyncio.wait_for(task, 5)
+        assert counter(rebalancer, "reservation_rebalance_errors_total") == 1
+        assert events(api) == [("rhel7-red-llama", "MakeRoomPlan", "Normal")]
+
+
+def test_goals_are_opt_in_per_vm_unless_enabled_for_all() -> None:
+    objects = two_move_cluster()
+    assert find_goals(objects, all_vms=False) == [Goal("place", "t/big")]
+    for obj in objects:
+        obj["metadata"].pop("annotations", None)
+    assert find_goals(objects, all_vms=False) == []
+    assert find_goals(objects, all_vms=True) == [Goal("place", "t/big")]
+
+
+def test_a_cordoned_node_with_vms_is_a_drain_goal() -> None:
+    objects = seed_objects()
+    for obj in objects:
+        if obj["metadata"]["name"] == "worker-red.shift.toca.local":
+            obj["spec"]["unschedulable"] = True
+    goals = find_goals(objects, all_vms=True)
+    assert Goal("drain", "worker-red.shift.toca.local") in goals
+    # The seed's cordoned worker-yellow runs no VM: nothing to drain there.
+    assert Goal("drain", "worker-yellow.shift.toca.local") not in goals
+
+
+VERBS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+
+
+async def test_every_call_it_makes_is_granted_by_its_role(tmp_path: Path) -> None:
+    from tests.deploy.test_rebalancer import CALLS
+
+    async with cluster(tmp_path, seed_objects()) as (api, client, _kubevirt):
+        await Rebalancer(client, settings(apply=True)).round()
+        made = set()
+        for method, path, query in api.requests:
+            parts = path.strip("/").split("/")
+            group = "" if parts[0] == "api" else parts[1]
+            rest = parts[2:] if parts[0] == "api" else parts[3:]
+            if rest[:1] == ["namespaces"]:
+                rest = rest[2:]
+            verb = VERBS[method]
+            if verb == "get" and len(rest) == 1:
+                verb = "watch" if query.get("watch") else "list"
+            made.add((group, rest[0], verb))
+        assert made
+        assert made <= CALLS, made - CALLS

@@ -1,0 +1,572 @@
+"""The fewest live migrations that make room: for one pending VM, or to drain one node.
+
+A VM that fits its quota and the cluster's total free memory may still fit no single node. This
+module finds the minimum number of live migrations after which it does (or after which every VM
+has left a node being drained), as an ordered plan in which **every step is feasible while the
+source still holds the VM**: a live migration needs both copies, so the target must have room
+before the source frees any. Among plans with the fewest moves it picks the fewest bytes moved.
+
+The search is exact up to a cap (``max_moves``, default 3), by iterative deepening on the number
+of moves, goal-directed: a move is only ever made to free room that a later step needs (the last
+step being the pending VM itself, or a VM leaving the drained node). Two facts keep it small:
+
+- an admissible bound: to free a shortage on a node takes at least as many VMs as the largest
+  ones needed to cover it on the tightest resource, so depths that cannot work are skipped;
+- destinations that fit a VM outright are interchangeable unless another step of the plan
+  touches them, and a plan of ``d`` moves touches at most ``2(d-1)+1`` other nodes, so trying
+  that many such destinations (plus every node that needs room made) loses no plan.
+
+Each VM migrates at most once in a plan. The tests compare the result with an exhaustive search
+over every move sequence on thousands of small random clusters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import combinations
+from typing import Final
+
+from webhook.core.snapshot import PODS, VM, AntiAffinity, Node, Placement, Snapshot
+
+__all__ = [
+    "DEFAULT_MAX_MOVES",
+    "MAX_MOVES_CAP",
+    "Move",
+    "Plan",
+    "plan_drain",
+    "plan_placement",
+    "replay",
+]
+
+DEFAULT_MAX_MOVES: Final = 3
+MAX_MOVES_CAP: Final = 5
+# Work is bounded before it is done: a search that expands more states than this gives up,
+# saying so, rather than holding a controller or a CLI for minutes.
+MAX_EXPANSIONS: Final = 2_000_000
+
+
+@dataclass(frozen=True)
+class Move:
+    vm: str
+    source: str
+    target: str
+    memory: int  # bytes
+    cpu: int  # millicores
+
+
+@dataclass(frozen=True)
+class Plan:
+    feasible: bool
+    moves: tuple[Move, ...] = ()
+    target: str | None = None
+    reason: str = ""
+
+    @property
+    def bytes_moved(self) -> int:
+        return sum(m.memory for m in self.moves)
+
+
+class _Budget(Exception):
+    pass
+
+
+@dataclass
+class _World:
+    """The snapshot as dense integer vectors, mutated in place by the search and undone."""
+
+    nodes: list[Node]
+    keys: list[str]
+    free: list[list[int]]
+    vms: list[VM]
+    req: list[list[int]]
+    loc: list[int]
+    eligible: list[frozenset[int]]
+    on_node: list[set[int]]
+    fixed_labels: list[list[tuple[str, dict[str, str], tuple[AntiAffinity, ...]]]]
+    anti: bool
+    banned: set[int] = field(default_factory=set)
+    expansions: int = 0
+
+    @classmethod
+    def build(cls, snapshot: Snapshot, extra: Sequence[VM] = ()) -> _World:
+        nodes = list(snapshot.nodes)
+        index = {n.name: i for i, n in enumerate(nodes)}
+        all_vms = [*snapshot.vms, *extra]
+        keys = sorted(
+            {k for n in nodes for k in n.allocatable}
+            | {k for p in snapshot.pods for k in p.requests}
+            | {k for v in all_vms for k in v.requests}
+            | {PODS}
+        )
+        free = [[n.allocatable.get(k, 0) for k in keys] for n in nodes]
+        fixed: list[list[tuple[str, dict[str, str], tuple[AntiAffinity, ...]]]] = [
+            [] for _ in nodes
+        ]
+        anti = False
+        for pod in snapshot.pods:
+            i = index.get(pod.node)
+            if i is None:
+                continue
+            for j, k in enumerate(keys):
+                free[i][j] -= pod.requests.get(k, 0)
+            fixed[i].append((pod.namespace, dict(pod.labels), pod.anti_affinity))
+            anti = anti or bool(pod.anti_affinity)
+        req = [[v.requests.get(k, 0) for k in keys] for v in all_vms]
+        loc = []
+        on_node: list[set[int]] = [set() for _ in nodes]
+        for vi, vm in enumerate(all_vms):
+            i = index.get(vm.node, -1) if vm.node is not None else -1
+            loc.append(i)
+            if i >= 0:
+                on_node[i].add(vi)
+                for j in range(len(keys)):
+                    free[i][j] -= req[vi][j]
+            anti = anti or bool(vm.placement.anti_affinity)
+        # Most VMs share a handful of placements: filter the nodes once per distinct one.
+        by_placement: dict[Placement, frozenset[int]] = {}
+        eligible = []
+        for vm in all_vms:
+            allowed = by_placement.get(vm.placement)
+            if allowed is None:
+                allowed = frozenset(i for i, n in enumerate(nodes) if vm.placement.allows(n))
+                by_placement[vm.placement] = allowed
+            eligible.append(allowed)
+        return cls(nodes, keys, free, all_vms, req, loc, eligible, on_node, fixed, anti)
+
+    def fits(self, v: int, t: int) -> bool:
+        f = self.free[t]
+        r = self.req[v]
+        if any(f[j] < r[j] for j in range(len(r))):
+            return False
+        return not self.anti or not self._repels(v, t)
+
+    def shortage(self, v: int, t: int) -> list[int]:
+        f = self.free[t]
+        return [max(0, r - f[j]) for j, r in enumerate(self.req[v])]
+
+    def _repels(self, v: int, t: int) -> bool:
+        vm = self.vms[v]
+        for other in self.on_node[t]:
+            o = self.vms[other]
+            if _conflict(vm.namespace, vm.labels, vm.placement.anti_affinity, o):
+                return True
+        for namespace, labels, terms in self.fixed_labels[t]:
+            if any(a.matches(vm.labels, vm.namespace, namespace) for a in terms):
+                return True
+            if any(a.matches(labels, namespace, vm.namespace) for a in vm.placement.anti_affinity):
+                return True
+        return False
+
+    def blockers(self, v: int, t: int) -> set[int]:
+        """VMs on ``t`` that ``v`` cannot share a node with."""
+        if not self.anti:
+            return set()
+        vm = self.vms[v]
+        return {
+            o
+            for o in self.on_node[t]
+            if _conflict(vm.namespace, vm.labels, vm.placement.anti_affinity, self.vms[o])
+        }
+
+    def fixed_blocks(self, v: int, t: int) -> bool:
+        vm = self.vms[v]
+        for namespace, labels, terms in self.fixed_labels[t]:
+            if any(a.matches(vm.labels, vm.namespace, namespace) for a in terms):
+                return True
+            if any(a.matches(labels, namespace, vm.namespace) for a in vm.placement.anti_affinity):
+                return True
+        return False
+
+    def move(self, v: int, t: int) -> int:
+        s = self.loc[v]
+        r = self.req[v]
+        if s >= 0:
+            fs = self.free[s]
+            for j in range(len(r)):
+                fs[j] += r[j]
+            self.on_node[s].discard(v)
+        ft = self.free[t]
+        for j in range(len(r)):
+            ft[j] -= r[j]
+        self.on_node[t].add(v)
+        self.loc[v] = t
+        return s
+
+    def undo(self, v: int, s: int) -> None:
+        t = self.loc[v]
+        r = self.req[v]
+        ft = self.free[t]
+        for j in range(len(r)):
+            ft[j] += r[j]
+        self.on_node[t].discard(v)
+        if s >= 0:
+            fs = self.free[s]
+            for j in range(len(r)):
+                fs[j] -= r[j]
+            self.on_node[s].add(v)
+        self.loc[v] = s
+
+
+def _conflict(
+    namespace: str, labels: Mapping[str, str], terms: tuple[AntiAffinity, ...], other: VM
+) -> bool:
+    if any(a.matches(other.labels, other.namespace, namespace) for a in terms):
+        return True
+    return any(a.matches(labels, namespace, other.namespace) for a in other.placement.anti_affinity)
+
+
+def lower_bound(world: _World, shortage: Sequence[int], candidates: Sequence[int]) -> int:
+    """Fewest of ``candidates`` whose removal could cover ``shortage`` on every resource."""
+    bound = 0
+    for j, need in enumerate(shortage):
+        if need <= 0:
+            continue
+        sizes = sorted((world.req[v][j] for v in candidates), reverse=True)
+        got = 0
+        count = 0
+        for size in sizes:
+            if got >= need or size <= 0:
+                break
+            got += size
+            count += 1
+        if got < need:
+            return 1 << 30
+        bound = max(bound, count)
+    return bound
+
+
+@dataclass
+class _Search:
+    world: _World
+    depth: int
+    goal_node: int  # -1 for drain
+    movable: list[bool]
+    best: list[tuple[int, list[tuple[int, int, int]]]] = field(default_factory=list)
+    moved: set[int] = field(default_factory=set)
+    path: list[tuple[int, int, int]] = field(default_factory=list)  # (vm, source, target)
+
+    def memory(self, v: int) -> int:
+        return self.world.vms[v].requests.get("memory", 0)
+
+    def run(self, todo: list[tuple[int, int]]) -> None:
+        self._step(todo, sum(self.memory(v) for v, _ in todo if v not in self.moved and v >= 0))
+
+    def _pending_moves(self, todo: Sequence[tuple[int, int]]) -> int:
+        return sum(1 for v, _ in todo if v >= 0)
+
+    def _step(self, todo: list[tuple[int, int]], pending_bytes: int) -> None:
+        w = self.world
+        w.expansions += 1
+        if w.expansions > MAX_EXPANSIONS:
+            raise _Budget
+        used = len(self.path)
+        cost = sum(self.memory(v) for v, _, _ in self.path)
+        if self.best and (cost + pending_bytes) >= self.best[0][0]:
+            return
+        if not todo:
+            self.best[:] = [(cost, list(self.path))]
+            return
+        v, t = todo[-1]
+        rest = todo[:-1]
+        remaining = self.depth - used - self._pending_moves(todo)
+        if v < 0:  # the pending VM itself: it needs room on t, it is not a move
+            vm = -v - 1
+            self._arrive(vm, t, rest, remaining, pending_bytes, is_move=False)
+            return
+        if t >= 0:
+            self._arrive(v, t, rest, remaining, pending_bytes, is_move=True)
+            return
+        # Choose a destination for v.
+        source = w.loc[v]
+        direct: list[int] = []
+        roomy: list[int] = []
+        for node in sorted(w.eligible[v]):
+            if node == source or node in w.banned:
+                continue
+            if w.fits(v, node):
+                direct.append(node)
+            elif remaining > 0:
+                roomy.append(node)
+        limit = 2 * max(0, self.depth - 1) + 2
+        if self.goal_node in direct[limit:]:
+            direct = [*direct[:limit], self.goal_node]
+        else:
+            direct = direct[:limit]
+        for node in direct:
+            self._arrive(v, node, rest, remaining, pending_bytes, is_move=True)
+        for node in roomy:
+            self._arrive(v, node, rest, remaining, pending_bytes, is_move=True)
+
+    def _arrive(
+        self,
+        v: int,
+        t: int,
+        rest: list[tuple[int, int]],
+        remaining: int,
+        pending_bytes: int,
+        *,
+        is_move: bool,
+    ) -> None:
+        w = self.world
+        if w.fits(v, t):
+            if is_move:
+                s = w.move(v, t)
+                self.moved.add(v)
+                self.path.append((v, s, t))
+                self._step(rest, pending_bytes - self.memory(v))
+                self.path.pop()
+                self.moved.discard(v)
+                w.undo(v, s)
+            else:
+                self._step(rest, pending_bytes)
+            return
+        if remaining <= 0 or w.fixed_blocks(v, t):
+            return
+        # Make room on t: a minimal set of VMs there whose removal covers the shortage and
+        # clears every anti-affinity conflict.
+        shortage = w.shortage(v, t)
+        must = w.blockers(v, t)
+        if any(not self.movable[o] or o in self.moved for o in must):
+            return
+        candidates = [
+            o for o in sorted(w.on_node[t]) if o != v and self.movable[o] and o not in self.moved
+        ]
+        base = [max(0, s - sum(w.req[o][j] for o in must)) for j, s in enumerate(shortage)]
+        optional = [o for o in candidates if o not in must]
+        need = lower_bound(w, base, optional)
+        if len(must) + need > remaining:
+            return
+        for size in range(need, remaining - len(must) + 1):
+            covering = [
+                extra
+                for extra in combinations(optional, size)
+                if _covers(w, base, extra) and _minimal(w, base, extra)
+            ]
+            # Cheapest first: the first complete plan bounds the bytes of every later one.
+            covering.sort(key=lambda extra: sum(self.memory(o) for o in extra))
+            for extra in covering:
+                chosen = [*sorted(must), *extra]
+                if not chosen:
+                    continue
+                supports = [(o, -1) for o in chosen]
+                added = sum(self.memory(o) for o in chosen)
+                todo = [*rest, (v if is_move else -v - 1, t), *supports]
+                self._step(todo, pending_bytes + added)
+
+
+def _covers(w: _World, shortage: Sequence[int], chosen: Sequence[int]) -> bool:
+    return all(
+        need <= 0 or sum(w.req[o][j] for o in chosen) >= need for j, need in enumerate(shortage)
+    )
+
+
+def _minimal(w: _World, shortage: Sequence[int], chosen: Sequence[int]) -> bool:
+    return not any(_covers(w, shortage, [o for o in chosen if o != drop]) for drop in chosen)
+
+
+def _deepen(
+    world: _World, todo: list[tuple[int, int]], max_moves: int, goal_node: int, floor: int
+) -> tuple[int, list[tuple[int, int, int]]] | None:
+    movable = [vm.migratable for vm in world.vms]
+    for depth in range(floor, max_moves + 1):
+        search = _Search(world, depth, goal_node, movable)
+        search.run(todo)
+        if search.best:
+            return search.best[0]
+    return None
+
+
+def _moves(world: _World, path: Sequence[tuple[int, int, int]]) -> tuple[Move, ...]:
+    return tuple(
+        Move(
+            vm=world.vms[v].key,
+            source=world.nodes[s].name,
+            target=world.nodes[t].name,
+            memory=world.vms[v].requests.get("memory", 0) // 1000,
+            cpu=world.vms[v].requests.get("cpu", 0),
+        )
+        for v, s, t in path
+    )
+
+
+def plan_placement(snapshot: Snapshot, vm_key: str, *, max_moves: int = DEFAULT_MAX_MOVES) -> Plan:
+    """The fewest migrations after which the pending VM ``vm_key`` fits some node."""
+    max_moves = max(0, min(max_moves, MAX_MOVES_CAP))
+    pending = snapshot.vm(vm_key)
+    if pending is None:
+        return Plan(False, reason=f"no VirtualMachineInstance {vm_key} in the snapshot")
+    if pending.node is not None:
+        return Plan(False, target=pending.node, reason=f"{vm_key} already runs on {pending.node}")
+    others = Snapshot(
+        nodes=snapshot.nodes,
+        pods=snapshot.pods,
+        vms=tuple(v for v in snapshot.vms if v is not pending),
+    )
+    world = _World.build(others, [pending])
+    p = len(world.vms) - 1
+    if not world.eligible[p]:
+        reasons = sorted({f"{n.name}: {pending.placement.why_not(n)}" for n in world.nodes})
+        return Plan(False, reason="no node admits it (" + "; ".join(reasons) + ")")
+    # Static capacity: a node whose allocatable minus fixed pods cannot hold it never will.
+    totals = _room_if_emptied(world, p)
+    targets = [n for n in sorted(world.eligible[p]) if totals[n]]
+    if not targets:
+        return Plan(
+            False,
+            reason="larger than any eligible node can hold even with every movable VM gone",
+        )
+    bounds = {n: _target_bound(world, p, n) for n in targets}
+    movable = [vm.migratable for vm in world.vms]
+    try:
+        # Iterative deepening across every target at once, so a plan of d moves anywhere is
+        # found before d + 1 moves are tried, and targets share one bound on bytes moved.
+        for depth in range(min(bounds.values()), max_moves + 1):
+            best: tuple[int, list[tuple[int, int, int]]] | None = None
+            best_target = -1
+            # A node short of S bytes needs at least S bytes moved off it: cheapest first.
+            order = sorted(
+                (n for n in targets if bounds[n] <= depth),
+                key=lambda n: (
+                    world.shortage(p, n)[world.keys.index("memory")]
+                    if "memory" in world.keys
+                    else 0
+                ),
+            )
+            for n in order:
+                search = _Search(world, depth, n, movable)
+                if best is not None:
+                    search.best = [best]
+                search.run([(-p - 1, n)])
+                if search.best and (best is None or search.best[0][0] < best[0]):
+                    best = search.best[0]
+                    best_target = n
+            if best is not None:
+                return Plan(
+                    True, moves=_moves(world, best[1]), target=world.nodes[best_target].name
+                )
+    except _Budget:
+        return Plan(False, reason=f"search gave up after {MAX_EXPANSIONS} steps")
+    return Plan(False, reason=_why_no_room(world, p, targets, max_moves))
+
+
+def plan_drain(snapshot: Snapshot, node: str, *, max_moves: int = DEFAULT_MAX_MOVES) -> Plan:
+    """The fewest migrations after which no VM runs on ``node`` (which takes nothing new)."""
+    max_moves = max(0, min(max_moves, MAX_MOVES_CAP))
+    world = _World.build(snapshot)
+    index = next((i for i, n in enumerate(world.nodes) if n.name == node), None)
+    if index is None:
+        return Plan(False, reason=f"no node {node} in the snapshot")
+    leaving = sorted(world.on_node[index])
+    if not leaving:
+        return Plan(True, reason=f"no VM runs on {node}")
+    stuck = [world.vms[v] for v in leaving if not world.vms[v].migratable]
+    if stuck:
+        return Plan(
+            False,
+            reason="; ".join(f"{vm.key} cannot move: {vm.why_not_migratable}" for vm in stuck),
+        )
+    if len(leaving) > max_moves:
+        return Plan(False, reason=f"{len(leaving)} VMs run on {node}, more than {max_moves} moves")
+    world.banned.add(index)
+    for v in leaving:
+        if not (world.eligible[v] - {index}):
+            return Plan(False, reason=f"{world.vms[v].key}: no other node admits it")
+    try:
+        found = _deepen(world, [(v, -1) for v in leaving], max_moves, -1, len(leaving))
+    except _Budget:
+        return Plan(False, reason=f"search gave up after {MAX_EXPANSIONS} steps")
+    if found is None:
+        return Plan(
+            False,
+            reason=f"the other nodes cannot take the {len(leaving)} VMs on {node} "
+            f"within {max_moves} moves",
+        )
+    return Plan(True, moves=_moves(world, found[1]))
+
+
+def _room_if_emptied(world: _World, p: int) -> dict[int, bool]:
+    result = {}
+    for n in range(len(world.nodes)):
+        room = list(world.free[n])
+        for v in world.on_node[n]:
+            if world.vms[v].migratable:
+                for j in range(len(room)):
+                    room[j] += world.req[v][j]
+        result[n] = all(room[j] >= world.req[p][j] for j in range(len(room)))
+    return result
+
+
+def _target_bound(world: _World, p: int, n: int) -> int:
+    movable = [v for v in world.on_node[n] if world.vms[v].migratable]
+    must = world.blockers(p, n)
+    if any(not world.vms[o].migratable for o in must) or world.fixed_blocks(p, n):
+        return 1 << 30
+    shortage = world.shortage(p, n)
+    base = [max(0, s - sum(world.req[o][j] for o in must)) for j, s in enumerate(shortage)]
+    return len(must) + lower_bound(world, base, [v for v in movable if v not in must])
+
+
+def _why_no_room(world: _World, p: int, targets: Sequence[int], max_moves: int) -> str:
+    need = world.req[p]
+    total_free = [sum(max(0, world.free[n][j]) for n in targets) for j in range(len(need))]
+    short = [world.keys[j] for j in range(len(need)) if total_free[j] < need[j]]
+    if short:
+        return f"not enough free {', '.join(short)} in total on the nodes that admit it"
+    bound = min(_target_bound(world, p, n) for n in targets)
+    if bound > max_moves:
+        return f"every eligible node needs more than {max_moves} VMs moved off it"
+    return f"no sequence of at most {max_moves} live migrations makes room"
+
+
+def replay(
+    snapshot: Snapshot,
+    moves: Sequence[Move],
+    *,
+    pending: str | None = None,
+    target: str | None = None,
+    drain: str | None = None,
+) -> str:
+    """Why ``moves`` no longer work on ``snapshot`` (each step, then the goal); "" if they do.
+
+    A controller calls this before each step of a plan it is carrying out: a new pod, a VM
+    that moved or stopped, a node that changed all show up here as the first step that broke.
+    """
+    extra: tuple[VM, ...] = ()
+    vm = snapshot.vm(pending) if pending else None
+    if pending:
+        if vm is None:
+            return f"{pending} is gone"
+        if vm.node is not None:
+            return f"{pending} already runs on {vm.node}"
+        snapshot = Snapshot(
+            snapshot.nodes, snapshot.pods, tuple(v for v in snapshot.vms if v is not vm)
+        )
+        extra = (vm,)
+    world = _World.build(snapshot, extra)
+    index = {n.name: i for i, n in enumerate(world.nodes)}
+    keys = {v.key: i for i, v in enumerate(world.vms)}
+    if drain is not None and drain in index:
+        world.banned.add(index[drain])
+    for step, move in enumerate(moves, start=1):
+        v = keys.get(move.vm)
+        t = index.get(move.target)
+        if v is None or t is None:
+            return f"step {step}: {move.vm if v is None else move.target} is gone"
+        if world.loc[v] != index.get(move.source, -2):
+            return f"step {step}: {move.vm} is no longer on {move.source}"
+        if not world.vms[v].migratable:
+            return f"step {step}: {move.vm} can no longer migrate"
+        if t not in world.eligible[v] or t in world.banned:
+            return f"step {step}: {move.target} no longer admits {move.vm}"
+        if not world.fits(v, t):
+            return f"step {step}: {move.target} no longer has room for {move.vm}"
+        world.move(v, t)
+    if vm is not None and target is not None:
+        p = len(world.vms) - 1
+        t = index.get(target)
+        if t is None or t not in world.eligible[p] or not world.fits(p, t):
+            return f"{target} would not have room for {pending} after the plan"
+    if drain is not None and drain in index and world.on_node[index[drain]]:
+        return f"VMs would still run on {drain} after the plan"
+    return ""

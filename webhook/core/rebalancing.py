@@ -1,0 +1,109 @@
+"""What the rebalancer should act on, read from cluster objects: pure, so it is tested alone.
+
+Two kinds of goal: a VMI whose launcher pod the scheduler refused for lack of resources (place
+it), and a cordoned node that still runs VMs (drain it). Both are opt-in: a VMI carries the
+annotation ``reservation.cozystack.io/make-room: "true"`` (for a drain, every VMI on the node
+does), or the operator enables it for all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Final, Literal
+
+__all__ = ["OPT_IN_ANNOTATION", "Goal", "find_goals"]
+
+OPT_IN_ANNOTATION: Final = "reservation.cozystack.io/make-room"
+# The scheduler's words for a pod that no node has room for (NodeResourcesFit).
+_RESOURCE_SHORTAGE: Final = "Insufficient"
+
+
+@dataclass(frozen=True)
+class Goal:
+    kind: Literal["place", "drain"]
+    key: str  # NAMESPACE/VMI for place, the node name for drain
+
+    def __str__(self) -> str:
+        return f"place {self.key}" if self.kind == "place" else f"drain {self.key}"
+
+
+def find_goals(objects: Iterable[Mapping[str, object]], *, all_vms: bool) -> list[Goal]:
+    """Goals in a stable order: pending VMIs (oldest first), then cordoned nodes by name."""
+    nodes: dict[str, Mapping[str, object]] = {}
+    vmis: list[Mapping[str, object]] = []
+    unschedulable_launchers: set[tuple[str, str]] = set()
+    for obj in objects:
+        kind = obj.get("kind")
+        if kind == "Node":
+            nodes[_name(obj)] = obj
+        elif kind == "VirtualMachineInstance":
+            vmis.append(obj)
+        elif kind == "Pod":
+            labels = _map(_map(obj.get("metadata")).get("labels"))
+            owner = labels.get("vm.kubevirt.io/name")
+            launcher = labels.get("kubevirt.io") == "virt-launcher" and isinstance(owner, str)
+            if launcher and _unschedulable_for_resources(obj):
+                unschedulable_launchers.add((_namespace(obj), str(owner)))
+    goals: list[Goal] = []
+    pending = [
+        v
+        for v in vmis
+        if not _node_of(v)
+        and (_namespace(v), _name(v)) in unschedulable_launchers
+        and (all_vms or _opted_in(v))
+    ]
+    pending.sort(key=lambda v: (str(_map(v.get("metadata")).get("creationTimestamp", "")), _key(v)))
+    goals.extend(Goal("place", _key(v)) for v in pending)
+    for name in sorted(nodes):
+        if _map(nodes[name].get("spec")).get("unschedulable") is not True:
+            continue
+        running = [v for v in vmis if _node_of(v) == name]
+        if running and (all_vms or all(_opted_in(v) for v in running)):
+            goals.append(Goal("drain", name))
+    return goals
+
+
+def _unschedulable_for_resources(pod: Mapping[str, object]) -> bool:
+    if _map(pod.get("spec")).get("nodeName"):
+        return False
+    conditions = _map(pod.get("status")).get("conditions")
+    for condition in conditions if isinstance(conditions, list) else []:
+        condition = _map(condition)
+        if (
+            condition.get("type") == "PodScheduled"
+            and condition.get("status") == "False"
+            and condition.get("reason") == "Unschedulable"
+            and _RESOURCE_SHORTAGE in str(condition.get("message", ""))
+        ):
+            return True
+    return False
+
+
+def _opted_in(vmi: Mapping[str, object]) -> bool:
+    annotations = _map(_map(vmi.get("metadata")).get("annotations"))
+    return annotations.get(OPT_IN_ANNOTATION) == "true"
+
+
+def _node_of(vmi: Mapping[str, object]) -> str:
+    status = _map(vmi.get("status"))
+    if status.get("phase") in ("Succeeded", "Failed"):
+        return ""
+    node = status.get("nodeName")
+    return node if isinstance(node, str) else ""
+
+
+def _key(obj: Mapping[str, object]) -> str:
+    return f"{_namespace(obj)}/{_name(obj)}"
+
+
+def _name(obj: Mapping[str, object]) -> str:
+    return str(_map(obj.get("metadata")).get("name", ""))
+
+
+def _namespace(obj: Mapping[str, object]) -> str:
+    return str(_map(obj.get("metadata")).get("namespace", ""))
+
+
+def _map(value: object) -> Mapping[str, object]:
+    return value if isinstance(value, Mapping) else {}

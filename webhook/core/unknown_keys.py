@@ -1,0 +1,79 @@
+"""Values keys a kind's schema does not know: a typo charged as if it were absent.
+
+``storag: 50Gi`` on a VMDisk is not ``storage``: the contract never reads it, so the disk is
+charged the schema default (5Gi) and the tenant is never told. Cozystack keeps such keys, so
+admission cannot refuse them; it warns instead, naming the key and the closest known one. The
+walk follows the kind's ``openAPISchema`` (``properties``, ``additionalProperties``,
+``items``) and stops where the schema allows anything (``x-kubernetes-preserve-unknown-fields``,
+``additionalProperties: true``, or combinators it does not interpret). It is bounded: at most
+:data:`MAX_NODES` values are visited and :data:`MAX_FINDINGS` keys reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from webhook.core.spelling import did_you_mean
+
+__all__ = ["MAX_FINDINGS", "UnknownKey", "unknown_key_warnings", "unknown_keys"]
+
+MAX_FINDINGS: Final = 5
+MAX_NODES: Final = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownKey:
+    path: str  # dotted, as the other messages name values paths: nodeGroups.md0.storag
+    hint: str  # " (did you mean X?)" or ""
+
+
+def unknown_keys(values: object, schema: Mapping[str, Any]) -> list[UnknownKey]:
+    """The keys in ``values`` that ``schema`` does not declare, in document order."""
+    found: list[UnknownKey] = []
+    budget = [MAX_NODES]
+    _walk(values, schema, "", found, budget)
+    return found
+
+
+def unknown_key_warnings(kind: str, values: object, schema: Mapping[str, Any]) -> list[str]:
+    """One warning per unknown key, for kubectl and the CLI."""
+    if not schema:
+        return []
+    return [
+        f"{kind}: {item.path} is not in the {kind} schema{item.hint}; it is ignored"
+        for item in unknown_keys(values, schema)
+    ]
+
+
+def _walk(
+    value: object, schema: Mapping[str, Any], path: str, found: list[UnknownKey], budget: list[int]
+) -> None:
+    budget[0] -= 1
+    if budget[0] < 0 or len(found) >= MAX_FINDINGS or not isinstance(schema, Mapping):
+        return
+    if schema.get("x-kubernetes-preserve-unknown-fields") is True:
+        return
+    if isinstance(value, Mapping):
+        properties = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        if not isinstance(properties, Mapping) and not isinstance(extra, Mapping):
+            return  # no object shape declared: nothing to compare against
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            if isinstance(properties, Mapping) and key in properties:
+                _walk(item, properties[key], where, found, budget)
+            elif isinstance(extra, Mapping):
+                _walk(item, extra, where, found, budget)
+            elif extra is True or not isinstance(properties, Mapping):
+                continue
+            else:
+                if len(found) >= MAX_FINDINGS:
+                    return
+                found.append(UnknownKey(where, did_you_mean(str(key), map(str, properties))))
+    elif isinstance(value, list):
+        items = schema.get("items")
+        if isinstance(items, Mapping):
+            for index, item in enumerate(value):
+                _walk(item, items, f"{path}[{index}]", found, budget)

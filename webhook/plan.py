@@ -1,0 +1,164 @@
+"""``webhook plan``: the fewest live migrations that make room, from a snapshot or the cluster.
+
+Prints the plan as JSON, as ``VirtualMachineInstanceMigration`` objects ready for
+``kubectl apply -f -`` (one per step, in order), or as a table for a person. Exit codes follow
+the CLI: 0 a plan exists, 1 no plan within the cap (the reason is printed), 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+from decimal import Decimal
+from typing import Any, Final
+
+import yaml
+
+from webhook.cluster_snapshot import load_snapshot, read_cluster
+from webhook.core.planner import DEFAULT_MAX_MOVES, MAX_MOVES_CAP, Plan, plan_drain, plan_placement
+from webhook.core.quantities import format_quantity
+from webhook.core.snapshot import HOSTNAME, Snapshot, SnapshotError
+from webhook.kube.client import ApiError, KubeClient
+
+__all__ = ["add_parser", "migrations", "plan_json"]
+
+PLAN_ANNOTATION: Final = "reservation.cozystack.io/plan-step"
+
+
+def add_parser(commands: Any) -> None:
+    plan = commands.add_parser(
+        "plan", help="the fewest live migrations that place a pending VM or drain a node"
+    )
+    plan.add_argument(
+        "--snapshot",
+        metavar="FILE",
+        help="`kubectl get nodes,pods,virtualmachineinstances -A -o yaml` output; - is stdin "
+        "(default: read the cluster)",
+    )
+    plan.add_argument("--kubeconfig", metavar="FILE", help="without --snapshot; default kubectl's")
+    goal = plan.add_mutually_exclusive_group(required=True)
+    goal.add_argument("--for", dest="vmi", metavar="NAMESPACE/VMI", help="a pending VM to place")
+    goal.add_argument("--drain", metavar="NODE", help="a node every VM must leave")
+    plan.add_argument(
+        "--max-moves",
+        type=int,
+        default=DEFAULT_MAX_MOVES,
+        metavar="K",
+        help=f"at most K migrations (default {DEFAULT_MAX_MOVES}, at most {MAX_MOVES_CAP})",
+    )
+    plan.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    plan.set_defaults(handler=run)
+
+
+class PlanInputError(SnapshotError):
+    """Bad arguments to ``webhook plan``."""
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 0 <= args.max_moves <= MAX_MOVES_CAP:
+        raise PlanInputError(f"--max-moves: {args.max_moves} is not between 0 and {MAX_MOVES_CAP}")
+    if args.vmi is not None and args.vmi.count("/") != 1:
+        raise PlanInputError(f"--for: {args.vmi!r} is not NAMESPACE/NAME")
+    snapshot = load_snapshot(args.snapshot) if args.snapshot else _from_cluster(args.kubeconfig)
+    if args.vmi is not None:
+        plan = plan_placement(snapshot, args.vmi, max_moves=args.max_moves)
+    else:
+        plan = plan_drain(snapshot, args.drain, max_moves=args.max_moves)
+    if args.output == "json":
+        print(json.dumps(plan_json(plan), indent=2))
+    elif args.output == "yaml":
+        if plan.feasible:
+            print(yaml.safe_dump_all(migrations(plan, snapshot), sort_keys=False), end="")
+        else:
+            print(f"# no plan: {plan.reason}")
+    else:
+        print(plan_table(plan, args.vmi or f"drain {args.drain}"))
+    return 0 if plan.feasible else 1
+
+
+def _from_cluster(kubeconfig: str | None) -> Snapshot:
+    async def read() -> Snapshot:
+        client = KubeClient.from_kubeconfig(kubeconfig)
+        try:
+            return await read_cluster(client)
+        finally:
+            await client.close()
+
+    try:
+        return asyncio.run(read())
+    except ApiError as exc:
+        raise SnapshotError(f"reading the cluster: {exc}") from None
+
+
+def plan_json(plan: Plan) -> dict[str, object]:
+    return {
+        "feasible": plan.feasible,
+        "target": plan.target,
+        "moves": [
+            {
+                "vmi": m.vm,
+                "from": m.source,
+                "to": m.target,
+                "memory": format_quantity(Decimal(m.memory)),
+                "cpu": format_quantity(Decimal(m.cpu) / 1000),
+            }
+            for m in plan.moves
+        ],
+        "reason": plan.reason,
+    }
+
+
+def migrations(plan: Plan, snapshot: Snapshot) -> list[dict[str, object]]:
+    """One ``VirtualMachineInstanceMigration`` per step, pinned to its target by hostname."""
+    hostnames = {n.name: n.labels.get(HOSTNAME, n.name) for n in snapshot.nodes}
+    result: list[dict[str, object]] = []
+    for step, move in enumerate(plan.moves, start=1):
+        namespace, name = move.vm.split("/", 1)
+        result.append(
+            {
+                "apiVersion": "kubevirt.io/v1",
+                "kind": "VirtualMachineInstanceMigration",
+                "metadata": {
+                    "name": _name(f"make-room-{step}-{name}"),
+                    "namespace": namespace,
+                    "annotations": {PLAN_ANNOTATION: f"{step}/{len(plan.moves)}"},
+                },
+                "spec": {
+                    "vmiName": name,
+                    "addedNodeSelector": {HOSTNAME: hostnames.get(move.target, move.target)},
+                },
+            }
+        )
+    return result
+
+
+def plan_table(plan: Plan, goal: str) -> str:
+    if not plan.feasible:
+        return f"{goal}: no plan: {plan.reason}"
+    count = len(plan.moves)
+    moved = format_quantity(Decimal(plan.bytes_moved))
+    if plan.target is not None:
+        head = f"{goal} fits on {plan.target}"
+        head += " now" if not count else f" after {count} live migration{'s' * (count != 1)}"
+    else:
+        head = f"{goal}: {count} live migration{'s' * (count != 1)}"
+    if count:
+        head += f" ({moved} moved)"
+    lines = [head + ":" if count else head]
+    width = max((len(m.vm) for m in plan.moves), default=0)
+    for step, m in enumerate(plan.moves, start=1):
+        memory = format_quantity(Decimal(m.memory))
+        cpu = format_quantity(Decimal(m.cpu) / 1000)
+        lines.append(
+            f"  {step}. {m.vm:<{width}}  {m.source} -> {m.target}  memory {memory}  cpu {cpu}"
+        )
+    if count > 1:
+        lines.append("  Run the steps in order: each needs the previous one to have completed.")
+    return "\n".join(lines)
+
+
+def _name(text: str) -> str:
+    cleaned = re.sub(r"[^a-z0-9.-]", "-", text.lower())[:253].strip("-.")
+    return cleaned or "make-room"
