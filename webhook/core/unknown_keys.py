@@ -58,22 +58,38 @@ def _walk(
     if isinstance(value, Mapping):
         properties = schema.get("properties")
         extra = schema.get("additionalProperties")
-        if not isinstance(properties, Mapping) and not isinstance(extra, Mapping):
+        # Checked once per object, not once per key: this walk runs on every admission.
+        declared = properties if isinstance(properties, Mapping) else None
+        others = extra if isinstance(extra, Mapping) else None
+        if declared is None and others is None:
             return  # no object shape declared: nothing to compare against
         for key, item in value.items():
-            where = f"{path}.{key}" if path else str(key)
-            if isinstance(properties, Mapping) and key in properties:
-                _walk(item, properties[key], where, found, budget)
-            elif isinstance(extra, Mapping):
-                _walk(item, extra, where, found, budget)
-            elif extra is True or not isinstance(properties, Mapping):
+            if declared is not None and key in declared:
+                child: Any = declared[key]
+            elif others is not None:
+                child = others
+            elif extra is True or declared is None:
                 continue
             else:
                 if len(found) >= MAX_FINDINGS:
                     return
-                found.append(UnknownKey(where, did_you_mean(str(key), map(str, properties))))
+                where = f"{path}.{key}" if path else str(key)
+                found.append(UnknownKey(where, did_you_mean(str(key), map(str, declared))))
+                continue
+            if type(item) in _SCALARS:
+                budget[0] -= 1  # all a scalar costs the walk: it holds no keys
+                continue
+            where = f"{path}.{key}" if path else str(key)
+            _walk(item, child, where, found, budget)
     elif isinstance(value, list):
         items = schema.get("items")
         if isinstance(items, Mapping):
             for index, item in enumerate(value):
+                if type(item) in _SCALARS:
+                    budget[0] -= 1
+                    continue
                 _walk(item, items, f"{path}[{index}]", found, budget)
+
+
+# JSON's scalars: visiting one only counts it against the budget.
+_SCALARS: Final = frozenset({str, int, float, bool, type(None)})
