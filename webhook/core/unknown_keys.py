@@ -11,6 +11,7 @@ walk follows the kind's ``openAPISchema`` (``properties``, ``additionalPropertie
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -74,7 +75,7 @@ def _walk(
                 if len(found) >= MAX_FINDINGS:
                     return
                 where = f"{path}.{key}" if path else str(key)
-                found.append(UnknownKey(where, did_you_mean(str(key), map(str, declared))))
+                found.append(UnknownKey(where, _hint(str(key), declared)))
                 continue
             if type(item) in _SCALARS:
                 budget[0] -= 1  # all a scalar costs the walk: it holds no keys
@@ -89,6 +90,27 @@ def _walk(
                     budget[0] -= 1
                     continue
                 _walk(item, items, f"{path}[{index}]", found, budget)
+
+
+def _hint(word: str, declared: Mapping[str, Any]) -> str:
+    """:func:`did_you_mean` for an unknown key, remembered for short keys.
+
+    difflib's comparison costs far more than the rest of the walk (~130 us a key), and the
+    same unknown key comes back write after write (a chart's stale field, a team's habit). A
+    key past a Kubernetes name's length is hostile or a mistake: answered, never kept.
+    """
+    known = tuple(map(str, declared))
+    if len(word) > _REMEMBERED_KEY_CHARS:
+        return did_you_mean(word, known)
+    return _remembered_hint(word, known)
+
+
+_REMEMBERED_KEY_CHARS: Final = 253
+
+
+@functools.lru_cache(maxsize=1024)
+def _remembered_hint(word: str, known: tuple[str, ...]) -> str:
+    return did_you_mean(word, known)
 
 
 # JSON's scalars: visiting one only counts it against the budget.
