@@ -44,6 +44,7 @@ from webhook.core.overcommit import (
     format_factors,
     parse_factors,
 )
+from webhook.core.platform import Values
 from webhook.core.pools import Node
 from webhook.core.quantities import format_quantity
 from webhook.core.records import parse_recorded_charge, record_annotation, sign, verifies
@@ -754,12 +755,23 @@ def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -
         )
     except ValueError:
         app = None  # no name yet (generateName): nothing can be signed for it
-    values = state.values_digest(request.kind, app.spec) if app is not None else ""
+    prepared: Values | None = None
+    if app is not None:
+        try:  # bounded, defaulted and digested once, for the digest and the charge
+            prepared = state.platform.values(request.kind, app.spec)
+        except UNEVALUABLE:
+            prepared = None  # no charge; the digest below falls back as records expect
+    if prepared is not None:
+        values = prepared.digest
+    else:
+        values = state.values_digest(request.kind, app.spec) if app is not None else ""
     value: str | None = None
     charge = None
-    if app is not None and policy.mode_for(request.kind) != "off":
+    if app is not None and prepared is not None and policy.mode_for(request.kind) != "off":
         try:
-            charge = state.platform.charge(request.kind, app.spec, namespace=request.namespace)
+            charge = state.platform.charge_values(
+                request.kind, prepared, namespace=request.namespace
+            )
         except UNEVALUABLE:
             charge = None
     if app is not None and charge is not None:
