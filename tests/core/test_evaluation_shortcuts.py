@@ -57,6 +57,7 @@ def test_the_no_match_shortcut_agrees_with_jsonpath(values: dict[str, Any]) -> N
 
 
 def test_no_gpus_charge_no_devices_and_listed_gpus_do() -> None:
-    assert outcome({"gpus": []})[0] == {}
-    resources = outcome({"gpus": [{"name": "nvidia.com/A"}, {"name": "nvidia.com/A"}]})[0]
-    assert resources == {"nvidia.com/A": 2}
+    contract = CONTRACT
+    assert evaluation.evaluate(contract, {"gpus": []}, StaticCatalog()).resources == {}
+    listed = {"gpus": [{"name": "nvidia.com/A"}, {"name": "nvidia.com/A"}]}
+    assert evaluation.evaluate(contract, listed, StaticCatalog()).resources == {"nvidia.com/A": 2}
