@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import subprocess
 import sys
+from typing import Any
 
-from webhook.logs import JsonFormatter
+from webhook.logs import BatchingHandler, JsonFormatter
 
 
 def _record(created: float, msecs: float = 0.0, **extra: object) -> logging.LogRecord:
@@ -50,3 +52,43 @@ def test_lines_queued_by_the_event_loop_are_written_by_the_exit() -> None:
     lines = [json.loads(line) for line in done.stderr.splitlines()]
     assert [entry["uid"] for entry in lines] == [str(i) for i in range(500)]
     assert {entry["level"] for entry in lines} == {"info"}
+
+
+class CountingStream(io.StringIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        return super().write(text)
+
+
+def _handler(stream: CountingStream, **settings: Any) -> BatchingHandler:
+    handler = BatchingHandler(stream, **settings)
+    handler.setFormatter(JsonFormatter())
+    return handler
+
+
+def test_request_lines_are_written_in_batches_not_one_write_each() -> None:
+    stream = CountingStream()
+    handler = _handler(stream, lines=100, seconds=3600)
+    for index in range(250):
+        handler.handle(_record(0.0, fields={"uid": str(index)}))
+    assert stream.writes == 2  # two full batches; fifty lines wait
+    handler.flush()
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [entry["uid"] for entry in lines] == [str(i) for i in range(250)]
+
+
+def test_a_warning_is_written_at_once_with_the_lines_before_it() -> None:
+    stream = CountingStream()
+    handler = _handler(stream, lines=100, seconds=3600)
+    handler.handle(_record(0.0, fields={"uid": "a"}))
+    warning = _record(0.0)
+    warning.levelno, warning.levelname = logging.WARNING, "WARNING"
+    handler.handle(warning)
+    assert [json.loads(line)["level"] for line in stream.getvalue().splitlines()] == [
+        "info",
+        "warning",
+    ]

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import yaml
 
+from webhook.audit.command import register as register_audit
 from webhook.console import (
     EXIT_CODES,
     EXIT_FOUND,
@@ -197,6 +198,7 @@ def _parser() -> argparse.ArgumentParser:
 
     add_plan_parser(commands)
     add_rebalance_parser(commands)
+    register_audit(commands)
 
     schema = commands.add_parser("contract-schema", help="print the contract JSON Schema")
     schema.set_defaults(handler=_contract_schema)

@@ -144,10 +144,10 @@ class LiveServices:
             leader = self.elector.is_leader
             became_leader, self._was_leader = leader and not self._was_leader, leader
             await self._guarded("certificates", self._certificates(leader, became_leader))
+            await self._guarded("expiry", _now(self.ledger.sweep))
             if self._due("record-keys", CERTIFICATE_SECONDS):
                 await self._guarded("record-keys", self._record_keys())
             state = self.live.state
-            await self._guarded("expiry", _now(state.pending.expire, time.time()))
             if state.synced:
                 if self._due("drift", DRIFT_SECONDS):
                     await self._guarded("recount", _now(self._recount, state))

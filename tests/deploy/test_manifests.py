@@ -375,6 +375,7 @@ TENANT_RESERVATION: Final[Manifest] = {
                 "expected": {"cpu": "1", "memory": "1Gi"},
                 "expires": "2030-01-01T00:00:00Z",
                 "replica": "reservation-webhook-7d9c-abcde",
+                "revision": "41",
             }
         ],
         "conditions": [

@@ -161,6 +161,40 @@ def test_an_unreadable_charge_annotation_is_not_believed_and_the_spec_is_charged
     assert record.resources == {"storage": Decimal(3 * 1024**3)}
 
 
+def test_a_platform_manifest_whose_kind_is_escaped_is_still_read_before_pricing(
+    tmp_path: Path,
+) -> None:
+    # "\x54" is "T": the file's text never names the instance type group or kind literally.
+    (tmp_path / "apps.yaml").write_text(
+        "apiVersion: apps.cozystack.io/v1alpha1\nkind: VMInstance\n"
+        "metadata: {name: vm, namespace: tenant-acme}\nspec: {instanceType: huge}\n---\n"
+        'apiVersion: "ins\\x74ancetype.kubevirt.io/v1beta1"\n'
+        'kind: "VirtualMachineClusterInstance\\x74ype"\n'
+        "metadata: {name: huge}\nspec: {cpu: {guest: 8}, memory: {guest: 64Gi}}\n"
+    )
+    state = load_state([FIXTURES / "cozystack", tmp_path])
+    record = state.record(("VMInstance", "tenant-acme", "vm"))
+    assert record is not None
+    assert record.resources["memory"] == 64 * 1024**3
+
+
+def test_applications_in_files_without_platform_manifests_are_priced_against_it(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "a-apps.yaml").write_text(
+        "apiVersion: apps.cozystack.io/v1alpha1\nkind: VMInstance\n"
+        "metadata: {name: vm, namespace: tenant-acme}\nspec: {instanceType: mine}\n"
+    )
+    (tmp_path / "z-types.yaml").write_text(  # read after the application, by name order
+        "apiVersion: instancetype.kubevirt.io/v1beta1\nkind: VirtualMachineClusterInstancetype\n"
+        "metadata: {name: mine}\nspec: {cpu: {guest: 2}, memory: {guest: 3Gi}}\n"
+    )
+    state = load_state([FIXTURES / "cozystack", tmp_path])
+    record = state.record(("VMInstance", "tenant-acme", "vm"))
+    assert record is not None
+    assert record.resources["memory"] == 3 * 1024**3
+
+
 def test_a_second_object_of_the_same_name_fails_the_load_naming_both_files(
     tmp_path: Path,
 ) -> None:

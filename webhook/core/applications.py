@@ -30,6 +30,7 @@ __all__ = [
     "application_from_helmrelease",
     "application_from_object",
     "parse_recorded_charge",
+    "resource_version",
 ]
 
 APPS_API_VERSION: Final = "apps.cozystack.io/v1alpha1"
@@ -51,6 +52,7 @@ class Application:
     spec: Any
     recorded: RecordedCharge | None = None
     overcommit: str | None = None  # the overcommit annotation as written (believed if vouched)
+    version: int = 0  # metadata.resourceVersion when stored (0: not known)
 
     @property
     def key(self) -> AppKey:
@@ -79,7 +81,18 @@ def application_from_object(obj: Mapping[str, Any]) -> Application:
         obj.get("spec"),
         recorded,
         overcommit if isinstance(overcommit, str) else None,
+        version=resource_version(metadata.get("resourceVersion")),
     )
+
+
+def resource_version(value: object) -> int:
+    """A resourceVersion as a number to order by (0 when absent or not a plain revision).
+
+    Kubernetes calls resourceVersions opaque, but every object of one etcd shares its revision
+    counter, and the ledger relies on that order (see ``webhook.ledger``)."""
+    if isinstance(value, str) and value.isdigit() and len(value) <= 20:
+        return int(value)
+    return 0
 
 
 def application_from_helmrelease(release: Mapping[str, Any]) -> Application | None:

@@ -1,19 +1,35 @@
-"""Pending charges: admitted, not yet observed.
+"""Pending charges: admitted, not yet observed, as the shared ledger shows them now.
 
-An allowed request is not yet an object: another admission step may still reject it. Its charge
-is held as *pending* (added to its pool's usage) until the state observes the object with that
-charge (then the recorded charge takes over) or until the grace period passes (then it is
-released: an admission that never became an object cannot leak). Only the increases of a
-request are held: a shrink counts when it is observed, never before, so a shrink that fails
-later cannot have made room for somebody else.
+An allowed request is not yet an object: the API server stores it after the webhook answers,
+and another admission step may still reject it. Its increase is held as *pending* (added to its
+pool's usage) until the state observes the object, or until the ledger drops the entry.
 
-Charges held by *other* replicas (read from the cluster's TenantReservation objects) enter as a
-per-pool figure, set and replaced as those objects change.
+What a replica counts is derived from the ledger objects as they are now, never accumulated:
+:meth:`PendingCharges.track` replaces a pool's entries with those of the newest copy of its
+ledger object, and every figure is the sum of the entries still counted. Three rules make that
+exact under concurrency:
+
+* **An entry settles only on a newer observation.** Each entry carries the ledger revision that
+  admitted it (``after``). An observation of the application settles it only when the object's
+  resourceVersion is newer than that revision and shows the charge the entry expects (a delete
+  newer than the revision releases it). A stale copy that merely shows the same figures is older
+  than the admission and settles nothing.
+* **An entry that leaves the ledger stays counted until the state has caught up.** When an entry
+  disappears from the ledger object (settled by another replica, or dropped after its grace
+  period), it is kept as *departed* with the revision of the version it vanished from, and
+  released only once the state's watch of that kind has reached that revision: by then the state
+  has seen every write up to the entry's removal, so the object (if it was ever stored) is
+  counted instead. A silent watch therefore never lets a hold go early; the replica stops being
+  ready first.
+* **Ids are the request's.** An id seen settled is remembered while the ledger still lists it, so
+  a later delete of the object does not make it count again.
+
+Only increases are held: a shrink counts when it is observed, never before.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -23,101 +39,178 @@ from webhook.core.pools import TenantTree
 
 __all__ = ["Hold", "PendingCharges"]
 
+_Slot = tuple[str, str]  # (pool, entry id): a request charging two pools has two entries
+
 
 @dataclass(frozen=True, slots=True)
 class Hold:
-    """One admitted request's increase, waiting to be observed."""
+    """One admitted request's increase in one pool, waiting to be observed."""
 
     id: str
     key: AppKey
-    namespace: str
-    increase: Mapping[str, Decimal]  # what is added to usage while pending
+    namespace: str  # the pool it is counted in
+    increase: Mapping[str, Decimal]  # what is added to the pool's usage while pending
     charge: Mapping[str, Decimal]  # the charge the object is expected to carry once stored
-    expires: float
+    expires: float = 0.0
+    after: int = 0  # the ledger revision that admitted it: only newer observations settle it
 
 
 class PendingCharges:
-    """Holds by id, indexed by application; every change is mirrored into the tree."""
+    """The ledger entries a replica counts, by pool; every change is mirrored into the tree."""
 
-    def __init__(self, tree: TenantTree) -> None:
+    def __init__(self, tree: TenantTree, *, shows: Callable[[Hold], bool] | None = None) -> None:
         self._tree = tree
-        self._holds: dict[str, Hold] = {}
-        self._by_key: dict[AppKey, set[str]] = {}
-        self._remote: dict[str, dict[str, Decimal]] = {}
-        # Entries already seen settled, by id, until they would have expired: an object that
-        # was observed and later deleted must not make its entry count again.
-        self._resolved: dict[str, float] = {}
+        # Whether the state already shows a hold's object, newer than its admission.
+        self._shows: Callable[[Hold], bool] = shows or (lambda _: False)
+        self._entries: dict[str, dict[str, Hold]] = {}  # pool -> id -> entry, as listed now
+        self._counted: dict[_Slot, Hold] = {}  # what is in usage: listed or departed
+        self._departed: dict[_Slot, int] = {}  # slot -> revision of the version it left
+        self._by_key: dict[AppKey, set[_Slot]] = {}
+        self._resolved: set[str] = set()  # ids seen settled while the ledger lists them
+        self._resolved_floor = 0  # how many were still listed at the last pruning
+        self._figures: dict[str, dict[str, Decimal]] = {}  # pool -> counted usage
+        self._adjusted: dict[str, dict[str, Decimal]] = {}  # pool -> decided, being written
 
     def __len__(self) -> int:
-        return len(self._holds)
+        return len(self._counted)
 
     def holds(self) -> list[Hold]:
-        return list(self._holds.values())
+        """Every entry counted now (listed or departed)."""
+        return list(self._counted.values())
 
-    def hold(self, hold: Hold) -> None:
-        if hold.id in self._holds:
-            return
-        self._holds[hold.id] = hold
-        self._by_key.setdefault(hold.key, set()).add(hold.id)
-        self._tree.add_usage(hold.namespace, hold.increase)
-
-    def release(self, hold_id: str) -> Hold | None:
-        hold = self._holds.pop(hold_id, None)
-        if hold is None:
-            return None
-        ids = self._by_key.get(hold.key)
-        if ids is not None:
-            ids.discard(hold_id)
-            if not ids:
-                del self._by_key[hold.key]
-        self._tree.add_usage(hold.namespace, rl.scale(hold.increase, Decimal(-1)))
-        return hold
-
-    def settle(self, key: AppKey, charge: Mapping[str, Decimal] | None) -> list[Hold]:
-        """The application was observed with ``charge`` (``None``: deleted): release what it
-        settles. A hold is settled by an observation of the charge it expected, or by a delete."""
-        settled = [
-            self._holds[i]
-            for i in sorted(self._by_key.get(key, ()))
-            if charge is None or dict(self._holds[i].charge) == dict(charge)
-        ]
-        for hold in settled:
-            self.release(hold.id)
-            self._resolved[hold.id] = hold.expires
-        return settled
-
-    def resolve(self, hold_id: str, expires: float) -> None:
-        """Remember that entry ``hold_id`` (perhaps another replica's) has settled."""
-        self._resolved[hold_id] = expires
+    def remote(self, pool: str) -> Mapping[str, Decimal]:
+        """What pending entries add to ``pool``'s usage now."""
+        return rl.add(self._figures.get(pool, {}), self._adjusted.get(pool, {}))
 
     def resolved(self, hold_id: str) -> bool:
         return hold_id in self._resolved
 
-    def expire(self, now: float) -> list[Hold]:
-        """Release every hold whose grace period has passed."""
-        expired = [hold for hold in self._holds.values() if hold.expires <= now]
-        for hold in expired:
-            self.release(hold.id)
-        for hold_id in [i for i, expires in self._resolved.items() if expires <= now]:
-            del self._resolved[hold_id]
-        return expired
+    def departed(self, pool: str) -> int:
+        """How many entries that left ``pool``'s ledger are still counted."""
+        return sum(1 for slot in self._departed if slot[0] == pool)
+
+    # -- following the ledger --------------------------------------------------------------
+
+    def track(self, pool: str, entries: Iterable[Hold], *, version: int) -> None:
+        """``pool``'s ledger object, at resourceVersion ``version``, lists exactly ``entries``."""
+        listed = {entry.id: entry for entry in entries}
+        before = self._entries.get(pool, {})
+        for hold_id in before.keys() - listed.keys():
+            slot = (pool, hold_id)
+            if slot in self._counted:
+                self._departed.setdefault(slot, version)
+        for hold_id, entry in listed.items():
+            slot = (pool, hold_id)
+            self._departed.pop(slot, None)
+            known = self._counted.get(slot)
+            if known == entry:
+                continue
+            if known is not None:
+                self._uncount(slot)
+            if hold_id in self._resolved or self._shows(entry):
+                self._resolved.add(hold_id)
+                continue
+            self._count(slot, entry)
+        if listed:
+            self._entries[pool] = listed
+        else:
+            self._entries.pop(pool, None)
+        self._forget_resolved()
+
+    def settle(self, key: AppKey, charge: Mapping[str, Decimal] | None, version: int) -> None:
+        """The application was observed at ``version`` with ``charge`` (``None``: deleted)."""
+        for slot in sorted(self._by_key.get(key, ())):
+            hold = self._counted[slot]
+            if version <= hold.after:
+                continue  # older than the admission: a stale copy settles nothing
+            if charge is not None and dict(hold.charge) != dict(charge):
+                continue
+            self._uncount(slot)
+            self._departed.pop(slot, None)
+            self._resolved.add(hold.id)
+
+    def withdraw(self, hold_id: str) -> None:
+        """Stop counting ``hold_id`` at once: its request was refused, so no object will ever
+        carry it (a request's entries rolled back after a failure on another pool)."""
+        for slot in [s for s in self._counted if s[1] == hold_id]:
+            self._uncount(slot)
+            self._departed.pop(slot, None)
+        self._resolved.add(hold_id)
+
+    def catch_up(self, seen: Callable[[str], int]) -> None:
+        """Release departed entries whose kind's watch has reached the revision they left at."""
+        for slot, revision in list(self._departed.items()):
+            hold = self._counted[slot]
+            if seen(hold.key[0]) >= revision:
+                del self._departed[slot]
+                self._uncount(slot)
+        self._forget_resolved()
+
+    # -- a batch being decided -------------------------------------------------------------
+
+    def adjust(self, pool: str, delta: Mapping[str, Decimal]) -> None:
+        """Add ``delta`` to ``pool`` while a batch is decided and written (undone by
+        :meth:`clear_adjustments` once the written object is tracked)."""
+        change = {k: v for k, v in delta.items() if v}
+        if not change:
+            return
+        self._adjusted[pool] = rl.add(self._adjusted.get(pool, {}), change)
+        self._tree.add_usage(pool, change)
+
+    def clear_adjustments(self, pool: str) -> None:
+        adjusted = self._adjusted.pop(pool, None)
+        if adjusted:
+            self._tree.add_usage(pool, rl.scale(adjusted, Decimal(-1)))
+
+    def counted(self, pool: str, hold_id: str) -> Hold | None:
+        """The entry ``hold_id`` of ``pool`` if it is counted now."""
+        return self._counted.get((pool, hold_id))
+
+    # -- a rebuilt state -------------------------------------------------------------------
 
     def carry_over(self, other: PendingCharges) -> None:
-        """Take ``other``'s holds and settled ids (a rebuilt state continues a previous one)."""
-        for hold in other.holds():
-            self.hold(hold)
-        self._resolved.update(other._resolved)
+        """Continue ``other`` (a state rebuilt for a new platform keeps what the ledger lists)."""
+        for slot, hold in other._counted.items():
+            self._count(slot, hold)
+        self._entries = {pool: dict(entries) for pool, entries in other._entries.items()}
+        self._departed = dict(other._departed)
+        self._resolved = set(other._resolved)
 
-    def set_remote(self, pool: str, increase: Mapping[str, Decimal]) -> None:
-        """What other replicas hold in ``pool``, replacing the previous figure."""
-        before = self._remote.get(pool, {})
-        change = {k: v for k, v in rl.subtract(increase, before).items() if v}
-        if increase:
-            self._remote[pool] = dict(increase)
-        else:
-            self._remote.pop(pool, None)
-        if change:
-            self._tree.add_usage(pool, change)
+    # -- internals -------------------------------------------------------------------------
 
-    def remote(self, pool: str) -> Mapping[str, Decimal]:
-        return self._remote.get(pool, {})
+    def _count(self, slot: _Slot, hold: Hold) -> None:
+        self._counted[slot] = hold
+        self._by_key.setdefault(hold.key, set()).add(slot)
+        self._move(slot[0], hold.increase)
+
+    def _uncount(self, slot: _Slot) -> None:
+        hold = self._counted.pop(slot)
+        slots = self._by_key.get(hold.key)
+        if slots is not None:
+            slots.discard(slot)
+            if not slots:
+                del self._by_key[hold.key]
+        self._move(slot[0], rl.scale(hold.increase, Decimal(-1)))
+
+    def _move(self, pool: str, delta: Mapping[str, Decimal]) -> None:
+        figure = self._figures.setdefault(pool, {})
+        for key, value in delta.items():
+            if not value:
+                continue
+            total = figure.get(key, Decimal(0)) + value
+            if total:
+                figure[key] = total
+            else:
+                figure.pop(key, None)
+        if not figure:
+            del self._figures[pool]
+        self._tree.add_usage(pool, delta)
+
+    def _forget_resolved(self) -> None:
+        """Keep settled ids only while some ledger object still lists them (checked once the
+        set has doubled, so the walk costs O(1) per change on average)."""
+        if len(self._resolved) < max(64, 2 * self._resolved_floor):
+            return
+        listed = {hold_id for entries in self._entries.values() for hold_id in entries}
+        self._resolved &= listed
+        self._resolved_floor = len(self._resolved)

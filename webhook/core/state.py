@@ -34,7 +34,7 @@ from webhook.core import resources as rl
 from webhook.core.applications import AppKey, Application
 from webhook.core.errors import UNEVALUABLE, EvaluationError
 from webhook.core.overcommit import apply_factors
-from webhook.core.pending import PendingCharges
+from webhook.core.pending import Hold, PendingCharges
 from webhook.core.platform import Platform
 from webhook.core.pools import TenantTree
 from webhook.core.records import RecordedCharge, RecordKeys, values_digest, verifies
@@ -57,6 +57,7 @@ class AppRecord:
     own: dict[str, Decimal] | None = None  # the application's own factor, when believed
     factors: dict[str, Decimal] | None = None  # the factor applied, when there is one
     factor_source: str = ""  # "application", or the namespace of the tenant that set it
+    version: int = 0  # the stored object's resourceVersion, when the source has one
 
     @property
     def drifted(self) -> bool:
@@ -89,13 +90,14 @@ class ReservationState:
         # its own (records from elsewhere are then evaluated as they stand).
         self.keys = keys if keys is not None else RecordKeys.generate()
         self.tree = TenantTree()
-        self.pending = PendingCharges(self.tree)
+        self.pending = PendingCharges(self.tree, shows=self._shows)
         self._synced = synced
         self._readiness = readiness  # a live source's own check, asked on every read
         self._unavailable = unavailable  # a live source: why one kind cannot be decided now
         self._apps: dict[AppKey, AppRecord] = {}
         self._unknown: dict[AppKey, str] = {}  # key -> why it has no charge
         self._owned: dict[AppKey, str] = {}  # Tenant application -> namespace it owns
+        self._tenant_versions: dict[AppKey, int] = {}  # Tenant application -> resourceVersion
         self._tenant_factors: dict[str, dict[str, Decimal]] = {}  # owned namespace -> factor
         self._discount: dict[str, dict[str, Decimal]] = {}  # namespace -> committed - reserved
         self._by_namespace: dict[str, set[AppKey]] = {}  # for the pod-level guard
@@ -125,6 +127,8 @@ class ReservationState:
         namespace = key[1]
         budget = self._observe_tenant(key, app) if app.kind == TENANT_KIND else None
         record, problem = self._price(app, namespace)
+        if record is not None:
+            record.version = app.version
         previous = self._apps.pop(key, None)
         self._unknown.pop(key, None)
         if record is None:
@@ -139,10 +143,10 @@ class ReservationState:
         self._add_discount(namespace, record, 1)
         if self.pending and (record is not None or budget is not None):
             observed = budget if budget is not None else record.resources if record else {}
-            self.pending.settle(key, observed)
+            self.pending.settle(key, observed, app.version)
 
-    def forget(self, key: AppKey) -> None:
-        """Apply the deletion of an application."""
+    def forget(self, key: AppKey, *, version: int = 0) -> None:
+        """Apply the deletion of an application (seen at resourceVersion ``version``)."""
         previous = self._apps.pop(key, None)
         self._unknown.pop(key, None)
         members = self._by_namespace.get(key[1])
@@ -154,7 +158,8 @@ class ReservationState:
             self.tree.add_usage(key[1], rl.scale(previous.resources, Decimal(-1)))
             self._add_discount(key[1], previous, -1)
         if self.pending:
-            self.pending.settle(key, None)
+            self.pending.settle(key, None, version)
+        self._tenant_versions.pop(key, None)
         owned = self._owned.pop(key, None)
         if owned is not None:
             self.tree.set_budget(owned, {})
@@ -162,18 +167,19 @@ class ReservationState:
             if self._tenant_factors.pop(owned, None) is not None:
                 self._reprice_subtree(owned)
 
-    def replace_kind(self, kind: str, apps: list[Application]) -> None:
-        """Make ``kind``'s applications exactly ``apps`` (after a full list)."""
+    def replace_kind(self, kind: str, apps: list[Application], *, version: int = 0) -> None:
+        """Make ``kind``'s applications exactly ``apps`` (after a full list at ``version``)."""
         present = {app.key for app in apps}
         stale = [k for k in [*self._apps, *self._unknown] if k[0] == kind and k not in present]
         for key in stale:
-            self.forget(key)
+            self.forget(key, version=version)
         for app in apps:
             self.observe(app)
 
     def _observe_tenant(self, key: AppKey, app: Application) -> dict[str, Decimal]:
         owned = owned_namespace(key[1], key[2])
         self._owned[key] = owned
+        self._tenant_versions[key] = app.version
         kind = self.platform.kind(TENANT_KIND)
         try:
             values = kind.defaulted(app.spec) if kind else app.spec
@@ -352,6 +358,24 @@ class ReservationState:
         digest = self.values_digest(app.kind, app.spec)
         return app.recorded if verifies(self.keys, app.key, digest, app.recorded) else None
 
+    def _shows(self, hold: Hold) -> bool:
+        """Whether the state shows ``hold``'s application as admitted, newer than the admission
+        (a copy that only matches the figures may predate it, and settles nothing)."""
+        if hold.key[0] == TENANT_KIND:
+            node = self.tree.get(owned_namespace(hold.key[1], hold.key[2]))
+            return (
+                self._tenant_versions.get(hold.key, 0) > hold.after
+                and node is not None
+                and node.declared
+                and node.budget == dict(hold.charge)
+            )
+        record = self._apps.get(hold.key)
+        return (
+            record is not None
+            and record.version > hold.after
+            and dict(record.resources) == dict(hold.charge)
+        )
+
     # -- questions ---------------------------------------------------------------------------
 
     def record(self, key: AppKey) -> AppRecord | None:
@@ -393,8 +417,6 @@ def recount(state: ReservationState) -> dict[tuple[str, str], tuple[Decimal, Dec
         totals = own.setdefault(app_key[1], {})
         for key, value in record.resources.items():
             totals[key] = totals.get(key, Decimal(0)) + value
-    for hold in state.pending.holds():
-        own[hold.namespace] = rl.add(own.get(hold.namespace, {}), hold.increase)
     for node in state.tree.nodes():
         remote = state.pending.remote(node.namespace)
         if remote:

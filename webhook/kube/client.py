@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import ssl
+import time
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -27,6 +28,7 @@ Obj = dict[str, Any]
 # Request deadlines: an API call that takes longer than this is treated as failed (and retried
 # by whoever called it); a watch is bounded by its own server timeout and read timeout instead.
 REQUEST_TIMEOUT: Final = 10.0
+TOKEN_SECONDS: Final = 10.0  # kubelet rotates projected tokens long before they expire
 
 
 class ApiError(Exception):
@@ -79,6 +81,8 @@ class KubeClient:
         self.host = str(configuration.host).rstrip("/")
         self._ssl = _ssl_context(configuration)
         self._session: aiohttp.ClientSession | None = None
+        self._token: str | None = None
+        self._token_at: float | None = None
 
     @classmethod
     def from_kubeconfig(cls, path: str | None, *, context: str | None = None) -> KubeClient:
@@ -105,10 +109,16 @@ class KubeClient:
     def _headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json"}
         # The client keeps the token under "BearerToken" (older releases: "authorization");
-        # asking through the hook-aware getter lets in-cluster tokens rotate.
-        token = self._configuration.get_api_key_with_prefix(
-            "BearerToken"
-        ) or self._configuration.get_api_key_with_prefix("authorization")
+        # asking through the hook-aware getter lets in-cluster tokens rotate. The hook reloads
+        # the whole configuration (about a millisecond), so the token is asked for at most
+        # every TOKEN_SECONDS, not on every request.
+        now = time.monotonic()
+        if self._token_at is None or now - self._token_at >= TOKEN_SECONDS:
+            self._token = self._configuration.get_api_key_with_prefix(
+                "BearerToken"
+            ) or self._configuration.get_api_key_with_prefix("authorization")
+            self._token_at = now
+        token = self._token
         if token:
             headers["Authorization"] = token
         return headers

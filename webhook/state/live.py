@@ -42,6 +42,7 @@ from webhook.core.applications import (
     AppKey,
     Application,
     parse_recorded_charge,
+    resource_version,
 )
 from webhook.core.errors import ManifestError, ReservationError
 from webhook.core.kinds import kind_from_definition
@@ -58,7 +59,9 @@ __all__ = ["LiveSettings", "LiveState"]
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
-Held = tuple[str, str | None]  # an application's canonical spec (JSON) and charge annotation
+# An application's canonical spec (JSON), charge annotation, and resourceVersion (which orders
+# observations for the ledger: only one newer than an admission settles its entry).
+Held = tuple[str, str | None, int]
 
 DEFINITIONS = ResourceRef("cozystack.io", "v1alpha1", "applicationdefinitions", namespaced=False)
 CLUSTER_TYPES = ResourceRef(
@@ -479,8 +482,9 @@ class LiveState:
                 for key in [*(k for k, _ in state.records()), *state.unknown()]
                 if key[0] == kind and (key[1], key[2]) not in fresh
             ]
+            listed = resource_version(reflector.resource_version)
             for key in stale:
-                state.forget(key)
+                state.forget(key, version=listed)
             for (namespace, name), held in fresh.items():
                 state.observe(_application(kind, namespace, name, held))
 
@@ -498,13 +502,13 @@ class LiveState:
             if event_type == "DELETED":
                 held_now.pop((namespace, name), None)
                 if known:
-                    state.forget(key)
+                    state.forget(key, version=held[2])
             else:
                 held_now[(namespace, name)] = held
                 if known:
                     state.observe(_application(kind, namespace, name, held))
 
-        return Reflector(
+        reflector = Reflector(
             self.client,
             ref,
             on_replace=replace_all,
@@ -514,6 +518,19 @@ class LiveState:
             read_timeout=self.settings.read_timeout,
             clock=self.clock,
         )
+        return reflector
+
+    def observed_version(self, kind: str) -> int:
+        """The revision up to which the state has seen every write of ``kind`` (0: none yet).
+
+        A kind the platform does not know has no objects the state counts: every revision."""
+        found = self.state.platform.kind(kind)
+        if found is None:
+            return sys.maxsize
+        watch = self._apps.get(found.plural)
+        if watch is None or not watch.reflector.listed:
+            return 0
+        return resource_version(watch.reflector.resource_version)
 
 
 def _why(reflector: Reflector) -> str:
@@ -557,14 +574,17 @@ def _held_from_object(kind: str, obj: Obj) -> tuple[tuple[str, str], Held] | Non
             note = annotations.get(CHARGE_ANNOTATION) if isinstance(annotations, Mapping) else None
             spec = sys.intern(_CANONICAL.encode(obj.get("spec")))
             recorded = sys.intern(note) if isinstance(note, str) else None
-            return (sys.intern(namespace), name), (spec, recorded)
+            version = resource_version(metadata.get("resourceVersion"))
+            return (sys.intern(namespace), name), (spec, recorded, version)
     log.warning("application ignored", extra={"fields": {"kind": kind, "reason": reason}})
     return None
 
 
 def _application(kind: str, namespace: str, name: str, held: Held) -> Application:
-    spec, recorded = held
-    return Application(kind, namespace, name, json.loads(spec), parse_recorded_charge(recorded))
+    spec, recorded, version = held
+    return Application(
+        kind, namespace, name, json.loads(spec), parse_recorded_charge(recorded), version=version
+    )
 
 
 def _unusable(store: str, obj: Obj, source: str) -> str:

@@ -1,0 +1,436 @@
+"""The reservation ledger, driven deterministically: real :class:`Ledger` replicas over a stub
+API server (one revision counter, TenantReservations only), each with its own state whose
+watches the test delivers by hand, in the order that breaks things."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.builders import review
+from tests.builders import state as build_state
+from tests.cluster import app, cluster
+from webhook.core.applications import Application
+from webhook.core.decisions import Decision, Policy
+from webhook.core.reviews import AdmissionRequest, parse_review
+from webhook.core.state import ReservationState
+from webhook.kube.client import ApiError, KubeClient, ResourceRef
+from webhook.ledger import MAX_ENTRIES, MAX_ENTRY_BYTES, Ledger, LedgerSettings
+
+POLICY = Policy()
+POOL = "tenant-acme"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Cluster:
+    """The stub API server: one etcd-like revision counter, TenantReservations by pool."""
+
+    def __init__(self) -> None:
+        self.revision = 1
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.writes = 0
+        self.faults: list[tuple[str, int]] = []  # (pool, status) the next writes to it fail with
+
+    def bump(self) -> int:
+        self.revision += 1
+        return self.revision
+
+    def entries(self, pool: str = POOL) -> list[dict[str, Any]]:
+        obj = self.objects.get(pool) or {}
+        return list((obj.get("status") or {}).get("pending") or [])
+
+
+class StubClient:
+    """The three calls the ledger makes, with optimistic concurrency on resourceVersion."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+
+    async def get(self, ref: ResourceRef, namespace: str, name: str) -> dict[str, Any]:
+        await asyncio.sleep(0)
+        found = self.cluster.objects.get(name)
+        if found is None:
+            raise ApiError(404, "NotFound", name)
+        return copy.deepcopy(found)
+
+    async def create(self, ref: ResourceRef, obj: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.sleep(0)
+        name = obj["metadata"]["name"]
+        if name in self.cluster.objects:
+            raise ApiError(409, "AlreadyExists", name)
+        stored = copy.deepcopy(obj)
+        stored["metadata"]["resourceVersion"] = str(self.cluster.bump())
+        self.cluster.objects[name] = stored
+        return copy.deepcopy(stored)
+
+    async def replace(
+        self, ref: ResourceRef, obj: dict[str, Any], *, status: bool = False
+    ) -> dict[str, Any]:
+        await asyncio.sleep(0)
+        name = obj["metadata"]["name"]
+        self.cluster.writes += 1
+        for fault in self.cluster.faults:
+            if fault[0] == name:
+                self.cluster.faults.remove(fault)
+                raise ApiError(fault[1], "Fault", "injected")
+        current = self.cluster.objects[name]
+        if obj["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            raise ApiError(409, "Conflict", "the object has been modified")
+        stored = copy.deepcopy(obj)
+        stored["metadata"]["resourceVersion"] = str(self.cluster.bump())
+        self.cluster.objects[name] = stored
+        return copy.deepcopy(stored)
+
+
+class Replica:
+    """One webhook replica: its state, its ledger, and a watch position the test controls."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        name: str,
+        tenants: dict[str, dict[str, str] | None],
+        *,
+        clock: Clock | None = None,
+        **settings: Any,
+    ) -> None:
+        self.cluster = cluster
+        self.state: ReservationState = build_state(tenants)
+        self.seen = cluster.revision  # every application watch is this far
+        client: Any = StubClient(cluster)
+        stub: KubeClient = client
+        self.ledger = Ledger(
+            stub,
+            self,
+            LedgerSettings(replica=name, **settings),
+            clock=clock or Clock(),
+        )
+
+    def observed_version(self, kind: str) -> int:
+        return self.seen
+
+    def observe(self, app: Application) -> None:
+        self.state.observe(app)
+        self.seen = max(self.seen, app.version)
+
+    def deliver(self, pool: str = POOL) -> None:
+        """The TenantReservation watch delivers the pool's current object."""
+        self.ledger.reflector.on_event("MODIFIED", copy.deepcopy(self.cluster.objects[pool]))
+
+    async def admit(self, request: AdmissionRequest) -> Decision:
+        return await self.ledger.admit(request, POLICY)
+
+
+def thing(cluster: Cluster | None, name: str, memory: str, **more: str) -> Application:
+    """A Thing as stored (at the next revision) or, without a cluster, unversioned."""
+    version = cluster.bump() if cluster else 0
+    return Application("Thing", POOL, name, {"memory": memory, **more}, version=version)
+
+
+def create(name: str, memory: str, *, uid: str = "", namespace: str = POOL, **more: str) -> Any:
+    return parse_review(
+        review("Thing", namespace, name, {"memory": memory, **more}, uid=uid or f"uid-{name}")
+    )
+
+
+def grow(name: str, old: str, new: str, *, uid: str) -> AdmissionRequest:
+    return parse_review(
+        review(
+            "Thing",
+            POOL,
+            name,
+            {"memory": new},
+            operation="UPDATE",
+            old_spec={"memory": old},
+            uid=uid,
+        )
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Settling: only an observation newer than the admission
+
+
+async def test_a_stale_copy_with_the_expected_charge_does_not_settle_another_replicas_entry() -> (
+    None
+):
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "16Gi"}})
+    b = Replica(cluster, "b", {POOL: {"memory": "16Gi"}})
+    big = thing(cluster, "x", "16Gi")
+    a.observe(big)
+    b.observe(big)
+    small = thing(cluster, "x", "8Gi")
+    a.observe(small)  # b's watch still shows x at 16Gi
+    assert (await a.admit(grow("x", "8Gi", "16Gi", uid="grow"))).allowed
+    b.deliver()  # b reads a's entry expecting 16Gi, which its stale copy happens to show
+    b.observe(small)  # then b sees the shrink: only the pending grow keeps the pool full
+    decision = await b.admit(create("y", "8Gi"))
+    assert not decision.allowed, "8Gi (x) + 8Gi (the grow, pending) + 8Gi (y) > 16Gi"
+    assert decision.reason == "exceeded"
+
+
+async def test_an_observation_newer_than_the_admission_settles_the_entry() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "2Gi"}})
+    assert (await a.admit(create("x", "1Gi"))).allowed
+    assert len(a.state.pending) == 1
+    a.observe(thing(cluster, "x", "1Gi"))  # stored after the ledger write: a newer revision
+    assert len(a.state.pending) == 0
+    assert (await a.admit(create("y", "1Gi"))).allowed
+    assert not (await a.admit(create("z", "1Gi"))).allowed
+
+
+async def test_a_delete_older_than_the_admission_releases_nothing() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "1Gi"}})
+    old = thing(cluster, "x", "1Gi")
+    deleted_at = cluster.bump()
+    assert (await a.admit(create("x", "1Gi"))).allowed  # re-created; a never saw the old one
+    a.state.forget(old.key, version=deleted_at)  # the old incarnation's delete arrives late
+    assert len(a.state.pending) == 1
+    assert not (await a.admit(create("y", "1Gi"))).allowed
+
+
+# ---------------------------------------------------------------------------------------------
+# Expiry: only once the state has seen every write up to the entry's removal
+
+
+async def test_a_hold_outlives_its_grace_while_the_watch_is_silent() -> None:
+    cluster = Cluster()
+    clock = Clock()
+    a = Replica(
+        cluster,
+        "a",
+        {POOL: {"memory": "1Gi"}},
+        clock=clock,
+        grace_seconds=25.0,
+        catch_up_seconds=0.05,
+    )
+    assert (await a.admit(create("x", "1Gi"))).allowed
+    # The object is stored, but the watch is silent: the state never hears of it.
+    cluster.bump()
+    clock.now += 26  # past the grace period
+    decision = await a.admit(create("y", "1Gi"))
+    assert not decision.allowed, "the expired hold is all that keeps x counted"
+    assert cluster.entries() == [], "dropped from the ledger, still counted here"
+    assert len(a.state.pending) == 1
+    a.seen = cluster.revision  # the watch catches up (a bookmark past the removal)
+    a.observe(thing(None, "x", "1Gi"))  # ... and with it the object x
+    assert not (await a.admit(create("y", "1Gi", uid="uid-y2"))).allowed
+    assert len(a.state.pending) == 0
+
+
+async def test_an_admission_that_never_became_an_object_is_released_once_the_state_caught_up() -> (
+    None
+):
+    cluster = Cluster()
+    clock = Clock()
+    a = Replica(cluster, "a", {POOL: {"memory": "1Gi"}}, clock=clock, catch_up_seconds=0.05)
+    assert (await a.admit(create("ghost", "1Gi"))).allowed
+    clock.now += 26
+    a.seen = 0  # silent watch
+    assert not (await a.admit(create("next", "1Gi"))).allowed
+    a.seen = cluster.revision
+    assert (await a.admit(create("next", "1Gi", uid="uid-next2"))).allowed
+
+
+async def test_another_replicas_expired_entry_stays_counted_until_this_state_caught_up() -> None:
+    cluster = Cluster()
+    clock = Clock()
+    a = Replica(cluster, "a", {POOL: {"memory": "1Gi"}}, clock=clock, catch_up_seconds=0.05)
+    b = Replica(cluster, "b", {POOL: {"memory": "1Gi"}}, clock=clock, catch_up_seconds=0.05)
+    assert (await a.admit(create("x", "1Gi"))).allowed
+    b.deliver()
+    clock.now += 26
+    assert not (await a.admit(create("y", "1Gi"))).allowed  # a drops x's entry from the ledger
+    b.deliver()
+    assert cluster.entries() == []
+    assert not (await b.admit(create("z", "1Gi"))).allowed, "b's watch has not passed the drop"
+    b.seen = cluster.revision
+    assert (await b.admit(create("z", "1Gi", uid="uid-z2"))).allowed
+
+
+# ---------------------------------------------------------------------------------------------
+# What a replica counts for others: the ledger as it is now
+
+
+async def test_a_follower_counts_nothing_for_others_once_the_ledger_is_empty() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "2Gi"}})
+    b = Replica(cluster, "b", {POOL: {"memory": "2Gi"}})
+    assert (await a.admit(create("va", "1Gi"))).allowed
+    b.deliver()
+    assert (await b.admit(create("vb", "1Gi"))).allowed
+    a.deliver()
+    stored = [thing(cluster, "va", "1Gi"), thing(cluster, "vb", "1Gi")]
+    for each in stored:
+        a.observe(each)
+        b.observe(each)
+    for each in stored:
+        version = cluster.bump()
+        a.state.forget(each.key, version=version)
+        b.state.forget(each.key, version=version)
+    assert await a.ledger.reconcile() == 1  # the leader drops the settled entries
+    b.deliver()
+    b.seen = cluster.revision
+    assert cluster.entries() == []
+    decision = await b.admit(create("big", "2Gi"))
+    assert decision.allowed, decision.message
+    node = b.state.tree.get(POOL)
+    assert node is not None
+    assert node.usage.get("memory") == 2 * 1024**3
+
+
+# ---------------------------------------------------------------------------------------------
+# A request charging two pools: its entries are its own, by id
+
+
+TWO_POOLS: dict[str, dict[str, str] | None] = {
+    "tenant-acme": {"memory": "4Gi"},
+    "tenant-acme-dev": {"cpu": "2"},
+}
+
+
+def across(name: str, *, uid: str) -> AdmissionRequest:
+    return parse_review(
+        review("Thing", "tenant-acme-dev", name, {"cpu": "1", "memory": "1Gi"}, uid=uid)
+    )
+
+
+async def test_a_conflict_on_the_second_pool_is_retried_as_the_same_request_never_a_duplicate() -> (
+    None
+):
+    cluster = Cluster()
+    a = Replica(cluster, "a", TWO_POOLS)
+    cluster.faults.append(("tenant-acme-dev", 409))
+    decision = await a.ledger.admit(across("vm", uid="req-1"), POLICY)
+    assert decision.allowed, decision.message
+    assert set(decision.charged_pools) == {"tenant-acme", "tenant-acme-dev"}
+    for pool in ("tenant-acme", "tenant-acme-dev"):
+        assert [e["id"] for e in cluster.entries(pool)] == ["req-1"]
+    # The API server retries the same request (same uid): recognised, not counted twice.
+    again = await a.ledger.admit(across("vm", uid="req-1"), POLICY)
+    assert again.allowed
+    for pool in ("tenant-acme", "tenant-acme-dev"):
+        assert [e["id"] for e in cluster.entries(pool)] == ["req-1"]
+
+
+async def test_a_request_that_fails_on_the_second_pool_leaves_nothing_in_the_first() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", TWO_POOLS)
+    cluster.faults.extend([("tenant-acme-dev", 409)] * 3)  # every attempt conflicts
+    decision = await a.ledger.admit(across("vm", uid="req-1"), POLICY)
+    assert not decision.allowed
+    assert "try again" in decision.message
+    assert cluster.entries("tenant-acme") == []
+    assert cluster.entries("tenant-acme-dev") == []
+    assert len(a.state.pending) == 0
+    assert (await a.ledger.admit(across("vm", uid="req-2"), POLICY)).allowed
+
+
+# ---------------------------------------------------------------------------------------------
+# Who can be held at all
+
+
+async def test_a_request_for_a_namespace_no_tenant_owns_is_never_held() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "1Gi"}})
+    decision = await a.admit(create("x", "1Gi", namespace="tenant-acme-ghost"))
+    assert not decision.allowed
+    assert "belongs to no tenant" in decision.message
+    assert cluster.writes == 0
+    assert (await a.admit(create("y", "1Gi"))).allowed
+
+
+async def test_reposting_one_request_holds_its_charge_once() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "2Gi"}})
+    for _ in range(5):
+        assert (await a.admit(create("x", "1Gi", uid="same"))).allowed
+    assert [e["id"] for e in cluster.entries()] == ["same"]
+    assert (await a.admit(create("y", "1Gi"))).allowed
+
+
+# ---------------------------------------------------------------------------------------------
+# Group commit
+
+
+async def test_concurrent_admissions_are_decided_together_and_written_in_few_writes() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "17Gi"}})
+    answers = await asyncio.gather(*(a.admit(create(f"vm{i}", "1Gi")) for i in range(200)))
+    allowed = [i for i, d in enumerate(answers) if d.allowed]
+    assert allowed == list(range(17)), "each all or nothing, in arrival order"
+    assert {d.reason for d in answers if not d.allowed} == {"exceeded"}
+    assert len(cluster.entries()) == 17
+    assert cluster.writes <= 3
+
+
+async def test_a_full_ledger_answers_try_again_and_never_writes_past_its_bound() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "100000Gi"}})
+    answers = await asyncio.gather(
+        *(a.admit(create(f"vm{i}", "1Gi")) for i in range(MAX_ENTRIES + 50))
+    )
+    assert sum(d.allowed for d in answers) == MAX_ENTRIES
+    full = [d for d in answers if not d.allowed]
+    assert {(d.code, d.reason) for d in full} == {(429, "ledger-full")}
+    assert "try again" in full[0].message
+    assert len(cluster.entries()) == MAX_ENTRIES
+
+
+# ---------------------------------------------------------------------------------------------
+# A burst against the emulated API server
+
+
+async def test_a_burst_of_five_thousand_admissions_stays_under_the_bound_with_no_failed_write(
+    tmp_path: Path,
+) -> None:
+    """64 clients, 5,000 CREATEs into one pool; each admitted object is stored and observed
+    right after its answer, as the API server and the watch would."""
+    async with cluster(tmp_path, load=False) as (server, kubeconfig):
+        server.resource("apps.cozystack.io", "v1alpha1", "things", "Thing")
+        client = KubeClient.from_kubeconfig(str(kubeconfig))
+        try:
+            replica = Replica(Cluster(), "a", {POOL: {"memory": "10000Gi"}})
+            replica.ledger = Ledger(client, replica, LedgerSettings(replica="a"))
+            names = iter(range(5000))
+            answers: list[Decision] = []
+            sizes: list[int] = []
+
+            async def one_client() -> None:
+                for i in names:
+                    decision = await replica.admit(create(f"vm{i}", "1Gi"))
+                    answers.append(decision)
+                    if decision.allowed:
+                        stored = server.create(app("Thing", POOL, f"vm{i}", {"memory": "1Gi"}))
+                        version = int(stored["metadata"]["resourceVersion"])
+                        replica.observe(
+                            Application("Thing", POOL, f"vm{i}", {"memory": "1Gi"}, version=version)
+                        )
+                    tres = server.get("reservation.cozystack.io", "tenantreservations", POOL, POOL)
+                    sizes.append(len(json.dumps(tres)) if tres else 0)
+
+            await asyncio.gather(*(one_client() for _ in range(64)))
+        finally:
+            await client.close()
+    assert len(answers) == 5000
+    assert all(d.allowed for d in answers), {d.message for d in answers if not d.allowed}
+    assert replica.ledger.conflicts == 0
+    assert replica.ledger.failures == 0
+    assert max(sizes) < MAX_ENTRIES * MAX_ENTRY_BYTES
+    tres = server.get("reservation.cozystack.io", "tenantreservations", POOL, POOL)
+    assert tres is not None
+    assert len(tres["status"]["pending"]) <= 64
+    assert replica.ledger.writes < 5000 * 0.2, "group commit: fewer writes than admissions"

@@ -1,0 +1,156 @@
+"""One self-contained HTML page of an audit review: each pool's reserved over time vs budget.
+
+Charts are drawn with matplotlib (Agg, no display) as inline SVG: the page needs no network and
+no script to show them. A few lines of inline script only mark the page once the browser has
+laid the charts out (``data-charts-rendered``), which the tests read from a headless browser.
+Floats appear here only, for drawing; every figure in the tables is the exact quantity.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from webhook.core.audit.events import parse_time
+from webhook.core.errors import QuantityError
+from webhook.core.quantities import parse_quantity
+
+__all__ = ["render_page"]
+
+_GIB = 1024.0**3
+_SCRIPT = """
+window.addEventListener("load", function () {
+  var charts = document.querySelectorAll("figure.pool svg");
+  var drawn = 0;
+  charts.forEach(function (svg) {
+    var box = svg.getBoundingClientRect();
+    if (box.width > 0 && box.height > 0 && svg.querySelector("path")) { drawn += 1; }
+  });
+  document.body.setAttribute("data-charts-rendered", drawn + "/" + charts.length);
+});
+"""
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
+table { border-collapse: collapse; margin: 1em 0; }
+td, th { border: 1px solid #ccc; padding: 0.2em 0.6em; text-align: left; }
+figure.pool { margin: 1.5em 0; } figure.pool svg { max-width: 100%; height: auto; }
+"""
+
+
+def render_page(title: str, result: Mapping[str, Any], chart: Mapping[str, Any]) -> str:
+    """The page: charts per pool, then the tables of ``result``."""
+    figures = [_figure(pool, series) for pool, series in chart.items()]
+    body = [f"<h1>{html.escape(title)}</h1>"]
+    body += [f for f in figures if f] or ["<p>No pool had a budget in this log.</p>"]
+    body.append(_tables(result))
+    data = html.escape(json.dumps(result, default=str))
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{html.escape(title)}</title><style>{_STYLE}</style>"
+        f"<script>{_SCRIPT}</script></head><body>\n"
+        + "\n".join(body)
+        + f"\n<script type='application/json' id='result'>{data}</script>\n</body></html>\n"
+    )
+
+
+def _figure(pool: str, series: Mapping[str, Any]) -> str:
+    points: Sequence[Mapping[str, Any]] = series.get("points", [])
+    denials: Sequence[Mapping[str, Any]] = series.get("denials", [])
+    keys = sorted({k for p in points for k in p.get("budget", {})})
+    if not keys:
+        return ""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    figure, axes = pyplot.subplots(
+        len(keys), 1, figsize=(9, 2.4 * len(keys)), sharex=True, squeeze=False
+    )
+    times = [_time(p["time"]) for p in points]
+    for row, key in enumerate(keys):
+        ax = axes[row][0]
+        scale, unit = _scale(key, points)
+        reserved = [_number(p["reserved"].get(key)) / scale for p in points]
+        budget = [_number(p["budget"].get(key)) / scale for p in points]
+        ax.step(times, reserved, where="post", label="reserved", color="#1f77b4")
+        ax.step(times, budget, where="post", label="budget", color="#d62728", linestyle="--")
+        marked = [d for d in denials if key in d.get("reserved", {})]
+        if marked:
+            ax.scatter(
+                [_time(d["time"]) for d in marked],
+                [_number(d["reserved"][key]) / scale for d in marked],
+                marker="x",
+                color="#d62728",
+                label="denied / would deny",
+                zorder=3,
+            )
+        ax.set_ylabel(f"{key}{unit}")
+        ax.grid(alpha=0.3)
+        if row == 0:
+            ax.set_title(f"pool {pool}")
+            ax.legend(loc="upper left", fontsize="small")
+    figure.autofmt_xdate()
+    buffer = io.StringIO()
+    figure.savefig(buffer, format="svg", bbox_inches="tight")
+    pyplot.close(figure)
+    svg = buffer.getvalue()
+    svg = svg[svg.index("<svg") :]
+    caption = f"{html.escape(pool)}: reserved over time against the budget; x marks a denial"
+    return (
+        f"<figure class='pool' id='pool-{html.escape(pool)}'>{svg}"
+        f"<figcaption>{caption}</figcaption></figure>"
+    )
+
+
+def _tables(result: Mapping[str, Any]) -> str:
+    parts = []
+    for name, title in (
+        ("rows", "By namespace and kind"),
+        ("pools", "By pool"),
+        ("users", "By user"),
+        ("denied", "Would be denied"),
+        ("warned", "Would warn"),
+        ("undecided", "Stored without a decision"),
+        ("unreachable", "Webhook unreachable"),
+    ):
+        rows = result.get(name)
+        if isinstance(rows, list) and rows:
+            parts.append(f"<h2>{title}</h2>{_table(rows)}")
+    return "\n".join(parts)
+
+
+def _table(rows: Sequence[Mapping[str, Any]]) -> str:
+    headers = list(rows[0])
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_text(r.get(h)))}</td>" for h in headers) + "</tr>"
+        for r in rows
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _text(value: object) -> str:
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k}={v}" for k, v in value.items())
+    return "-" if value is None else str(value)
+
+
+def _time(text: str) -> datetime:
+    return parse_time(text)
+
+
+def _number(text: object) -> float:
+    try:
+        return float(parse_quantity(text)) if text is not None else 0.0
+    except QuantityError:
+        return 0.0
+
+
+def _scale(key: str, points: Sequence[Mapping[str, Any]]) -> tuple[float, str]:
+    largest = max((_number(p["budget"].get(key)) for p in points), default=0.0)
+    return (_GIB, " (GiB)") if largest >= _GIB else (1.0, "")
