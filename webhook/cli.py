@@ -4,8 +4,10 @@ Each command is a thin shell over the core: parse arguments, load what it needs,
 function, print. A command is a subparser with ``set_defaults(handler=...)``; :func:`main` runs
 every handler through :func:`webhook.console.run`, so each one, present or added later, fails
 the same way: one line on stderr naming the file, flag or path and the fix, exit status 2 (the
-exit codes are in ``--help``). Heavy modules (aiohttp, the Kubernetes client) are imported by
-the commands that use them, so a command that reads files starts fast.
+exit codes are in ``--help``). Heavy modules (aiohttp, the Kubernetes client, the audit review)
+are imported by the commands that use them, so a command that reads files starts fast: building
+the parser imports argparse-level code only (a heavy command's flags are in
+:mod:`webhook.arguments`), and ``tests/test_cli_startup.py`` keeps it so.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-import yaml
-
-from webhook.audit.command import register as register_audit
+from webhook.arguments.audit import add_parser as add_audit_parser
+from webhook.arguments.plan import add_parser as add_plan_parser
+from webhook.arguments.rebalance import add_parser as add_rebalance_parser
 from webhook.console import (
     EXIT_CODES,
     EXIT_FOUND,
@@ -34,11 +36,10 @@ from webhook.console import (
     load_state_showing_progress,
     run,
 )
-from webhook.core.decisions import MODES, Mode, Policy
-from webhook.plan import add_parser as add_plan_parser
-from webhook.rebalance import add_parser as add_rebalance_parser
+from webhook.core.modes import MODES, Mode
 
 if TYPE_CHECKING:
+    from webhook.core.decisions import Policy
     from webhook.core.guard import QuotaBook
     from webhook.core.platform import Platform
     from webhook.core.records import RecordKeys
@@ -198,7 +199,7 @@ def _parser() -> argparse.ArgumentParser:
 
     add_plan_parser(commands)
     add_rebalance_parser(commands)
-    register_audit(commands)
+    add_audit_parser(commands)
 
     schema = commands.add_parser("contract-schema", help="print the contract JSON Schema")
     schema.set_defaults(handler=_contract_schema)
@@ -294,6 +295,7 @@ def _require_platform(platform: Platform, paths: Sequence[str]) -> None:
 
 
 def _policy(args: argparse.Namespace, known: Sequence[str]) -> Policy:
+    from webhook.core.decisions import Policy
     from webhook.settings import SettingsError, check_mode_kinds, load_settings
 
     per_kind: dict[str, Mode] = {}
@@ -598,6 +600,8 @@ def _completion(args: argparse.Namespace) -> int:
 
 
 def _read_document(name: str, *, allow_empty: bool = False) -> Any:
+    import yaml
+
     try:
         text = sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

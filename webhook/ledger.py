@@ -283,6 +283,17 @@ class Ledger:
         uid = request.uid
         async with self._locked(pools):
             for _ in range(self.settings.attempts):
+                # Decide against each pool's ledger object exactly as it will be written: an
+                # object fetched (or changed) after the decision would list entries it missed.
+                try:
+                    for pool in pools:
+                        if pool not in self._objects:
+                            await self._ensure(pool)
+                except ApiError as exc:
+                    log.warning("ledger read failed", extra={"fields": {"error": str(exc)}})
+                    await self._roll_back(pools, uid)
+                    return _unavailable()
+                basis = {pool: self._objects.get(pool) for pool in pools}
                 state = self._current()
                 for pool in pools:
                     own = state.pending.counted(pool, uid)
@@ -301,7 +312,8 @@ class Ledger:
                     return _changed(", ".join(pools))
                 try:
                     for pool in pools:
-                        await self._put_entry(pool, self._entry(request, decision, pool), state)
+                        entry = self._entry(request, decision, pool)
+                        await self._put_entry(pool, entry, state, basis[pool])
                 except _Conflict:
                     self.conflicts += 1
                     continue  # what was written is ours (by uid): reused or replaced next time
@@ -313,9 +325,13 @@ class Ledger:
             await self._roll_back(pools, uid)
         return _contention(pools)
 
-    async def _put_entry(self, pool: str, entry: Obj, state: ReservationState) -> None:
-        """Make ``pool``'s ledger list ``entry`` (replacing one with its id); one write at most."""
-        current = self._objects.get(pool) or await self._ensure(pool)
+    async def _put_entry(
+        self, pool: str, entry: Obj, state: ReservationState, current: Obj | None
+    ) -> None:
+        """Make ``pool``'s ledger list ``entry`` (replacing one with its id); one write at most,
+        conditional on ``current``, the version the decision counted (a newer one conflicts)."""
+        if current is None:
+            raise _Conflict()
         for known in self._current_entries(current):
             if known.get("id") == entry["id"] and _same(known, entry):
                 return  # written by an earlier attempt of this request: reuse it

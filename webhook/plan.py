@@ -2,7 +2,8 @@
 
 Prints the plan as JSON, as ``VirtualMachineInstanceMigration`` objects ready for
 ``kubectl apply -f -`` (one per step, in order), or as a table for a person. Exit codes follow
-the CLI: 0 a plan exists, 1 no plan within the cap (the reason is printed), 2 bad input.
+the CLI: 0 a plan exists, 1 no plan within the cap (the reason is printed), 2 bad input. Its
+flags are defined in :mod:`webhook.arguments.plan`.
 """
 
 from __future__ import annotations
@@ -12,44 +13,19 @@ import asyncio
 import json
 import re
 from decimal import Decimal
-from typing import Any, Final
+from typing import Final
 
 import yaml
 
 from webhook.cluster_snapshot import load_snapshot, read_cluster
-from webhook.core.planner import DEFAULT_MAX_MOVES, MAX_MOVES_CAP, Plan, plan_drain, plan_placement
+from webhook.core.planner import MAX_MOVES_CAP, Plan, plan_drain, plan_placement
 from webhook.core.quantities import format_quantity
 from webhook.core.snapshot import HOSTNAME, Snapshot, SnapshotError
 from webhook.kube.client import ApiError, KubeClient
 
-__all__ = ["add_parser", "migrations", "plan_json"]
+__all__ = ["migrations", "plan_json", "run"]
 
 PLAN_ANNOTATION: Final = "reservation.cozystack.io/plan-step"
-
-
-def add_parser(commands: Any) -> None:
-    plan = commands.add_parser(
-        "plan", help="the fewest live migrations that place a pending VM or drain a node"
-    )
-    plan.add_argument(
-        "--snapshot",
-        metavar="FILE",
-        help="`kubectl get nodes,pods,virtualmachineinstances -A -o yaml` output; - is stdin "
-        "(default: read the cluster)",
-    )
-    plan.add_argument("--kubeconfig", metavar="FILE", help="without --snapshot; default kubectl's")
-    goal = plan.add_mutually_exclusive_group(required=True)
-    goal.add_argument("--for", dest="vmi", metavar="NAMESPACE/VMI", help="a pending VM to place")
-    goal.add_argument("--drain", metavar="NODE", help="a node every VM must leave")
-    plan.add_argument(
-        "--max-moves",
-        type=int,
-        default=DEFAULT_MAX_MOVES,
-        metavar="K",
-        help=f"at most K migrations (default {DEFAULT_MAX_MOVES}, at most {MAX_MOVES_CAP})",
-    )
-    plan.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
-    plan.set_defaults(handler=run)
 
 
 class PlanInputError(SnapshotError):

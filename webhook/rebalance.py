@@ -44,7 +44,7 @@ from webhook.core.snapshot import HOSTNAME, Snapshot, snapshot_from_objects
 from webhook.kube.client import ApiError, KubeClient, ResourceRef
 from webhook.waits import sleep_unless_stopped
 
-__all__ = ["RebalanceSettings", "Rebalancer", "add_parser"]
+__all__ = ["RebalanceSettings", "Rebalancer", "run"]
 
 log = logging.getLogger("webhook.rebalance")
 
@@ -272,32 +272,11 @@ def _map(value: object) -> Mapping[str, object]:
     return value if isinstance(value, Mapping) else {}
 
 
-def add_parser(commands: Any) -> None:
-    rebalance = commands.add_parser(
-        "rebalance", help="make room for pending VMs and drains with live migrations"
-    )
-    rebalance.add_argument("--kubeconfig", metavar="FILE", help="default: in-cluster")
-    rebalance.add_argument(
-        "--apply", action="store_true", help="create migrations (default: dry run, Events only)"
-    )
-    rebalance.add_argument(
-        "--all", dest="all_vms", action="store_true", help="act on every VMI, not only opted-in"
-    )
-    rebalance.add_argument("--interval", type=float, default=30.0, metavar="SECONDS")
-    rebalance.add_argument("--max-moves", type=int, default=DEFAULT_MAX_MOVES, metavar="K")
-    rebalance.add_argument("--migration-timeout", type=float, default=900.0, metavar="SECONDS")
-    rebalance.add_argument(
-        "--listen", default="0.0.0.0:8080", metavar="HOST:PORT", help="/metrics and /healthz"
-    )
-    rebalance.add_argument("--once", action="store_true", help="one round, then exit")
-    rebalance.set_defaults(handler=_run)
-
-
 class RebalanceInputError(ReservationError):
     """Bad arguments to ``webhook rebalance``."""
 
 
-def _run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     if not 1 <= args.max_moves <= MAX_MOVES_CAP:
         raise RebalanceInputError(f"--max-moves: {args.max_moves} is not between 1 and 5")
     if args.interval <= 0 or args.migration_timeout <= 0:

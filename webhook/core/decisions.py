@@ -25,7 +25,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from webhook.core import resources as rl
 from webhook.core.applications import (
@@ -36,6 +36,7 @@ from webhook.core.applications import (
 )
 from webhook.core.errors import UNEVALUABLE, EvaluationError
 from webhook.core.kinds import APPS_GROUP
+from webhook.core.modes import MODES, Mode
 from webhook.core.overcommit import (
     OVERCOMMIT_ANNOTATION,
     OvercommitError,
@@ -57,8 +58,6 @@ Factors = dict[str, Decimal]
 
 __all__ = ["MODES", "Decision", "Mode", "Policy", "decide", "errored", "mutate"]
 
-Mode = Literal["enforce", "warn", "off"]
-MODES: Final = ("enforce", "warn", "off")
 
 # The API server truncates warnings over 256 characters and drops them past 4096 in total
 # (k8s.io/apiserver/pkg/warning); we aim for 120 so kubectl prints each on one line.

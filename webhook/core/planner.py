@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Final
 
+from webhook.core.plan_limits import DEFAULT_MAX_MOVES, MAX_MOVES_CAP
 from webhook.core.snapshot import PODS, VM, AntiAffinity, Node, Placement, Snapshot
 
 __all__ = [
@@ -39,8 +40,6 @@ __all__ = [
     "replay",
 ]
 
-DEFAULT_MAX_MOVES: Final = 3
-MAX_MOVES_CAP: Final = 5
 # Work is bounded before it is done: a search that expands more states than this gives up,
 # saying so, rather than holding a controller or a CLI for minutes.
 MAX_EXPANSIONS: Final = 2_000_000

@@ -1,0 +1,47 @@
+"""Run the simulation from the command line: a soak over many seeds, or one seed's trace.
+
+python -m tests.simulation --seeds 100000            # seeds 0..99999, stop at the first failure
+python -m tests.simulation --seeds 5000 --start 7000  # seeds 7000..11999
+python -m tests.simulation --seed 1234               # replay one seed, print its whole trace
+python -m tests.simulation --seed 1234 --revert-settle  # the same, on the reverted settle rule
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from tests.simulation.reverted import reverted_settle_rule
+from tests.simulation.simulator import explore, replay_command, run
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.simulation", description=__doc__)
+    parser.add_argument("--seeds", type=int, default=1000, help="how many seeds to explore")
+    parser.add_argument("--start", type=int, default=0, help="the first seed")
+    parser.add_argument("--seed", type=int, help="replay this one seed and print its trace")
+    parser.add_argument(
+        "--revert-settle",
+        action="store_true",
+        help="settle ledger entries on a merely matching value (the old, wrong rule)",
+    )
+    args = parser.parse_args(argv)
+    with reverted_settle_rule(args.revert_settle):
+        if args.seed is not None:
+            outcome = run(args.seed)
+            print("\n".join(outcome.trace))
+            print(f"seed {args.seed}: {'ok' if outcome.ok else outcome.problem}")
+            return 0 if outcome.ok else 1
+        began = time.perf_counter()
+        summary = explore(range(args.start, args.start + args.seeds))
+        elapsed = time.perf_counter() - began
+    print(summary.describe(elapsed))
+    if summary.failure is not None:
+        print(summary.failure.report(replay_command(summary.failure.seed, args.revert_settle)))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

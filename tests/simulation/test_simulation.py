@@ -1,0 +1,66 @@
+"""The ledger under every interleaving the seeds draw: replicas, watches, faults and clients.
+
+Each seed is one schedule (see ``tests/simulation/simulator.py``); a failure prints the seed's
+whole trace and the one command that replays it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.simulation.reverted import reverted_settle_rule
+from tests.simulation.simulator import explore, replay_command, run
+
+CI_SEEDS = 5000
+CHUNK = 1000  # seeds per test: a failure in one chunk leaves the others reported
+# The reverted rule must be found within this many seeds.
+REVERTED_SEEDS = 1000
+
+
+def _option(config: pytest.Config, name: str, env: str, default: int) -> int:
+    value = config.getoption(name)
+    if value is None:
+        value = int(os.environ.get(env, default))
+    return int(value)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "seeds" in metafunc.fixturenames:
+        config = metafunc.config
+        count = _option(config, "--seeds", "SIMULATION_SEEDS", CI_SEEDS)
+        start = _option(config, "--seed-start", "SIMULATION_SEED_START", 0)
+        chunks = [
+            range(first, min(first + CHUNK, start + count))
+            for first in range(start, start + count, CHUNK)
+        ]
+        metafunc.parametrize("seeds", chunks, ids=[f"{c.start}-{c.stop - 1}" for c in chunks])
+
+
+def test_no_schedule_pushes_a_pool_past_its_budget_or_leaves_the_replicas_apart(
+    seeds: range,
+) -> None:
+    summary = explore(seeds)
+    failure = summary.failure
+    assert failure is None, failure.report(replay_command(failure.seed))
+    assert summary.seeds == len(seeds)
+    assert summary.stored > summary.seeds  # the schedules really store what they admit
+
+
+def test_settling_on_a_merely_matching_value_is_found_as_an_overshoot() -> None:
+    with reverted_settle_rule():
+        summary = explore(range(REVERTED_SEEDS))
+    failure = summary.failure
+    assert failure is not None, f"{REVERTED_SEEDS} seeds missed the reverted settle rule"
+    assert failure.problem.startswith("pool over budget"), failure.report(
+        replay_command(failure.seed, reverted=True)
+    )
+    # The same schedule passes on the real rule: the overshoot is the reverted rule's doing.
+    assert run(failure.seed).ok
+
+
+def test_a_seed_replays_exactly() -> None:
+    first, second = run(11), run(11)
+    assert first.trace == second.trace
+    assert len(first.trace) > 50

@@ -1,0 +1,37 @@
+"""``webhook rebalance``'s flags; the controller (aiohttp, the Kubernetes client) loads to run."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from webhook.core.plan_limits import DEFAULT_MAX_MOVES
+
+__all__ = ["add_parser"]
+
+
+def add_parser(commands: Any) -> None:
+    rebalance = commands.add_parser(
+        "rebalance", help="make room for pending VMs and drains with live migrations"
+    )
+    rebalance.add_argument("--kubeconfig", metavar="FILE", help="default: in-cluster")
+    rebalance.add_argument(
+        "--apply", action="store_true", help="create migrations (default: dry run, Events only)"
+    )
+    rebalance.add_argument(
+        "--all", dest="all_vms", action="store_true", help="act on every VMI, not only opted-in"
+    )
+    rebalance.add_argument("--interval", type=float, default=30.0, metavar="SECONDS")
+    rebalance.add_argument("--max-moves", type=int, default=DEFAULT_MAX_MOVES, metavar="K")
+    rebalance.add_argument("--migration-timeout", type=float, default=900.0, metavar="SECONDS")
+    rebalance.add_argument(
+        "--listen", default="0.0.0.0:8080", metavar="HOST:PORT", help="/metrics and /healthz"
+    )
+    rebalance.add_argument("--once", action="store_true", help="one round, then exit")
+    rebalance.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from webhook.rebalance import run
+
+    return run(args)
