@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.builders import platform
 from webhook.core.bounds import ValuesLimits, check_values
@@ -53,3 +56,49 @@ def test_the_check_stops_at_the_bound_whatever_the_size() -> None:
     with pytest.raises(EvaluationError):
         check_values([wide] * 1000, ValuesLimits(max_nodes=100))
     assert visited <= 100
+
+
+def walk_every_node(values: object, limits: ValuesLimits) -> str:
+    """The plain walk that queues every node, scalars included: the specification."""
+    nodes = 0
+    stack: list[tuple[object, int]] = [(values, 1)]
+    while stack:
+        value, depth = stack.pop()
+        nodes += 1
+        if isinstance(value, Mapping):
+            children: list[object] = list(value.values())
+        elif isinstance(value, list | tuple):
+            children = list(value)
+        else:
+            continue
+        if nodes + len(stack) + len(children) > limits.max_nodes:
+            return (
+                f"the values hold more than {limits.max_nodes} entries; refused before evaluation"
+            )
+        if children and depth >= limits.max_depth:
+            return f"the values nest deeper than {limits.max_depth} levels; refused"
+        stack.extend((child, depth + 1) for child in children)
+    return ""
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=3),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=2), children, max_size=4)
+    ),
+    max_leaves=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON_VALUES, st.integers(1, 40), st.integers(1, 6))
+def test_the_bounds_refuse_exactly_where_a_walk_over_every_node_does(
+    values: object, max_nodes: int, max_depth: int
+) -> None:
+    limits = ValuesLimits(max_nodes=max_nodes, max_depth=max_depth)
+    try:
+        check_values(values, limits)
+        refused = ""
+    except EvaluationError as exc:
+        refused = exc.reason
+    assert refused == walk_every_node(values, limits)

@@ -32,20 +32,25 @@ DEFAULT_VALUES_LIMITS: Final = ValuesLimits()
 
 
 def check_values(values: object, limits: ValuesLimits = DEFAULT_VALUES_LIMITS) -> None:
-    """Raise :class:`EvaluationError` if ``values`` pass a bound; costs at most ``max_nodes``."""
-    nodes = 0
+    """Raise :class:`EvaluationError` if ``values`` pass a bound; costs at most ``max_nodes``.
+
+    Every value is counted when its container is visited; only containers are queued (a
+    scalar has nothing more to check), so the walk visits containers in the same order, and
+    refuses at the same point, as one that queued every node. This runs on every admission.
+    """
+    seen = 1  # nodes counted so far: the ones visited and the ones queued or skipped
     stack: list[tuple[object, int]] = [(values, 1)]
     while stack:
         value, depth = stack.pop()
-        nodes += 1
-        if isinstance(value, Mapping):
+        # ``type(...) is`` first: the common JSON containers skip the slower ABC check.
+        if type(value) is dict or isinstance(value, Mapping):
             children: Iterable[object] = value.values()
         elif isinstance(value, list | tuple):
             children = value
         else:
             continue
         size = len(value)
-        if nodes + len(stack) + size > limits.max_nodes:  # before queueing any of them
+        if seen + size > limits.max_nodes:  # before queueing any of them
             raise EvaluationError(
                 "spec",
                 f"the values hold more than {limits.max_nodes} entries; refused before evaluation",
@@ -54,4 +59,16 @@ def check_values(values: object, limits: ValuesLimits = DEFAULT_VALUES_LIMITS) -
             raise EvaluationError(
                 "spec", f"the values nest deeper than {limits.max_depth} levels; refused"
             )
-        stack.extend((child, depth + 1) for child in children)
+        seen += size
+        for child in children:
+            kind = type(child)
+            if (
+                kind is dict
+                or kind is list
+                or (kind not in _SCALARS and isinstance(child, Mapping | list | tuple))
+            ):
+                stack.append((child, depth + 1))
+
+
+# What JSON and YAML values mostly are: never containers, so no ABC check is needed for them.
+_SCALARS: Final = frozenset({str, int, float, bool, type(None)})

@@ -41,6 +41,17 @@ class InstanceType:
     memory: Decimal
     devices: Mapping[str, Decimal] = field(default_factory=dict)
     namespace: str = ""  # empty for the cluster-scoped kind
+    # Built once: every evaluation that sizes by this type digests it.
+    _fingerprint: str = field(init=False, repr=False, compare=False, default="")
+
+    def __post_init__(self) -> None:
+        devices = ",".join(f"{k}={format_quantity(v)}" for k, v in sorted(self.devices.items()))
+        scope = f"{self.namespace}/" if self.namespace else ""
+        text = (
+            f"instancetype:{scope}{self.name}:cpu={format_quantity(self.cpu)},"
+            f"memory={format_quantity(self.memory)};{devices}"
+        )
+        object.__setattr__(self, "_fingerprint", text)
 
     def resources(self) -> dict[str, Decimal]:
         """The charge of one VM of this type: guest CPU and memory plus its GPUs."""
@@ -48,12 +59,7 @@ class InstanceType:
 
     def fingerprint(self) -> str:
         """A stable text of what the size depends on, for contract digests."""
-        devices = ",".join(f"{k}={format_quantity(v)}" for k, v in sorted(self.devices.items()))
-        scope = f"{self.namespace}/" if self.namespace else ""
-        return (
-            f"instancetype:{scope}{self.name}:cpu={format_quantity(self.cpu)},"
-            f"memory={format_quantity(self.memory)};{devices}"
-        )
+        return self._fingerprint
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,10 +69,16 @@ class Preset:
     name: str
     resources: Mapping[str, Decimal]
     replacement: str = ""  # set for deprecated flat aliases such as ``medium``
+    # Built once: every evaluation that sizes by this preset digests it.
+    _fingerprint: str = field(init=False, repr=False, compare=False, default="")
+
+    def __post_init__(self) -> None:
+        body = ",".join(f"{k}={format_quantity(v)}" for k, v in sorted(self.resources.items()))
+        object.__setattr__(self, "_fingerprint", f"preset:{self.name}:{body}")
 
     def fingerprint(self) -> str:
-        body = ",".join(f"{k}={format_quantity(v)}" for k, v in sorted(self.resources.items()))
-        return f"preset:{self.name}:{body}"
+        """A stable text of what the size depends on, for contract digests."""
+        return self._fingerprint
 
 
 class Catalog(Protocol):

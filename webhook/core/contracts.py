@@ -84,6 +84,12 @@ _PLAIN_PATH = re.compile(r"[$@](\.[A-Za-z_][A-Za-z0-9_]*)+")
 # A plain path followed by one wildcard (`$.nodeGroups.*`, `@.shards[*]`): its matches are the
 # entries of one container, which evaluation can count before materialising them.
 _WILDCARD_PATH = re.compile(r"[$@]((?:\.[A-Za-z_][A-Za-z0-9_]*)*)(?:\.\*|\[\*\])")
+# Plain keys, then a wildcard, then only keys and wildcards (`$.gpus[*].name`): a chain of
+# children, so it matches nothing when the keys before the first wildcard lead nowhere or to an
+# empty container. Group 1 holds those keys.
+_HEADED_PATH = re.compile(
+    r"[$@]((?:\.[A-Za-z_][A-Za-z0-9_]*)+)(?:\.\*|\[\*\])(?:\.[A-Za-z_][A-Za-z0-9_]*|\.\*|\[\*\])*"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +105,10 @@ class ValuePath:
     expression: JSONPath = field(compare=False, repr=False)
     fields: tuple[str, ...] | None = None
     container: tuple[str, ...] | None = None  # for `<plain path>.*`: the container's keys
+    # For `<plain path>` + wildcard + more (`$.gpus[*].name`): the plain keys before the
+    # wildcard. Evaluation answers "no match" without jsonpath-ng when they lead nowhere or to
+    # an empty container, as they do for most values (no GPUs).
+    head: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,7 +401,9 @@ class _Compiler:
         container = tuple(wildcard[1][1:].split(".")) if wildcard and wildcard[1] else None
         if wildcard and not wildcard[1]:
             container = ()
-        return ValuePath(text, relative, expression, fields, container)
+        headed = _HEADED_PATH.fullmatch(text)
+        head = tuple(headed[1][1:].split(".")) if headed else None
+        return ValuePath(text, relative, expression, fields, container, head)
 
 
 def _format_path(parts: Any) -> str:

@@ -45,6 +45,7 @@ from webhook.core.overcommit import (
     format_factors,
     parse_factors,
 )
+from webhook.core.platform import Values
 from webhook.core.pools import Node
 from webhook.core.quantities import format_quantity
 from webhook.core.records import parse_recorded_charge, record_annotation, sign, verifies
@@ -222,7 +223,8 @@ def _decide_application(
             "declares it, so its reservation cannot be evaluated",
         )
     try:
-        charge = state.platform.charge(request.kind, app.spec, namespace=namespace)
+        prepared = state.platform.values(request.kind, app.spec)  # bounded, defaulted, digested
+        charge = state.platform.charge_values(request.kind, prepared, namespace=namespace)
     except EvaluationError as exc:
         if kind.contract is None:
             return errored(403, "Forbidden", "no-contract", str(exc.for_kind(request.kind)))
@@ -231,7 +233,7 @@ def _decide_application(
         return invalid(
             "spec", f"{request.kind}: the values cannot be evaluated ({type(exc).__name__})"
         )
-    values = state.values_digest(request.kind, app.spec)
+    values = prepared.digest  # what state.values_digest gives, without a second encoding
     forged = _forged_annotation(request, state, app, values)
     if forged:
         return errored(403, "Forbidden", "forged-charge", forged)
@@ -607,7 +609,9 @@ def _audit(decision: Decision, *, outcome: str, mode: Mode, allowed: bool) -> di
     if decision.factor:
         audit["overcommit"] = decision.factor
     if decision.delta is not None:
-        audit["delta"] = _json(decision.delta)
+        # A CREATE's delta is its charge: the same figures, encoded once.
+        same = decision.charge is not None and decision.delta == decision.charge
+        audit["delta"] = audit["charge"] if same else _json(decision.delta)
     if decision.pool:
         audit["pool"] = decision.pool
     if decision.reserved_after:
@@ -763,12 +767,23 @@ def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -
         )
     except ValueError:
         app = None  # no name yet (generateName): nothing can be signed for it
-    values = state.values_digest(request.kind, app.spec) if app is not None else ""
+    prepared: Values | None = None
+    if app is not None:
+        try:  # bounded, defaulted and digested once, for the digest and the charge
+            prepared = state.platform.values(request.kind, app.spec)
+        except UNEVALUABLE:
+            prepared = None  # no charge; the digest below falls back as records expect
+    if prepared is not None:
+        values = prepared.digest
+    else:
+        values = state.values_digest(request.kind, app.spec) if app is not None else ""
     value: str | None = None
     charge = None
-    if app is not None and policy.mode_for(request.kind) != "off":
+    if app is not None and prepared is not None and policy.mode_for(request.kind) != "off":
         try:
-            charge = state.platform.charge(request.kind, app.spec, namespace=request.namespace)
+            charge = state.platform.charge_values(
+                request.kind, prepared, namespace=request.namespace
+            )
         except UNEVALUABLE:
             charge = None
     if app is not None and charge is not None:

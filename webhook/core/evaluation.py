@@ -433,7 +433,10 @@ class _Run:
                 datum = datum[name]
             self.matches += 1
             return [(_join(prefix, ".".join(path.fields)), datum)]
-        found = path.expression.find(datum)
+        if path.head is not None and _leads_nowhere(datum, path.head):
+            found = []
+        else:
+            found = path.expression.find(datum)
         self.matches += len(found)
         if self.matches > self.limits.max_matches:
             raise EvaluationError(
@@ -449,6 +452,16 @@ class _Run:
         if len(found) > 1:
             raise EvaluationError(_display(path, scope), f"matches {len(found)} values, not one")
         return found[0][1]
+
+
+def _leads_nowhere(datum: object, keys: tuple[str, ...]) -> bool:
+    """Whether ``keys`` miss in ``datum`` or reach an empty container: then a wildcard after
+    them, and so the whole path, matches nothing (what jsonpath-ng would find, for less)."""
+    for name in keys:
+        if not isinstance(datum, Mapping) or name not in datum:
+            return True
+        datum = datum[name]
+    return isinstance(datum, Mapping | list | tuple) and not datum
 
 
 def _truthy(value: object) -> bool:

@@ -60,14 +60,29 @@ class ApplicationKind:
         limits: EvaluationLimits = DEFAULT_LIMITS,
     ) -> Charge:
         """What an application of this kind with ``spec`` reserves; fails closed."""
+        self._contract()  # a kind without a contract fails before its values are looked at
+        return self.charge_defaulted(
+            self.defaulted(spec), catalog, namespace=namespace, limits=limits
+        )
+
+    def charge_defaulted(
+        self,
+        values: object,
+        catalog: Catalog,
+        *,
+        namespace: str = "",
+        limits: EvaluationLimits = DEFAULT_LIMITS,
+    ) -> Charge:
+        """:meth:`charge` for values already bounded and defaulted (by :meth:`defaulted`)."""
+        return evaluate(self._contract(), values, catalog, namespace=namespace, limits=limits)
+
+    def _contract(self) -> Contract:
         if self.contract is None:
             reason = f"no reservation contract for kind {self.kind}"
             raise EvaluationError(
                 "", f"{reason}: {self.problem}" if self.problem else reason, kind=self.kind
             )
-        return evaluate(
-            self.contract, self.defaulted(spec), catalog, namespace=namespace, limits=limits
-        )
+        return self.contract
 
 
 def kind_from_definition(

@@ -9,8 +9,6 @@ manifests in, a frozen :class:`Platform` out, every rejected manifest named with
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +16,6 @@ from typing import Any
 import yaml
 from cachetools import LRUCache
 
-from webhook.core.bounds import check_values
 from webhook.core.catalog import (
     CLUSTER_INSTANCETYPE,
     NAMESPACED_INSTANCETYPE,
@@ -33,6 +30,7 @@ from webhook.core.contracts import Contract, compile_document
 from webhook.core.errors import ContractError, EvaluationError, ManifestError
 from webhook.core.evaluation import Charge
 from webhook.core.kinds import ApplicationKind, kind_from_definition
+from webhook.core.records import canonical_sha256, digest_text
 
 __all__ = [
     "APPLICATION_DEFINITION",
@@ -40,6 +38,7 @@ __all__ = [
     "PRESETS_KEY",
     "Platform",
     "PlatformBuilder",
+    "Values",
 ]
 
 APPLICATION_DEFINITION = ("cozystack.io/v1alpha1", "ApplicationDefinition")
@@ -48,7 +47,6 @@ APPLICATION_DEFINITION = ("cozystack.io/v1alpha1", "ApplicationDefinition")
 # kept whole per entry); an entry's size is estimated from its charge (see _entry_bytes).
 CHARGE_CACHE_SIZE = 4096
 CHARGE_CACHE_BYTES = 16 * 1024 * 1024
-_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
 INSTANCETYPE_GROUP = "instancetype.kubevirt.io/"
 # A ConfigMap with this name replaces the built-in preset table (data key PRESETS_KEY holds the
 # table in the shape of Cozystack's resource-presets.yaml).
@@ -61,10 +59,10 @@ class Platform:
     """Kinds by name and the catalog their contracts resolve against.
 
     A platform never changes once built (a new cluster state builds a new one), so the charges
-    it computes are cached by kind, namespace and a digest of the canonical values: a cluster
-    holds few distinct specs next to the number of writes, and an UPDATE re-evaluates its old
-    object. Values are bounded (:func:`~webhook.core.bounds.check_values`) before they are
-    encoded, defaulted or evaluated.
+    it computes are cached by kind, namespace and a digest of the canonical defaulted values
+    (what evaluation reads): a cluster holds few distinct specs next to the number of writes,
+    and an UPDATE re-evaluates its old object. Values are bounded
+    (:func:`~webhook.core.bounds.check_values`) before they are defaulted, encoded or evaluated.
     """
 
     kinds: Mapping[str, ApplicationKind] = field(default_factory=dict)
@@ -84,18 +82,52 @@ class Platform:
 
     def charge(self, kind: str, spec: object, *, namespace: str = "") -> Charge:
         """Charge an application of ``kind``; an unknown kind fails closed."""
+        return self.charge_values(kind, self.values(kind, spec), namespace=namespace)
+
+    def values(self, kind: str, spec: object) -> Values:
+        """``spec`` as evaluation and the signed records read it: bounded, defaulted, digested.
+
+        Admission needs both the charge and the values digest of one spec; preparing them once
+        bounds, defaults and encodes the values once. Raises :class:`EvaluationError` for an
+        unknown kind or values past the bounds, ``TypeError``/``ValueError`` for values JSON
+        cannot hold.
+        """
         found = self.kinds.get(kind)
         if found is None:
             raise EvaluationError("", f"unknown application kind {kind!r}", kind=kind)
-        check_values(spec)
-        canonical = _CANONICAL.encode(spec).encode("utf-8", "surrogatepass")
-        key = (kind, namespace, hashlib.sha256(canonical).digest())
+        defaulted = found.defaulted(spec)  # bounded first (check_values), then defaulted
+        return Values(defaulted, canonical_sha256(defaulted))
+
+    def charge_values(self, kind: str, values: Values, *, namespace: str = "") -> Charge:
+        """The charge of values prepared by :meth:`values`, from the cache when seen before.
+
+        The cache keys on the digest of the defaulted values: evaluation reads nothing else,
+        so specs that default alike share one entry.
+        """
+        found = self.kinds.get(kind)
+        if found is None:
+            raise EvaluationError("", f"unknown application kind {kind!r}", kind=kind)
+        key = (kind, namespace, values.sha256)
         cached = self._charges.get(key)
         if cached is None:
-            cached = found.charge(spec, self.catalog, namespace=namespace)
+            cached = found.charge_defaulted(values.defaulted, self.catalog, namespace=namespace)
             with contextlib.suppress(ValueError):  # an entry larger than the whole cache
                 self._charges[key] = cached
         return cached
+
+
+@dataclass(frozen=True, slots=True)
+class Values:
+    """An application's values bounded and defaulted, with the SHA-256 of their canonical JSON."""
+
+    defaulted: Any
+    sha256: bytes
+
+    @property
+    def digest(self) -> str:
+        """The values digest a signed record carries (:func:`~webhook.core.records.values_digest`
+        of the defaulted values)."""
+        return digest_text(self.sha256)
 
 
 def _entry_bytes(charge: Charge) -> int:

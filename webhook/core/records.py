@@ -41,6 +41,8 @@ __all__ = [
     "MIN_KEY_BYTES",
     "RecordKeys",
     "RecordedCharge",
+    "canonical_sha256",
+    "digest_text",
     "mac",
     "parse_recorded_charge",
     "record_annotation",
@@ -111,10 +113,21 @@ class RecordKeys:
 def values_digest(values: object) -> str:
     """``sha256:<hex>`` of canonical JSON of the values (pass them defaulted)."""
     try:
-        text = _CANONICAL.encode(values)
+        return digest_text(canonical_sha256(values))
     except (TypeError, ValueError, RecursionError):
         text = repr(type(values))  # not JSON: no record can match it
-    return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return digest_text(hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest())
+
+
+def canonical_sha256(values: object) -> bytes:
+    """The SHA-256 of the values' canonical JSON; raises ``TypeError`` or ``ValueError`` for
+    values JSON cannot hold. The charge cache keys on it, and :func:`values_digest` shows it."""
+    return hashlib.sha256(_CANONICAL.encode(values).encode("utf-8", "surrogatepass")).digest()
+
+
+def digest_text(sha256: bytes) -> str:
+    """A values digest as records carry it: ``sha256:<hex>``."""
+    return "sha256:" + sha256.hex()
 
 
 def mac(

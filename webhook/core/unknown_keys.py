@@ -11,6 +11,7 @@ walk follows the kind's ``openAPISchema`` (``properties``, ``additionalPropertie
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -58,22 +59,59 @@ def _walk(
     if isinstance(value, Mapping):
         properties = schema.get("properties")
         extra = schema.get("additionalProperties")
-        if not isinstance(properties, Mapping) and not isinstance(extra, Mapping):
+        # Checked once per object, not once per key: this walk runs on every admission.
+        declared = properties if isinstance(properties, Mapping) else None
+        others = extra if isinstance(extra, Mapping) else None
+        if declared is None and others is None:
             return  # no object shape declared: nothing to compare against
         for key, item in value.items():
-            where = f"{path}.{key}" if path else str(key)
-            if isinstance(properties, Mapping) and key in properties:
-                _walk(item, properties[key], where, found, budget)
-            elif isinstance(extra, Mapping):
-                _walk(item, extra, where, found, budget)
-            elif extra is True or not isinstance(properties, Mapping):
+            if declared is not None and key in declared:
+                child: Any = declared[key]
+            elif others is not None:
+                child = others
+            elif extra is True or declared is None:
                 continue
             else:
                 if len(found) >= MAX_FINDINGS:
                     return
-                found.append(UnknownKey(where, did_you_mean(str(key), map(str, properties))))
+                where = f"{path}.{key}" if path else str(key)
+                found.append(UnknownKey(where, _hint(str(key), declared)))
+                continue
+            if type(item) in _SCALARS:
+                budget[0] -= 1  # all a scalar costs the walk: it holds no keys
+                continue
+            where = f"{path}.{key}" if path else str(key)
+            _walk(item, child, where, found, budget)
     elif isinstance(value, list):
         items = schema.get("items")
         if isinstance(items, Mapping):
             for index, item in enumerate(value):
+                if type(item) in _SCALARS:
+                    budget[0] -= 1
+                    continue
                 _walk(item, items, f"{path}[{index}]", found, budget)
+
+
+def _hint(word: str, declared: Mapping[str, Any]) -> str:
+    """:func:`did_you_mean` for an unknown key, remembered for short keys.
+
+    difflib's comparison costs far more than the rest of the walk (~130 us a key), and the
+    same unknown key comes back write after write (a chart's stale field, a team's habit). A
+    key past a Kubernetes name's length is hostile or a mistake: answered, never kept.
+    """
+    known = tuple(map(str, declared))
+    if len(word) > _REMEMBERED_KEY_CHARS:
+        return did_you_mean(word, known)
+    return _remembered_hint(word, known)
+
+
+_REMEMBERED_KEY_CHARS: Final = 253
+
+
+@functools.lru_cache(maxsize=1024)
+def _remembered_hint(word: str, known: tuple[str, ...]) -> str:
+    return did_you_mean(word, known)
+
+
+# JSON's scalars: visiting one only counts it against the budget.
+_SCALARS: Final = frozenset({str, int, float, bool, type(None)})

@@ -1,0 +1,172 @@
+"""Where one admission's time goes: each stage of a cache-miss decision, in process.
+
+``benchmarks.server`` says how fast the webhook answers; this says why. It times, for the same
+realistic bodies the server benchmark sends (a VMInstance with its own disks, a Kubernetes
+application with its own node groups), each stage a ``/validate`` request passes through:
+decoding the body, reading the review, bounding/defaulting/digesting the values, evaluating
+the contract (no cache), the whole decision with a cold charge cache (and what is left of it
+once the two stages before are taken out), encoding the answer, and the metrics plus the
+INFO log line. ``total`` is the sum of the measured stages, what the event loop spends on one
+request besides aiohttp and TLS.
+
+Stages are interleaved within each round (a noisy neighbour slows them all alike) and every
+figure is the median over the rounds, in microseconds per request. The machine is shared:
+compare figures from one run, not across runs.
+
+Run: .venv/bin/python -m benchmarks.stages [--rounds N] [--requests N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks.server import BODIES, kubernetes_review, vm_review
+from webhook.core.decisions import Decision, Policy, decide
+from webhook.core.reviews import AdmissionRequest, parse_review, review_response
+from webhook.core.state import ReservationState
+from webhook.http import app as http_app
+from webhook.http.metrics import Metrics
+from webhook.logs import configure as configure_logs
+from webhook.state.manifests import load_state
+
+ROOT = Path(__file__).resolve().parent.parent
+STAGES = (
+    "json.loads",
+    "parse_review",
+    "values (bound, default, digest)",
+    "evaluate (no cache)",
+    "decide (cache miss)",
+    "response encoding",
+    "metrics + log line",
+)
+
+
+class Kind:
+    """One kind's prepared inputs, with a cursor that walks past the charge cache."""
+
+    def __init__(self, name: str, make: Callable[[int], dict[str, Any]], state: ReservationState):
+        self.name = name
+        self.state = state
+        self.raws = [json.dumps(make(i)).encode() for i in range(BODIES)]
+        self.bodies = [json.loads(raw) for raw in self.raws]
+        self.requests = [parse_review(body) for body in self.bodies]
+        self.cursor = 0  # BODIES is twice the cache's entries: a cyclic walk always misses
+
+    def next_requests(self, count: int) -> list[AdmissionRequest]:
+        start = self.cursor
+        self.cursor = (self.cursor + count) % BODIES
+        return [self.requests[(start + i) % BODIES] for i in range(count)]
+
+
+def per_request(action: Callable[[int], object], count: int) -> float:
+    """Microseconds per call of ``action(i)`` for i in range(count)."""
+    started = time.perf_counter()
+    for index in range(count):
+        action(index)
+    return (time.perf_counter() - started) / count * 1e6
+
+
+def one_round(kind: Kind, policy: Policy, metrics: Metrics, count: int) -> dict[str, float]:
+    state = kind.state
+    platform = state.platform
+    found = platform.kinds[kind.name]
+    raws, bodies = kind.raws[:count], kind.bodies[:count]
+    requests = kind.requests[:count]
+    specs = [r.object["spec"] if r.object is not None else None for r in requests]
+    prepared = [platform.values(kind.name, spec) for spec in specs]
+    fresh = kind.next_requests(count)
+    decisions: list[Decision] = [decide(r, state, policy) for r in requests]
+
+    def observe(i: int) -> None:
+        http_app._observe(metrics, "validate", requests[i], decisions[i], 0.001, known=True)
+
+    def evaluate(i: int) -> object:
+        return found.charge_defaulted(prepared[i].defaulted, platform.catalog, namespace="")
+
+    def respond(i: int) -> object:
+        return http_app._compact(review_response(requests[i].uid, decisions[i].response()))
+
+    return {
+        "json.loads": per_request(lambda i: json.loads(raws[i]), count),
+        "parse_review": per_request(lambda i: parse_review(bodies[i]), count),
+        "values (bound, default, digest)": per_request(
+            lambda i: platform.values(kind.name, specs[i]), count
+        ),
+        "evaluate (no cache)": per_request(evaluate, count),
+        "decide (cache miss)": per_request(lambda i: decide(fresh[i], state, policy), count),
+        "response encoding": per_request(respond, count),
+        "metrics + log line": per_request(observe, count),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--requests", type=int, default=1000, help="per stage and round")
+    args = parser.parse_args()
+    # The log lines go where the server's would, minus the reader: a sink open until exit
+    # (the logging thread may still be writing when main returns).
+    sink = open(os.devnull, "w")  # noqa: SIM115
+    with contextlib.redirect_stderr(sink):
+        configure_logs("INFO")  # the default level: one JSON line per request, as served
+    state = load_state([ROOT / "fixtures" / "cozystack", ROOT / "fixtures" / "tenants"])
+    policy = Policy()
+    metrics = Metrics(lambda: state)
+    kinds = [
+        Kind("VMInstance", vm_review, state),
+        Kind("Kubernetes", kubernetes_review, state),
+    ]
+    count = min(args.requests, BODIES)
+    # The prepared bodies are tens of thousands of long-lived objects the server never holds:
+    # out of the collector's way, so a full collection does not charge them to a stage.
+    gc.collect()
+    gc.freeze()
+    figures: dict[str, dict[str, list[float]]] = {k.name: {} for k in kinds}
+    for _ in range(args.rounds):
+        for kind in kinds:
+            for stage, value in one_round(kind, policy, metrics, count).items():
+                figures[kind.name].setdefault(stage, []).append(value)
+    outcomes = {
+        k.name: Counter(decide(r, state, policy).outcome for r in k.requests[:count]) for k in kinds
+    }
+    print(
+        f"in-process stages of a cache-miss /validate, us per request, "
+        f"median (min-max) of {args.rounds} interleaved rounds x {count} requests"
+    )
+    print(f"{'stage':34s}" + "".join(f"{k.name:>24s}" for k in kinds))
+    totals = {k.name: 0.0 for k in kinds}
+    for stage in STAGES:
+        cells = []
+        for kind in kinds:
+            values = figures[kind.name][stage]
+            median = statistics.median(values)
+            totals[kind.name] += median
+            cells.append(f"{median:9.1f} ({min(values):6.1f}-{max(values):6.1f})")
+        print(f"{stage:34s}" + "".join(f"{c:>24s}" for c in cells))
+        if stage == "decide (cache miss)":
+            rest = [
+                statistics.median(figures[k.name][stage])
+                - statistics.median(figures[k.name]["values (bound, default, digest)"])
+                - statistics.median(figures[k.name]["evaluate (no cache)"])
+                for k in kinds
+            ]
+            print(f"{'  of which the rest of decide':34s}" + "".join(f"{r:24.1f}" for r in rest))
+    print(f"{'total':34s}" + "".join(f"{totals[k.name]:24.1f}" for k in kinds))
+    for name, counts in outcomes.items():
+        print(f"{name} outcomes: " + ", ".join(f"{o} {n}" for o, n in sorted(counts.items())))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
