@@ -35,6 +35,7 @@ from webhook.core.applications import (
     application_from_object,
 )
 from webhook.core.errors import UNEVALUABLE, EvaluationError
+from webhook.core.evaluation import Charge
 from webhook.core.kinds import APPS_GROUP
 from webhook.core.modes import MODES, Mode
 from webhook.core.overcommit import (
@@ -48,7 +49,13 @@ from webhook.core.overcommit import (
 from webhook.core.platform import Values
 from webhook.core.pools import Node
 from webhook.core.quantities import format_quantity
-from webhook.core.records import parse_recorded_charge, record_annotation, sign, verifies
+from webhook.core.records import (
+    RecordedCharge,
+    parse_recorded_charge,
+    record_annotation,
+    sign,
+    verifies,
+)
 from webhook.core.reviews import AdmissionRequest, Response
 from webhook.core.state import ReservationState
 from webhook.core.tenants import TENANT_KIND, TENANT_NAME, owned_namespace, parse_budget
@@ -244,17 +251,7 @@ def _decide_application(
     priced = _priced(request, state, charge.resources, own)
     old = _old_charge(request, state, app) if request.operation == "UPDATE" else {}
     delta = {k: v for k, v in rl.subtract(priced.reserved, old).items() if v != 0}
-    recorded = sign(
-        state.keys,
-        app.key,
-        values,
-        priced.reserved,
-        charge.digest,
-        priced.factors,
-        charge.resources,
-        own,
-        priced.source,
-    )
+    recorded = _signed(state, app, values, charge, priced, own)
     admitted = Application(app.kind, app.namespace, app.name, app.spec, recorded, app.overcommit)
     facts = _Facts(
         kind=request.kind,
@@ -314,6 +311,29 @@ def _priced(
     factors = {k: v for k, v in factors.items() if v != 1}
     label = f"{format_factors(factors)} ({source})" if factors else ""
     return _Priced(apply_factors(declared, factors), factors, source, label)
+
+
+def _signed(
+    state: ReservationState,
+    app: Application,
+    values: str,
+    charge: Charge,
+    priced: _Priced,
+    own: Factors | None,
+) -> RecordedCharge:
+    """The record both sides write and expect: the mutating side signs exactly what the
+    validating side will recompute, so neither can drift from the other."""
+    return sign(
+        state.keys,
+        app.key,
+        values,
+        priced.reserved,
+        charge.digest,
+        priced.factors,
+        charge.resources,
+        own,
+        priced.source,
+    )
 
 
 def _factor_change(
@@ -790,17 +810,7 @@ def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -
         factor = _factor_change(request, state, policy.overcommit, deny=False)
         own = factor[0] if isinstance(factor, tuple) else None
         priced = _priced(request, state, charge.resources, own)
-        record = sign(
-            state.keys,
-            app.key,
-            values,
-            priced.reserved,
-            charge.digest,
-            priced.factors,
-            charge.resources,
-            own,
-            priced.source,
-        )
+        record = _signed(state, app, values, charge, priced, own)
         value = record_annotation(record)
         if claimed == value:
             return skipped("charge already recorded", kind=request.kind)
