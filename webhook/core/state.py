@@ -13,7 +13,9 @@ a nesting too deep to walk), the object is recorded as unknown with the reason a
 one poisoned object never stops the source that feeds the state. A recorded charge counts only
 when it verifies (:mod:`webhook.core.records`): signed with one of
 :attr:`ReservationState.keys` for exactly this object and its values as they stand; any other
-annotation is ignored and the application is evaluated as it stands.
+annotation is ignored and the application is evaluated as it stands. Every stored application,
+unknown ones included, also counts 1 of its kind's count key
+(:meth:`~webhook.core.platform.Platform.count_of`), from its key alone.
 
 An overcommit factor (:mod:`webhook.core.overcommit`) divides what an application reserves.
 A factor on a stored object is what its verified record says the platform set through
@@ -130,14 +132,19 @@ class ReservationState:
         if record is not None:
             record.version = app.version
         previous = self._apps.pop(key, None)
-        self._unknown.pop(key, None)
+        known_before = self._unknown.pop(key, None) is not None or previous is not None
         if record is None:
             self._unknown[key] = problem
         else:
             self._apps[key] = record
         self._by_namespace.setdefault(namespace, set()).add(key)
+        # An application counts 1 of its kind's count key from when it is stored until it is
+        # deleted, whether or not its size can be evaluated: existence is never unknown.
+        counted = self.platform.count_of(key)
         before = previous.resources if previous else {}
-        after = record.resources if record else {}
+        after = rl.add(record.resources if record else {}, counted)
+        if known_before:
+            before = rl.add(before, counted)
         self.tree.add_usage(namespace, rl.subtract(after, before))
         self._add_discount(namespace, previous, -1)
         self._add_discount(namespace, record, 1)
@@ -148,14 +155,16 @@ class ReservationState:
     def forget(self, key: AppKey, *, version: int = 0) -> None:
         """Apply the deletion of an application (seen at resourceVersion ``version``)."""
         previous = self._apps.pop(key, None)
-        self._unknown.pop(key, None)
+        was_unknown = self._unknown.pop(key, None) is not None
         members = self._by_namespace.get(key[1])
         if members is not None:
             members.discard(key)
             if not members:
                 del self._by_namespace[key[1]]
+        if previous is not None or was_unknown:
+            held = rl.add(previous.resources if previous else {}, self.platform.count_of(key))
+            self.tree.add_usage(key[1], rl.scale(held, Decimal(-1)))
         if previous is not None:
-            self.tree.add_usage(key[1], rl.scale(previous.resources, Decimal(-1)))
             self._add_discount(key[1], previous, -1)
         if self.pending:
             self.pending.settle(key, None, version)
@@ -416,6 +425,10 @@ def recount(state: ReservationState) -> dict[tuple[str, str], tuple[Decimal, Dec
     for app_key, record in state.records():
         totals = own.setdefault(app_key[1], {})
         for key, value in record.resources.items():
+            totals[key] = totals.get(key, Decimal(0)) + value
+    for app_key in [*(k for k, _ in state.records()), *state.unknown()]:
+        totals = own.setdefault(app_key[1], {})
+        for key, value in state.platform.count_of(app_key).items():
             totals[key] = totals.get(key, Decimal(0)) + value
     for node in state.tree.nodes():
         remote = state.pending.remote(node.namespace)
