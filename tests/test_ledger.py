@@ -422,6 +422,42 @@ async def test_concurrent_admissions_are_decided_together_and_written_in_few_wri
     assert cluster.writes <= 3
 
 
+THINGS = "count/things.apps.cozystack.io"
+
+
+async def test_a_burst_at_a_counts_edge_admits_exactly_the_remaining_number() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {THINGS: "20"}})
+    for i in range(3):  # three things already stored: 17 left
+        a.observe(thing(cluster, f"old{i}", "0"))
+    answers = await asyncio.gather(*(a.admit(create(f"vm{i}", "0")) for i in range(200)))
+    assert sum(d.allowed for d in answers) == 17
+    refused = [d for d in answers if not d.allowed]
+    assert {d.reason for d in refused} == {"exceeded"}
+    assert f"requested: {THINGS}=1, used: {THINGS}=20, limited: {THINGS}=20" in refused[0].message
+    assert len(cluster.entries()) == 17
+
+
+async def test_two_replicas_bursting_at_a_counts_edge_admit_exactly_the_remaining_number() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {THINGS: "20"}})
+    b = Replica(cluster, "b", {POOL: {THINGS: "20"}})
+    for i in range(5):  # five things stored, seen by both: 15 left
+        stored = thing(cluster, f"old{i}", "0")
+        a.observe(stored)
+        b.observe(stored)
+
+    async def through(replica: Replica, i: int) -> Decision:
+        if i % 7 == 0 and POOL in cluster.objects:  # the pool's watch delivers mid-burst
+            replica.deliver()
+        return await replica.admit(create(f"vm{i}", "0"))
+
+    answers = await asyncio.gather(*(through(a if i % 2 else b, i) for i in range(200)))
+    assert sum(d.allowed for d in answers) == 15
+    assert {d.reason for d in answers if not d.allowed} <= {"exceeded", "conflict"}
+    assert len(cluster.entries()) == 15
+
+
 async def test_a_full_ledger_answers_try_again_and_never_writes_past_its_bound() -> None:
     cluster = Cluster()
     a = Replica(cluster, "a", {POOL: {"memory": "100000Gi"}})
