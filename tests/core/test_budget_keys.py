@@ -7,7 +7,9 @@ key is a 422 naming it, in warn mode too; keys a stored Tenant already had are l
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from decimal import Decimal
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -22,17 +24,19 @@ from webhook.core.counts import (
     key_problem,
 )
 from webhook.core.decisions import Policy, decide
+from webhook.core.reviews import AdmissionRequest
+from webhook.core.state import ReservationState
 
 ENFORCE = Policy()
 WARN = Policy(mode="warn")
 PLURALS = platform().plurals()
 
 
-def sub_tenant(quotas: dict[str, object], **kwargs: object) -> object:
+def sub_tenant(quotas: Mapping[str, object], **kwargs: Any) -> AdmissionRequest:
     return request("Tenant", "tenant-acme", "dev", {"resourceQuotas": quotas}, **kwargs)
 
 
-def acme() -> object:
+def acme() -> ReservationState:
     return state({"tenant-acme": {"memory": "16Gi"}})
 
 
