@@ -9,8 +9,13 @@ from typing import Any
 
 import pytest
 
-from tests.builders import FIXTURES, review
+from tests.builders import FIXTURES, review, state
+from tests.http.test_metrics import samples
 from tests.test_cli import responses, run, write
+from webhook.core.applications import Application
+from webhook.core.guard import Quota, QuotaBook, render_tenant_quota
+from webhook.core.quantities import parse_quantity
+from webhook.http.metrics import Metrics
 
 VMS = "count/vminstances.apps.cozystack.io"
 TENANTS = "count/tenants.apps.cozystack.io"
@@ -258,3 +263,18 @@ def test_the_replay_suggests_a_count_budget_per_pool_and_enforcing_it_denies(
     counted = [d for d in json.loads(out)["denied"] if f"requested: {VMS}=1" in d["message"]]
     assert {d["name"] for d in counted} == {"batch-2", "cache-2", "api-1", "search-4"}
     assert all(f"limited: {VMS}=8" in d["message"] for d in counted)
+
+
+def test_the_pool_metrics_carry_a_count_and_the_guard_room_leaves_it_out() -> None:
+    vms = [Application("VMInstance", "tenant-acme", f"vm{i}", MICRO) for i in range(3)]
+    current = state({"tenant-acme": {VMS: "10"}}, *vms)
+    quotas = QuotaBook()
+    rendered = render_tenant_quota({VMS: parse_quantity("10"), "memory": parse_quantity("16Gi")})
+    quotas.observe("tenant-acme", Quota("tenant-quota", rendered, {}))
+    metrics = Metrics(lambda: current)
+    metrics.watch_guard(lambda: current, quotas)
+    assert samples(metrics, "reservation_pool_budget") == {("tenant-acme", VMS): 10}
+    assert samples(metrics, "reservation_pool_reserved") == {("tenant-acme", VMS): 3}
+    room = samples(metrics, "reservation_guard_room")
+    assert ("tenant-acme", "requests.memory") in room
+    assert not [key for _, key in room if "count/" in key]
