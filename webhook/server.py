@@ -259,6 +259,7 @@ class WebhookServer:
             create_metrics_app(metrics), handle_signals=False, access_log=None
         )
         self.metrics_port = 0
+        self.served = False  # set once both listeners are up: only then is a shutdown logged
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.port = 0
@@ -282,6 +283,7 @@ class WebhookServer:
         await metrics_site.start()
         self.metrics_port = _bound_port(metrics_site, self.settings.metrics_port)
         self.app[readiness_key].serving = True
+        self.served = True
         self._tasks.append(
             asyncio.create_task(self.reloader.run(self.settings.cert_reload_seconds, self._stop))
         )
@@ -305,13 +307,19 @@ class WebhookServer:
         """Serve until :meth:`stop`, then shut down gracefully."""
         await self._stop.wait()
         self.app[readiness_key].serving = False
-        log.info(
-            "shutting down", extra={"fields": {"grace_seconds": self.settings.shutdown_seconds}}
-        )
+        # A server that never served has nothing to shut down in the operator's eyes: it closes
+        # what did start (a listener, the cluster client) quietly, and the reason it could not
+        # start stays the last line on the screen.
+        if self.served:
+            log.info(
+                "shutting down",
+                extra={"fields": {"grace_seconds": self.settings.shutdown_seconds}},
+            )
         await self._runner.cleanup()
         await self._metrics_runner.cleanup()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        log.info("stopped")
+        if self.served:
+            log.info("stopped")
 
 
 async def _now(function: Callable[..., object], *args: object) -> None:
