@@ -11,6 +11,7 @@ heavy modules (aiohttp, the Kubernetes client): a command that reads files start
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -93,10 +94,8 @@ def run(prog: str, handler: Callable[[argparse.Namespace], int], args: argparse.
 
 def _flush_logs() -> None:
     for handler in logging.getLogger().handlers:
-        try:
+        with contextlib.suppress(Exception):  # a broken log stream must not hide the error
             handler.flush()
-        except Exception:  # a broken log stream must not hide the error itself
-            pass
 
 
 def _input_error(exc: Exception) -> str | None:

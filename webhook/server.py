@@ -22,6 +22,7 @@ from aiohttp import web
 from webhook.admission import Admission
 from webhook.core.guard import QuotaBook
 from webhook.core.platform import Platform
+from webhook.core.policy_reports import ReportContext, build_report, report_namespaces
 from webhook.core.state import ReservationState, recount
 from webhook.http.app import (
     create_app,
@@ -34,6 +35,7 @@ from webhook.http.edges import observe_handshakes
 from webhook.kube.client import KubeClient
 from webhook.kube.config import connect, in_cluster
 from webhook.kube.lease import LeaderElector
+from webhook.kube.reports import ReportWriter
 from webhook.ledger import Ledger, LedgerSettings
 from webhook.record_keys import RecordKeySecret
 from webhook.settings import Settings
@@ -54,6 +56,9 @@ log = logging.getLogger(__name__)
 # application, so it runs seldom and never on the admission path's cadence.
 CERTIFICATE_SECONDS: Final = 30.0
 DRIFT_SECONDS: Final = 300.0
+# How often the leader recomputes the policy reports (each a full walk of the state, yielding
+# to admission between namespaces); a report is written only when its content changed.
+REPORT_SECONDS: Final = 60.0
 # A connection must deliver a complete request header within this many seconds of opening (or
 # of the previous response), else it is closed: a client that sends half a header, or holds an
 # idle connection, cannot pin a socket. aiohttp's keep-alive timer does both: it starts when the
@@ -115,6 +120,11 @@ class LiveServices:
                     (VALIDATING_WEBHOOKS, "reservation-webhook"),
                 ],
             )
+        # OpenReports policy reports, one per tenant namespace (see "Policy reports").
+        self.reports: ReportWriter | None = None
+        if os.environ.get("WEBHOOK_POLICY_REPORTS", "on") != "off":
+            self.reports = ReportWriter(client)
+        self.report_seconds = REPORT_SECONDS
         self._last: dict[str, float] = {}  # duty -> when it last ran (monotonic)
         self._was_leader = False
         self.failures: dict[str, int] = {}  # duty -> how often it raised, since start
@@ -153,6 +163,12 @@ class LiveServices:
                     await self._guarded("recount", _now(self._recount, state))
                 if leader:
                     await self._guarded("pool-status", self.ledger.reconcile())
+                if (
+                    leader
+                    and self.reports is not None
+                    and self._due("policy-reports", self.report_seconds)
+                ):
+                    await self._guarded("policy-reports", self._policy_reports(self.reports))
             await sleep_unless_stopped(self.ledger.settings.reconcile_seconds, stop)
 
     async def _record_keys(self) -> None:
@@ -161,6 +177,18 @@ class LiveServices:
         if keys is not None and keys != self.live.keys:
             self.live.use_keys(keys)
             log.info("record keys reloaded", extra={"fields": {"previous": len(keys.previous)}})
+
+    async def _policy_reports(self, writer: ReportWriter) -> None:
+        """The leader: every tenant namespace's Report, computed a namespace at a time so
+        admission is never held for the whole walk, then written where it changed."""
+        state = self.live.state
+        keys = report_namespaces(state)
+        context = ReportContext.of(state, self.quotas.book, keys)
+        reports = {}
+        for namespace, apps in keys.items():
+            reports[namespace] = build_report(self.live.state, namespace, apps, context)
+            await asyncio.sleep(0)
+        await writer.reconcile(reports)
 
     def _recount(self, state: ReservationState) -> None:
         self.drift = len(recount(state))
