@@ -102,6 +102,7 @@ class LiveServices:
             identity=settings.replica,
         )
         self.drift = 0
+        self.record_keys_read = 0.0  # Unix time of the last good read of the record keys
         self.record_keys = RecordKeySecret(
             client,
             namespace=settings.namespace,
@@ -137,6 +138,7 @@ class LiveServices:
             await self.client.close()
             return
         self.live.use_keys(keys)
+        self.record_keys_read = time.time()
         await asyncio.gather(
             self.live.run(stop),
             self.ledger.reflector.run(stop),
@@ -174,6 +176,8 @@ class LiveServices:
     async def _record_keys(self) -> None:
         """Every replica: follow a rotation of the record-key Secret."""
         keys = await self.record_keys.read()
+        if keys is not None:
+            self.record_keys_read = time.time()
         if keys is not None and keys != self.live.keys:
             self.live.use_keys(keys)
             log.info("record keys reloaded", extra={"fields": {"previous": len(keys.previous)}})
@@ -274,6 +278,11 @@ class WebhookServer:
             metrics.watch_health(
                 unavailable=services.live.unavailable_kinds,
                 problems=services.live.problem_counts,
+            )
+            services.ledger.on_batch = metrics.watch_operations(
+                holds=lambda: float(services.ledger.holds()),
+                record_keys_read=lambda: services.record_keys_read,
+                previous_keys=lambda: float(len(services.live.keys.previous)),
             )
             self.app[readiness_key].explain = services.live.explain
         self._runner = web.AppRunner(
