@@ -4,15 +4,14 @@ application, the worst first, bounded whatever a tenant creates or writes."""
 from __future__ import annotations
 
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
-import jsonschema
-import yaml
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.builders import ROOT, state, tenant, thing
+from tests.builders import state, tenant, thing
+from tests.crd_schema import check, crd_schema
 from webhook.core.applications import Application
 from webhook.core.guard import Quota, QuotaBook
 from webhook.core.policy_reports import (
@@ -23,32 +22,11 @@ from webhook.core.policy_reports import (
     report_content,
 )
 
-CRD = ROOT / "fixtures" / "crds" / "openreports.io_reports.yaml"
-
-
-def schema() -> dict[str, Any]:
-    crd = yaml.safe_load(Path(CRD).read_text())
-    found: dict[str, Any] = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    return found
-
 
 def valid(report: dict[str, Any]) -> dict[str, Any]:
     """The report, checked against the published CRD's schema (no unknown fields either)."""
-    jsonschema.validate(report, closed(schema()))
+    check(report, crd_schema("openreports.io_reports.yaml", "v1alpha1"))
     return report
-
-
-def closed(node: Any) -> Any:
-    """The schema with ``additionalProperties: false`` wherever properties are listed, as the
-    API server prunes unknown fields: a field the CRD does not know fails here."""
-    if isinstance(node, dict):
-        node = {k: closed(v) for k, v in node.items()}
-        if "properties" in node and "additionalProperties" not in node:
-            node["additionalProperties"] = False
-        return node
-    if isinstance(node, list):
-        return [closed(v) for v in node]
-    return node
 
 
 def results(report: dict[str, Any]) -> dict[str, tuple[str, str]]:
@@ -169,3 +147,11 @@ def test_the_summary_counts_every_application_and_results_are_worst_first(
     # Over budget, every application reserving memory fails; none fails otherwise.
     fails = {r["resources"][0]["name"] for r in report["results"] if r["result"] == "fail"}
     assert fails == ({f"a{i}" for i, s in enumerate(sizes) if s} if over else set())
+
+
+def test_the_schema_check_refuses_a_field_the_crd_does_not_know() -> None:
+    report = build_reports(state({"tenant-acme": None}))["tenant-acme"]
+    with pytest.raises(AssertionError, match="truncated"):
+        valid({**report, "truncated": True})
+    with pytest.raises(AssertionError, match=r"results\.0\.result"):
+        valid({**report, "results": [{"policy": "p", "result": "maybe"}]})
