@@ -13,16 +13,21 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from aiohttp import web
 
 from webhook.admission import Admission
 from webhook.core.guard import QuotaBook
 from webhook.core.platform import Platform
-from webhook.core.policy_reports import ReportContext, build_report, report_namespaces
+from webhook.core.policy_reports import (
+    ReportContext,
+    assemble_report,
+    report_findings,
+    report_namespaces,
+)
 from webhook.core.state import ReservationState, recount
 from webhook.http.app import (
     create_app,
@@ -59,6 +64,7 @@ DRIFT_SECONDS: Final = 300.0
 # How often the leader recomputes the policy reports (each a full walk of the state, yielding
 # to admission between namespaces); a report is written only when its content changed.
 REPORT_SECONDS: Final = 60.0
+REPORT_PART: Final = 500  # applications evaluated between two yields to the event loop
 # A connection must deliver a complete request header within this many seconds of opening (or
 # of the previous response), else it is closed: a client that sends half a header, or holds an
 # idle connection, cannot pin a socket. aiohttp's keep-alive timer does both: it starts when the
@@ -183,16 +189,22 @@ class LiveServices:
             log.info("record keys reloaded", extra={"fields": {"previous": len(keys.previous)}})
 
     async def _policy_reports(self, writer: ReportWriter) -> None:
-        """The leader: every tenant namespace's Report, computed a namespace at a time so
-        admission is never held for the whole walk, then written where it changed."""
+        """The leader: every tenant namespace's Report, computed a part at a time so admission
+        is never held for the whole walk, and handed to the writer one by one."""
         state = self.live.state
         keys = report_namespaces(state)
         context = ReportContext.of(state, self.quotas.book, keys)
-        reports = {}
-        for namespace, apps in keys.items():
-            reports[namespace] = build_report(self.live.state, namespace, apps, context)
-            await asyncio.sleep(0)
-        await writer.reconcile(reports)
+
+        async def reports() -> AsyncIterator[tuple[str, dict[str, Any]]]:
+            for namespace, apps in keys.items():
+                findings = []
+                for start in range(0, len(apps), REPORT_PART):
+                    part = apps[start : start + REPORT_PART]
+                    findings += report_findings(self.live.state, namespace, part, context)
+                    await asyncio.sleep(0)
+                yield namespace, assemble_report(namespace, findings)
+
+        await writer.reconcile(reports())
 
     def _recount(self, state: ReservationState) -> None:
         self.drift = len(recount(state))

@@ -46,10 +46,13 @@ __all__ = [
     "REPORT_NAME",
     "SOURCE",
     "TRUNCATED_ANNOTATION",
+    "Finding",
     "ReportContext",
+    "assemble_report",
     "build_report",
     "build_reports",
     "report_content",
+    "report_findings",
     "report_namespaces",
 ]
 
@@ -78,6 +81,9 @@ class _Finding:
     rule: str
     message: str
     properties: dict[str, str]
+
+
+Finding = tuple[AppKey, _Finding]
 
 
 def build_reports(
@@ -131,13 +137,20 @@ def build_report(
     state: ReservationState, namespace: str, keys: Iterable[AppKey], context: ReportContext
 ) -> dict[str, Any]:
     """The ``Report`` of one namespace, for the applications ``keys`` (those still known)."""
+    return assemble_report(namespace, report_findings(state, namespace, keys, context))
+
+
+def report_findings(
+    state: ReservationState, namespace: str, keys: Iterable[AppKey], context: ReportContext
+) -> list[Finding]:
+    """Each application's finding, for any part of a namespace's keys (a caller may walk a
+    large namespace in parts and join them)."""
     short = context.short.get(namespace, {})
-    findings = [
+    return [
         (key, _finding(state, key, short, context.beyond))
         for key in keys
         if key in state.unknown() or state.record(key) is not None
     ]
-    return _report(namespace, findings)
 
 
 def report_content(report: Mapping[str, Any]) -> dict[str, Any]:
@@ -312,7 +325,8 @@ def _sold_beyond(state: ReservationState) -> dict[str, dict[str, tuple[Decimal, 
     return found
 
 
-def _report(namespace: str, findings: Iterable[tuple[AppKey, _Finding]]) -> dict[str, Any]:
+def assemble_report(namespace: str, findings: Iterable[Finding]) -> dict[str, Any]:
+    """The ``Report`` of ``namespace`` from every one of its applications' findings."""
     ordered = sorted(findings, key=lambda item: (_ORDER[item[1].result], item[0]))
     summary = {"pass": 0, "fail": 0, "warn": 0, "error": 0, "skip": 0}
     for _, finding in ordered:
