@@ -59,8 +59,9 @@ class ReportWriter:
         try:
             stored = await self._stored()
         except ApiError as exc:
-            if exc.status not in (403, 404):
-                raise
+            if exc.status not in (403, 404):  # unreachable, 5xx: the next round tries again
+                log.info("policy reports deferred", extra={"fields": {"error": str(exc)}})
+                return 0
             if not self.absent:
                 log.warning(
                     "policy reports not written",
