@@ -152,6 +152,7 @@ class LiveServices:
             *([self.room.run(stop)] if self.room is not None else []),
             self.elector.run(stop),
             self._duties(stop),
+            self._reports(stop),
         )
         await self.client.close()
 
@@ -171,12 +172,6 @@ class LiveServices:
                     await self._guarded("recount", _now(self._recount, state))
                 if leader:
                     await self._guarded("pool-status", self.ledger.reconcile())
-                if (
-                    leader
-                    and self.reports is not None
-                    and self._due("policy-reports", self.report_seconds)
-                ):
-                    await self._guarded("policy-reports", self._policy_reports(self.reports))
             await sleep_unless_stopped(self.ledger.settings.reconcile_seconds, stop)
 
     async def _record_keys(self) -> None:
@@ -187,6 +182,20 @@ class LiveServices:
         if keys is not None and keys != self.live.keys:
             self.live.use_keys(keys)
             log.info("record keys reloaded", extra={"fields": {"previous": len(keys.previous)}})
+
+    async def _reports(self, stop: asyncio.Event) -> None:
+        """The leader's policy reports, in a loop of their own: however many reports a round
+        writes (tenants may edit theirs), the other duties never wait for it."""
+        if self.reports is None:
+            return
+        while not stop.is_set():
+            if (
+                self.elector.is_leader
+                and self.live.state.synced
+                and self._due("policy-reports", self.report_seconds)
+            ):
+                await self._guarded("policy-reports", self._policy_reports(self.reports))
+            await sleep_unless_stopped(self.ledger.settings.reconcile_seconds, stop)
 
     async def _policy_reports(self, writer: ReportWriter) -> None:
         """The leader: every tenant namespace's Report, computed a part at a time so admission
