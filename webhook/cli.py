@@ -110,7 +110,7 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument(
         "-n", "--namespace", default="", help="only the pool this namespace is in, and below"
     )
-    add_output(report, ("table", "wide", "json", "yaml"), default="table")
+    add_output(report, ("table", "wide", "json", "yaml", "openreports"), default="table")
     add_fail_on(report)
     report.set_defaults(handler=_report)
 
@@ -507,11 +507,21 @@ def _certs_generate(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from webhook.core.guard import QuotaBook
     from webhook.report import build_report, dump, failures, render_report
 
-    state = _load_state(args.state, keys=_record_keys(args.record_key_file))
+    quotas = QuotaBook()
+    state = _load_state(args.state, quotas=quotas, keys=_record_keys(args.record_key_file))
     report = build_report(state, namespace=args.namespace)
-    if args.output in ("json", "yaml"):
+    if args.output == "openreports":
+        # What the leader writes: one OpenReports Report per tenant namespace, for kubectl apply.
+        import yaml
+
+        from webhook.core.policy_reports import build_reports
+
+        reports = build_reports(state, quotas=quotas, namespace=args.namespace)
+        print(yaml.safe_dump_all(list(reports.values()), sort_keys=False).rstrip("\n"))
+    elif args.output in ("json", "yaml"):
         print(dump(report, args.output))
     else:
         print(render_report(report, wide=args.output == "wide"))

@@ -140,6 +140,7 @@ class Ledger:
         self.conflicts = 0
         self.writes = 0
         self.failures = 0  # writes refused for anything but a conflict
+        self.on_batch: Callable[[int], None] = lambda size: None  # e.g. observe in a metric
         self.reflector = Reflector(
             client,
             TENANT_RESERVATIONS,
@@ -152,6 +153,10 @@ class Ledger:
     @property
     def synced(self) -> bool:
         return self.reflector.synced
+
+    def holds(self) -> int:
+        """Pending charges held in every pool's ledger object, as this replica last saw them."""
+        return sum(len(entries) for entries in self._parsed.values())
 
     # -- admission ---------------------------------------------------------------------------
 
@@ -211,6 +216,7 @@ class Ledger:
         try:
             while queue.waiting:
                 batch, queue.waiting = queue.waiting, []
+                self.on_batch(len(batch))
                 async with queue.lock:
                     try:
                         await self._commit(pool, batch)

@@ -79,6 +79,9 @@ EXPECTED_API_CALLS: Final[dict[tuple[str, str, str], Grant]] = {
     **_calls(CLUSTER, "reservation.cozystack.io", ("tenantreservations/status",), ("update",)),
     # The pod-level guard: ResourceQuotas and their status, read only.
     **_calls(CLUSTER, "", ("resourcequotas",), ("list", "watch")),
+    # Policy reports: listed by name, created, read and replaced by name.
+    **_calls(CLUSTER, "openreports.io", ("reports",), ("list", "create")),
+    **_calls(CLUSTER, "openreports.io", ("reports",), ("get", "update"), NAME),
     # Self-managed certificates: caBundle of our own two webhook configurations.
     **_calls(
         CLUSTER,
@@ -831,7 +834,7 @@ def test_the_roles_are_bound_to_the_deployments_service_account(default: list[Ma
 def test_every_rbac_rule_says_what_it_is_for() -> None:
     lines = (ROOT / "deploy" / "base" / "rbac.yaml").read_text().splitlines()
     rules = [i for i, line in enumerate(lines) if re.match(r"\s+- apiGroups:", line)]
-    assert len(rules) == 14
+    assert len(rules) == 16
     for i in rules:
         assert lines[i - 1].strip().startswith("#"), f"rbac.yaml line {i + 1} has no comment"
 

@@ -25,6 +25,9 @@ _ZERO = Decimal(0)
 # time spent waiting (locks, ledger writes) up to the API server's 30 s ceiling.
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
+# A pool's queue while one write is in flight: 1 when idle; the tail shows bursts.
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
 
 class _PoolCollector(Collector):
     def __init__(self, state: Callable[[], ReservationState]) -> None:
@@ -226,6 +229,43 @@ class Metrics:
     def watch_guard(self, state: Callable[[], ReservationState], quotas: QuotaBook) -> None:
         """Expose the pod-level guard: need, room and unknown applications per namespace."""
         self.registry.register(_GuardCollector(state, quotas))
+
+    def watch_operations(
+        self,
+        *,
+        holds: Callable[[], float],
+        record_keys_read: Callable[[], float],
+        previous_keys: Callable[[], float],
+    ) -> Callable[[int], None]:
+        """Expose what the alerts and the dashboard need beyond the rest: pending holds in the
+        ledger, when the record keys were last read and how many previous keys are still
+        accepted. Returns the function that observes one ledger batch's size."""
+        batches = Histogram(
+            "reservation_ledger_batch_size",
+            "Admissions decided together in one ledger write (group commit).",
+            buckets=_BATCH_BUCKETS,
+            registry=self.registry,
+        )
+        gauges = [
+            (
+                "reservation_ledger_holds",
+                "Admitted charges held as pending in the ledger, not yet observed as objects.",
+                holds,
+            ),
+            (
+                "reservation_record_keys_read_timestamp_seconds",
+                "When this replica last read the record-key Secret (Unix time; 0: never).",
+                record_keys_read,
+            ),
+            (
+                "reservation_record_keys_previous",
+                "Previous record keys still accepted (a rotation not yet finished).",
+                previous_keys,
+            ),
+        ]
+        for name, description, read in gauges:
+            Gauge(name, description, registry=self.registry).set_function(read)
+        return batches.observe
 
     def expose(self) -> bytes:
         return generate_latest(self.registry)
