@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,24 +25,30 @@ UP = Path(os.environ.get("WEBHOOK_TEST_SHARED") or ROOT.parent / "shared") / "ku
 
 @contextmanager
 def real_apiserver(workdir: Path) -> Iterator[Path]:
-    """A started API server; yields its cluster-admin kubeconfig."""
+    """A started API server; yields its cluster-admin kubeconfig (its port in ``server``)."""
     if not UP.is_file():
         pytest.skip(f"no real API server here: {UP} is absent (it ships beside the project)")
     for tool in ("openssl", "curl", "kubectl"):
         if shutil.which(tool) is None:
             pytest.skip(f"the real API server needs {tool} on PATH")
-    env = {
-        **os.environ,
-        "KAPI_FRESH": "1",
-        "KAPI_PORT": str(free_port()),
-        "KAPI_ETCD_PORT": str(free_port()),
-        "KAPI_TIMEOUT": "120",
-    }
+    env: dict[str, str] = {}
     try:
-        started = subprocess.run(
-            [str(UP), str(workdir)], env=env, capture_output=True, text=True, timeout=180
-        )
-        assert started.returncode == 0, started.stderr[-2000:]
+        # Ports are free when chosen, not when bound: another process may take one in between,
+        # so a start that fails is tried once more on new ports before the test fails.
+        for attempt in (1, 2):
+            env = {
+                **os.environ,
+                "KAPI_FRESH": "1",
+                "KAPI_PORT": str(free_port()),
+                "KAPI_ETCD_PORT": str(etcd_port()),
+                "KAPI_TIMEOUT": "120",
+            }
+            started = subprocess.run(
+                [str(UP), str(workdir)], env=env, capture_output=True, text=True, timeout=180
+            )
+            if started.returncode == 0:
+                break
+            assert attempt == 1, started.stdout[-1000:] + started.stderr[-2000:]
         yield workdir / "kubeconfig"
     finally:
         stop = workdir / "stop.sh"
@@ -53,6 +60,23 @@ def real_apiserver(workdir: Path) -> Iterator[Path]:
                 timeout=60,
                 check=False,
             )
+
+
+def etcd_port() -> int:
+    """A free etcd client port whose peer port (the client port + 10) is free too."""
+    while True:
+        port = free_port()
+        if port + 10 < 65536 and port_is_free(port + 10):
+            return port
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:

@@ -11,10 +11,7 @@ number of keys). Skipped, with the reason, where the server is not available.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import ssl
-import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -24,19 +21,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.builders import ROOT, free_port, platform
+from tests.builders import platform
+from tests.realkube import real_apiserver
 from webhook.core.counts import key_problem
 from webhook.core.guard import render_tenant_quota
 from webhook.core.quantities import format_quantity, parse_quantity
 
 pytestmark = pytest.mark.kube
-
-# ../shared beside the project, or beside the folder holding it (a worktree one level deeper).
-SHARED = next(
-    (p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if p.is_dir()),
-    ROOT.parent / "shared",
-)
-UP = SHARED / "kube" / "up.sh"
 
 KEYS = [
     ("cpu", "4"),
@@ -72,29 +63,11 @@ OURS = [("count/deployments.apps", "1"), ("count/vminstance.apps.cozystack.io", 
 
 @pytest.fixture(scope="module")
 def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path]]:
-    if not UP.exists():
-        pytest.skip(f"no real kube-apiserver here ({UP} is absent)")
-    for tool in ("openssl", "curl", "kubectl"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"the real kube-apiserver needs {tool} on PATH")
     work = tmp_path_factory.mktemp("kube")
-    port, etcd = free_port(), free_port()
-    environment = {
-        **os.environ,
-        "KAPI_FRESH": "1",
-        "KAPI_PORT": str(port),
-        "KAPI_ETCD_PORT": str(etcd),
-        "KAPI_TIMEOUT": "90",
-    }
-    try:
-        subprocess.run([str(UP), str(work)], env=environment, check=True, timeout=120)
-        config = yaml.safe_load((work / "kubeconfig").read_text())
+    with real_apiserver(work) as kubeconfig:
+        config = yaml.safe_load(kubeconfig.read_text())
         token = config["users"][0]["user"]["token"]
-        yield f"https://127.0.0.1:{port}", token, work / "pki" / "ca.crt"
-    finally:
-        stop = work / "stop.sh"
-        if stop.exists():
-            subprocess.run([str(stop)], env={**environment, "KAPI_WIPE": "1"}, timeout=60)
+        yield config["clusters"][0]["cluster"]["server"], token, work / "pki" / "ca.crt"
 
 
 def accepted(apiserver: tuple[str, str, Path], hard: dict[str, Decimal]) -> tuple[bool, str]:
