@@ -353,8 +353,14 @@ def test_replay_names_the_first_step_a_new_pod_broke() -> None:
     assert reason == f"step 2: {plan.moves[1].target} no longer has room for {plan.moves[1].vm}"
 
 
-def hostile_snapshot(**kw: int) -> Snapshot:
-    return snapshot_from_objects(hostile_mixed_cluster(**kw))
+def hostile_snapshot(
+    *, per_node: int = 70, memory_short_mi: int = 4096, cpu_short_m: int = 7000
+) -> Snapshot:
+    return snapshot_from_objects(
+        hostile_mixed_cluster(
+            per_node=per_node, memory_short_mi=memory_short_mi, cpu_short_m=cpu_short_m
+        )
+    )
 
 
 def test_a_vm_short_of_memory_and_cpu_among_mixed_vms_stops_at_the_candidate_bound() -> None:
