@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.cluster import cluster, tenant
 from tests.state.test_live import live_of, metrics
 from tests.test_live import Caller, eventually, replica, wait_ready
+from webhook.core.catalog import InstanceType, StaticCatalog
 from webhook.core.metric_keys import OTHER, fold, known_keys, quota_keys
 from webhook.core.platform import Platform
 
@@ -106,3 +107,22 @@ def test_known_keys_come_from_the_platform_not_from_tenants() -> None:
     folded = fold({"memory": Decimal(1), "a/b": Decimal(2), "other": Decimal(3)}, known)
     assert folded == {"memory": Decimal(1), OTHER: Decimal(5)}
     assert known_keys(Platform()) >= {"cpu", "memory"}
+
+
+def test_devices_of_a_tenants_own_instance_type_are_not_platform_keys() -> None:
+    from dataclasses import replace
+
+    from tests.builders import platform
+
+    base = platform()
+    own = {
+        (namespace, name): InstanceType(name, Decimal(1), Decimal(1), {device: Decimal(1)}, ns)
+        for namespace, name, device, ns in (
+            ("tenant-acme", "mine", "example.com/made-up-gpu", "tenant-acme"),
+            ("", "shared", "nvidia.com/GA102", ""),
+        )
+    }
+    catalog = StaticCatalog({**base.catalog.instance_types, **own}, base.catalog.presets)
+    known = known_keys(replace(base, catalog=catalog))
+    assert "nvidia.com/GA102" in known
+    assert "example.com/made-up-gpu" not in known

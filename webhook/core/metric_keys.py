@@ -6,9 +6,9 @@ is a series Prometheus keeps, so a key a tenant makes up must never become one: 
 only a key the platform knows, and everything else is summed under :data:`OTHER`. The platform
 knows the resource keys of Kubernetes quotas (``cpu``, ``memory``, ``storage``,
 ``ephemeral-storage`` and the object counts), every key its contracts name, the count key of
-each of its kinds, and the devices of its instance types; for ResourceQuotas, the ``requests.``
-and ``limits.`` forms of those. The number of series per pool or namespace is then bounded by
-the platform, whatever tenants write.
+each of its kinds, and the devices of its cluster-scoped instance types (a namespaced one may be
+a tenant's own); for ResourceQuotas, the ``requests.`` and ``limits.`` forms of those. The
+number of series per pool or namespace is then bounded by the platform, whatever tenants write.
 """
 
 from __future__ import annotations
@@ -52,7 +52,9 @@ def known_keys(platform: Platform) -> frozenset[str]:
             keys.update(key for key, _ in term.objects)
             keys.update(_size_keys(term.size))
     for instance_type in platform.catalog.instance_types.values():
-        keys.update(instance_type.devices)
+        # Only cluster-scoped ones: a namespaced instance type may be a tenant's own.
+        if not instance_type.namespace:
+            keys.update(instance_type.devices)
     return frozenset(keys)
 
 
