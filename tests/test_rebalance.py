@@ -365,3 +365,18 @@ def test_one_tenants_many_pending_vms_do_not_queue_ahead_of_another_tenants() ->
         "default",
         "tenant-",
     ]
+
+
+def test_a_hundred_pending_vms_of_one_tenant_cost_a_round_only_its_share_of_goals() -> None:
+    many = [Goal("place", f"tenant-a/vm-{i}") for i in range(100)]
+    goals = [*many, Goal("place", "tenant-b/one"), Goal("drain", "node-1")]
+    first = fair_order(goals, per_tenant=2, turn=0)
+    assert first == [many[0], Goal("place", "tenant-b/one"), many[1], Goal("drain", "node-1")]
+    # Round after round, every one of them gets its turn, and tenant-b's goal every round.
+    planned = set()
+    for turn in range(50):
+        chosen = fair_order(goals, per_tenant=2, turn=turn)
+        assert Goal("place", "tenant-b/one") in chosen
+        assert len(chosen) == 4
+        planned.update(chosen)
+    assert set(many) <= planned

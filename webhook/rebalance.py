@@ -16,8 +16,9 @@ watch can never leave it acting on a stale view. One bad goal is reported and th
 Pending VMs are a tenant's doing, so planning never holds the controller: every goal is planned
 in a worker thread (``--planners`` at once, off the event loop that serves ``/metrics`` and
 ``/healthz``), each within its own budget of candidates and wall-clock deadline, submitted in
-turn across tenants (one tenant's many goals do not queue ahead of another's), and handled as
-each plan is ready, so a slow goal delays no other. The migrations one tenant's pending VMs may
+turn across tenants (one tenant's many goals do not queue ahead of another's; at most
+``--tenant-goals`` of one tenant's per round, taken in rotation), and handled as each plan is
+ready, so a slow goal delays no other. The migrations one tenant's pending VMs may
 cause are limited per period; a plan beyond that waits, with an Event that says so.
 """
 
@@ -44,6 +45,7 @@ from webhook.core.plan_limits import (
     DEFAULT_MAX_CANDIDATES,
     DEFAULT_PLAN_SECONDS,
     DEFAULT_PLANNERS,
+    DEFAULT_TENANT_GOALS,
     DEFAULT_TENANT_MIGRATIONS,
     DEFAULT_TENANT_PERIOD,
 )
@@ -89,6 +91,7 @@ class RebalanceSettings:
     planners: int = DEFAULT_PLANNERS
     tenant_migrations: int = DEFAULT_TENANT_MIGRATIONS
     tenant_period: float = DEFAULT_TENANT_PERIOD
+    tenant_goals: int = DEFAULT_TENANT_GOALS
 
 
 @dataclass
@@ -137,6 +140,7 @@ class Rebalancer:
         self._reported: dict[Goal, str] = {}
         # When each migration a tenant's pending VMs caused was created, within the period.
         self._caused: dict[str, deque[float]] = {}
+        self._turn = 0  # which of a tenant's pending VMs come first this round
         self._planners = ThreadPoolExecutor(
             max_workers=max(1, settings.planners), thread_name_prefix="planner"
         )
@@ -163,7 +167,12 @@ class Rebalancer:
         apply mode carry out the first plan that has moves, then stop planning the rest."""
         objects = await self._objects()
         snapshot = await asyncio.to_thread(snapshot_from_objects, objects)
-        goals = fair_order(find_goals(objects, all_vms=self.settings.all_vms))
+        goals = fair_order(
+            find_goals(objects, all_vms=self.settings.all_vms),
+            per_tenant=self.settings.tenant_goals,
+            turn=self._turn,
+        )
+        self._turn += 1
         stop = threading.Event()
         loop = asyncio.get_running_loop()
         futures = [
@@ -403,9 +412,10 @@ def run(args: argparse.Namespace) -> int:
         raise RebalanceInputError(
             "--max-candidates and --planners must be at least 1, --plan-seconds positive"
         )
-    if args.tenant_migrations < 0 or args.tenant_period <= 0:
+    if args.tenant_migrations < 0 or args.tenant_period <= 0 or args.tenant_goals < 1:
         raise RebalanceInputError(
-            "--tenant-migrations must be 0 or more and --tenant-period positive"
+            "--tenant-migrations must be 0 or more, --tenant-period positive and "
+            "--tenant-goals at least 1"
         )
     settings = RebalanceSettings(
         apply=args.apply,
@@ -418,6 +428,7 @@ def run(args: argparse.Namespace) -> int:
         planners=args.planners,
         tenant_migrations=args.tenant_migrations,
         tenant_period=args.tenant_period,
+        tenant_goals=args.tenant_goals,
     )
     logging.basicConfig(level=logging.INFO)
     return asyncio.run(_main(args.kubeconfig, settings, host, int(port), once=args.once))

@@ -431,3 +431,18 @@ def test_a_bounded_search_finds_the_unbounded_minimum_or_says_it_stopped(
             len(unbounded.moves),
             unbounded.bytes_moved,
         )
+
+
+def test_vms_that_each_choose_their_own_placement_count_against_the_bound() -> None:
+    # Every distinct placement is matched against every node before any search: 300 VMs with
+    # a selector each, on 300 nodes, weigh 90,000 candidates.
+    nodes = tuple(node(f"n{i}", 16, labels={"slot": str(i)}) for i in range(300))
+    vms = tuple(
+        vm(f"v{i}", 1, f"n{i}", placement=Placement(node_selector=(("slot", str(i)),)))
+        for i in range(300)
+    )
+    snapshot = Snapshot(nodes, (), (*vms, vm("p", 64, None)))
+    plan = plan_placement(snapshot, "ns/p", bound=Bound(candidates=10_000))
+    assert plan.over_bound
+    assert plan.reason == "no plan within the bound: stopped at its bound of 10000 candidates"
+    assert replay(snapshot, ()) == ""

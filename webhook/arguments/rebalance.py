@@ -10,6 +10,7 @@ from webhook.core.plan_limits import (
     DEFAULT_MAX_MOVES,
     DEFAULT_PLAN_SECONDS,
     DEFAULT_PLANNERS,
+    DEFAULT_TENANT_GOALS,
     DEFAULT_TENANT_MIGRATIONS,
     DEFAULT_TENANT_PERIOD,
 )
@@ -51,6 +52,14 @@ def add_parser(commands: Any) -> None:
         default=DEFAULT_PLANNERS,
         metavar="N",
         help=f"goals planned at once, each in a thread (default {DEFAULT_PLANNERS})",
+    )
+    rebalance.add_argument(
+        "--tenant-goals",
+        type=int,
+        default=DEFAULT_TENANT_GOALS,
+        metavar="N",
+        help="pending VMs of one tenant planned per round, in rotation "
+        f"(default {DEFAULT_TENANT_GOALS})",
     )
     rebalance.add_argument(
         "--tenant-migrations",

@@ -16,6 +16,7 @@ __all__ = [
     "DEFAULT_MAX_MOVES",
     "DEFAULT_PLANNERS",
     "DEFAULT_PLAN_SECONDS",
+    "DEFAULT_TENANT_GOALS",
     "DEFAULT_TENANT_MIGRATIONS",
     "DEFAULT_TENANT_PERIOD",
     "MAX_MOVES_CAP",
@@ -29,6 +30,8 @@ DEFAULT_MAX_CANDIDATES: Final = 1_000_000
 DEFAULT_PLAN_SECONDS: Final = 10.0
 # Goals planned at once, each in a worker thread of its own.
 DEFAULT_PLANNERS: Final = 2
+# Pending VMs of one tenant planned per round (taken in rotation from round to round).
+DEFAULT_TENANT_GOALS: Final = 2
 # Migrations the pending VMs of one tenant (a top-level tenant with its sub-tenants) may cause
 # in one period.
 DEFAULT_TENANT_MIGRATIONS: Final = 10

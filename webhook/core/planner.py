@@ -83,9 +83,29 @@ class Plan:
 
 
 class _Budget(Exception):
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, work: int) -> None:
         super().__init__(what)
         self.what = what
+        self.work = work
+
+
+@dataclass
+class _Meter:
+    """The count of candidates while the world is built (it then carries on in the world)."""
+
+    bound: Bound
+    work: int = 0
+    next_check: int = _CHECK_EVERY
+
+    def spend(self, count: int = 1) -> None:
+        """Count ``count`` candidates against the bound; raise :class:`_Budget` past it."""
+        self.work += count
+        if self.work > self.bound.candidates:
+            raise _Budget(f"its bound of {self.bound.candidates} candidates", self.work)
+        if self.work >= self.next_check:
+            self.next_check = self.work + _CHECK_EVERY
+            if self.bound.expired is not None and self.bound.expired():
+                raise _Budget("the time limit", self.work)
 
 
 @dataclass
@@ -103,22 +123,22 @@ class _World:
     fixed_labels: list[list[tuple[str, dict[str, str], tuple[AntiAffinity, ...]]]]
     anti: bool
     banned: set[int] = field(default_factory=set)
-    work: int = 0
-    bound: Bound = field(default_factory=Bound)
-    _next_check: int = _CHECK_EVERY
+    meter: _Meter = field(default_factory=lambda: _Meter(Bound()))
+
+    @property
+    def work(self) -> int:
+        return self.meter.work
 
     def spend(self, count: int = 1) -> None:
-        """Count ``count`` candidates against the bound; raise :class:`_Budget` past it."""
-        self.work += count
-        if self.work > self.bound.candidates:
-            raise _Budget(f"its bound of {self.bound.candidates} candidates")
-        if self.work >= self._next_check:
-            self._next_check = self.work + _CHECK_EVERY
-            if self.bound.expired is not None and self.bound.expired():
-                raise _Budget("the time limit")
+        self.meter.spend(count)
 
     @classmethod
-    def build(cls, snapshot: Snapshot, extra: Sequence[VM] = ()) -> _World:
+    def build(
+        cls, snapshot: Snapshot, extra: Sequence[VM] = (), *, bound: Bound | None = None
+    ) -> _World:
+        """The dense world; the filtering of nodes per distinct placement (which VMIs choose)
+        counts against ``bound`` like any other candidate."""
+        meter = _Meter(bound or Bound())
         nodes = list(snapshot.nodes)
         index = {n.name: i for i, n in enumerate(nodes)}
         all_vms = [*snapshot.vms, *extra]
@@ -158,10 +178,13 @@ class _World:
         for vm in all_vms:
             allowed = by_placement.get(vm.placement)
             if allowed is None:
+                meter.spend(len(nodes))
                 allowed = frozenset(i for i, n in enumerate(nodes) if vm.placement.allows(n))
                 by_placement[vm.placement] = allowed
             eligible.append(allowed)
-        return cls(nodes, keys, free, all_vms, req, loc, eligible, on_node, fixed, anti)
+        return cls(
+            nodes, keys, free, all_vms, req, loc, eligible, on_node, fixed, anti, meter=meter
+        )
 
     def fits(self, v: int, t: int) -> bool:
         f = self.free[t]
@@ -531,8 +554,10 @@ def plan_placement(
         pods=snapshot.pods,
         vms=tuple(v for v in snapshot.vms if v is not pending),
     )
-    world = _World.build(others, [pending])
-    world.bound = bound or Bound()
+    try:
+        world = _World.build(others, [pending], bound=bound)
+    except _Budget as stop:
+        return _Progress().over(stop.what, stop.work)
     p = len(world.vms) - 1
     if not world.eligible[p]:
         reasons = sorted({f"{n.name}: {pending.placement.why_not(n)}" for n in world.nodes})
@@ -589,7 +614,7 @@ def plan_placement(
                 )
             searched.ruled_out = depth
     except _Budget as stop:
-        return searched.over(stop.what, world.work)
+        return searched.over(stop.what, stop.work)
     return Plan(False, reason=_why_no_room(world, p, targets, max_moves), candidates=world.work)
 
 
@@ -602,8 +627,10 @@ def plan_drain(
 ) -> Plan:
     """The fewest migrations after which no VM runs on ``node`` (which takes nothing new)."""
     max_moves = max(0, min(max_moves, MAX_MOVES_CAP))
-    world = _World.build(snapshot)
-    world.bound = bound or Bound()
+    try:
+        world = _World.build(snapshot, bound=bound)
+    except _Budget as stop:
+        return _Progress().over(stop.what, stop.work)
     index = next((i for i, n in enumerate(world.nodes) if n.name == node), None)
     if index is None:
         return Plan(False, reason=f"no node {node} in the snapshot")
@@ -626,7 +653,7 @@ def plan_drain(
     try:
         found = _deepen(world, [(v, -1) for v in leaving], max_moves, -1, len(leaving), searched)
     except _Budget as stop:
-        return searched.over(stop.what, world.work)
+        return searched.over(stop.what, stop.work)
     if found is None:
         return Plan(
             False,
@@ -695,7 +722,10 @@ def replay(
             snapshot.nodes, snapshot.pods, tuple(v for v in snapshot.vms if v is not vm)
         )
         extra = (vm,)
-    world = _World.build(snapshot, extra)
+    try:
+        world = _World.build(snapshot, extra)
+    except _Budget as stop:
+        return f"the cluster could not be read within {stop.what}"
     index = {n.name: i for i, n in enumerate(world.nodes)}
     keys = {v.key: i for i, v in enumerate(world.vms)}
     if drain is not None and drain in index:

@@ -82,17 +82,30 @@ def tenant_of(namespace: str) -> str:
     return f"tenant-{parts[1]}"
 
 
-def fair_order(goals: Sequence[Goal]) -> list[Goal]:
+def fair_order(
+    goals: Sequence[Goal], *, per_tenant: int | None = None, turn: int = 0
+) -> list[Goal]:
     """Pending VMs in turn across tenants (each tenant's first, then each one's second ...),
-    then the drains; within a tenant the order of ``goals`` is kept."""
+    then the drains.
+
+    With ``per_tenant``, at most that many of one tenant's pending VMs are taken, the
+    ``turn``-th batch of them in the order of ``goals``: a caller advancing ``turn`` every round
+    plans each of a tenant's many pending VMs in its turn, and one tenant's hundred pending VMs
+    cost a round no more than ``per_tenant`` goals.
+    """
     queues: dict[str, list[Goal]] = {}
     for goal in goals:
         if goal.kind == "place":
             queues.setdefault(tenant_of(goal.key.split("/", 1)[0]), []).append(goal)
+    if per_tenant is not None:
+        for tenant, queue in queues.items():
+            start = (turn * max(1, per_tenant)) % len(queue)
+            rotated = queue[start:] + queue[:start]
+            queues[tenant] = rotated[: max(0, per_tenant)]
     ordered: list[Goal] = []
     depth = max((len(q) for q in queues.values()), default=0)
-    for turn in range(depth):
-        ordered.extend(q[turn] for q in queues.values() if turn < len(q))
+    for index in range(depth):
+        ordered.extend(q[index] for q in queues.values() if index < len(q))
     return ordered + [g for g in goals if g.kind == "drain"]
 
 
