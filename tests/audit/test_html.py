@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.audit.logs import LOG, PLATFORM, events
-from webhook.audit.html import CELL_KEYS, CHART_KEYS, render_page
+from webhook.audit.html import CELL_KEYS, CHART_KEYS, CHART_POOLS, render_page
 from webhook.cli import main
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -138,3 +138,16 @@ def test_a_cell_shows_its_largest_entries_and_counts_the_rest() -> None:
     assert "k199=199, k198=198" in text
     assert f"(and {200 - CELL_KEYS} smaller, not shown)" in text
     assert "k000=" not in text
+
+
+def test_a_page_charts_a_bounded_number_of_pools_and_names_the_rest() -> None:
+    def series(share: int) -> dict[str, object]:
+        point = {"time": "2026-11-30T00:00:00Z", "reserved": {"cpu": str(share)}}
+        return {"points": [{**point, "budget": {"cpu": "100"}}], "denials": []}
+
+    chart = {f"tenant-p{i:03d}": series(i % 100) for i in range(CHART_POOLS + 5)}
+    text = render_page("t", {}, chart)
+    assert text.count("<figure class='pool'") == CHART_POOLS
+    assert "5 more pools not charted (smaller shares of budget): tenant-p" in text
+    assert "id='pool-tenant-p044'" in text  # the largest share is charted
+    assert "id='pool-tenant-p000'" not in text

@@ -10,7 +10,8 @@ page treats every string as text: matplotlib's mathtext and TeX are off (a key `
 as those four characters, never parsed), SVG text is escaped by matplotlib, HTML by
 :func:`html.escape`, and long strings are cut. What one pool or event can add is bounded: a
 pool's chart shows its :data:`CHART_KEYS` keys with the largest share of their budget, a cell
-its :data:`CELL_KEYS` largest entries, and each says how many it left out and which.
+its :data:`CELL_KEYS` largest entries, a page its :data:`CHART_POOLS` pools with the largest
+shares, and each says how many it left out and which.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from webhook.core.audit.events import parse_time
 from webhook.core.errors import QuantityError
 from webhook.core.quantities import parse_quantity
 
-__all__ = ["CELL_KEYS", "CHART_KEYS", "render_page"]
+__all__ = ["CELL_KEYS", "CHART_KEYS", "CHART_POOLS", "render_page"]
 
+CHART_POOLS: Final = 40  # pools charted per page
 CHART_KEYS: Final = 6  # keys charted per pool (one row each)
 CELL_KEYS: Final = 8  # entries shown of a mapping in one table cell
 TEXT_CHARS: Final = 60  # longest key or name drawn or listed; longer ones are cut
@@ -56,9 +58,13 @@ figure.pool { margin: 1.5em 0; } figure.pool svg { max-width: 100%; height: auto
 
 def render_page(title: str, result: Mapping[str, Any], chart: Mapping[str, Any]) -> str:
     """The page: charts per pool, then the tables of ``result``."""
-    figures = [_figure(pool, series) for pool, series in chart.items()]
+    ranked = sorted(chart, key=lambda pool: (-_peak(chart[pool]), pool))
+    figures = [_figure(pool, chart[pool]) for pool in ranked[:CHART_POOLS]]
     body = [f"<h1>{html.escape(title)}</h1>"]
     body += [f for f in figures if f] or ["<p>No pool had a budget in this log.</p>"]
+    if len(ranked) > CHART_POOLS:
+        note = _left_out(ranked[CHART_POOLS:], "not charted (smaller shares of budget)", "pool")
+        body.append(f"<p>{html.escape(note)}</p>")
     body.append(_tables(result))
     data = html.escape(json.dumps(result, default=str))
     return (
@@ -136,8 +142,19 @@ def _draw(
     return svg[svg.index("<svg") :]
 
 
+def _peak(series: Mapping[str, Any]) -> float:
+    """A pool's largest share of budget on any key at any time."""
+    peaks = _peaks(series.get("points", []))
+    return max(peaks.values(), default=0.0)
+
+
 def _ranked_keys(points: Sequence[Mapping[str, Any]]) -> list[str]:
     """A pool's budget keys, largest peak share of budget first (then by name)."""
+    peak = _peaks(points)
+    return sorted(peak, key=lambda k: (-peak[k], k))
+
+
+def _peaks(points: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     peak: dict[str, float] = {}
     for point in points:
         budget = point.get("budget", {})
@@ -146,13 +163,13 @@ def _ranked_keys(points: Sequence[Mapping[str, Any]]) -> list[str]:
             total = _number(limit)
             share = _number(reserved.get(key)) / total if total > 0 else 0.0
             peak[key] = max(peak.get(key, 0.0), share)
-    return sorted(peak, key=lambda k: (-peak[k], k))
+    return peak
 
 
-def _left_out(keys: Sequence[str], why: str) -> str:
-    named = ", ".join(_cut(k) for k in keys[:LEFT_OUT_NAMED])
-    more = f" and {len(keys) - LEFT_OUT_NAMED} more" if len(keys) > LEFT_OUT_NAMED else ""
-    return f"{len(keys)} more key{'s' * (len(keys) != 1)} {why}: {named}{more}"
+def _left_out(names: Sequence[str], why: str, noun: str = "key") -> str:
+    named = ", ".join(_cut(k) for k in names[:LEFT_OUT_NAMED])
+    more = f" and {len(names) - LEFT_OUT_NAMED} more" if len(names) > LEFT_OUT_NAMED else ""
+    return f"{len(names)} more {noun}{'s' * (len(names) != 1)} {why}: {named}{more}"
 
 
 def _cut(text: object) -> str:
