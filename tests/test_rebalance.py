@@ -291,7 +291,7 @@ async def test_a_slow_goal_neither_holds_the_event_loop_nor_delays_other_goals(
             (Goal("place", "tenant-evil/pending"), "over-bound"),
         ]
         # The loop kept serving while the slow goal was planned (a GIL switch is 5 ms).
-        assert max(gaps) < 1.0, max(gaps)
+        assert max(gaps) < 1.5, max(gaps)
         slow = [e for e in api.objects("", "events") if e["involvedObject"]["name"] == "pending"]
         assert slow[0]["reason"] == "MakeRoomNoPlan"
         assert slow[0]["message"].startswith(

@@ -129,7 +129,7 @@ def test_200_keys_on_one_event_add_a_bounded_chart_that_says_what_it_left_out(
     charted = re.findall(r">(example\.com/made-up-\d+)<", text)
     assert 0 < len(set(charted)) <= CHART_KEYS
     assert re.search(r"\d+ more keys not charted \(smaller shares of budget\): example", text)
-    assert re.search(r"made-up-\d+ and \d+ more<", text)  # names listed are bounded too
+    assert re.search(r"made-up-\d+ and \d+ more[;<]", text)  # names listed are bounded too
 
 
 def test_a_cell_shows_its_largest_entries_and_counts_the_rest() -> None:
@@ -151,3 +151,13 @@ def test_a_page_charts_a_bounded_number_of_pools_and_names_the_rest() -> None:
     assert "5 more pools not charted (smaller shares of budget): tenant-p" in text
     assert "id='pool-tenant-p044'" in text  # the largest share is charted
     assert "id='pool-tenant-p000'" not in text
+
+
+def test_2000_keys_on_one_event_are_cut_where_they_are_read_and_the_page_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    keys = [f"example.com/made-up-{i:04d}" for i in range(2000)]
+    text = page(tmp_path, "summary", str(log_with_keys(tmp_path, keys))).read_text("utf-8")
+    capsys.readouterr()
+    assert re.search(r"up to 19\d\d further keys of one event were not kept for the chart", text)
+    assert len(text) < 600_000

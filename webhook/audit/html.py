@@ -94,6 +94,12 @@ def _figure(pool: str, series: Mapping[str, Any]) -> str:
     caption = f"{html.escape(_cut(pool))}: reserved over time against the budget; x marks a denial"
     if left_out:
         caption += "; " + html.escape(_left_out(left_out, "not charted (smaller shares of budget)"))
+    dropped = series.get("keysLeftOut", 0)
+    if isinstance(dropped, int) and dropped > 0:
+        caption += (
+            f"; up to {dropped} further keys of one event were not kept for the chart "
+            "(smaller shares of budget)"
+        )
     return (
         f"<figure class='pool' id='pool-{html.escape(_cut(pool))}'>{svg}"
         f"<figcaption>{caption}</figcaption></figure>"
