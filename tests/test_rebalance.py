@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.apiserver.server import EmulatedAPIServer
@@ -380,3 +381,23 @@ def test_a_hundred_pending_vms_of_one_tenant_cost_a_round_only_its_share_of_goal
         assert len(chosen) == 4
         planned.update(chosen)
     assert set(many) <= planned
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        ["--max-candidates", "0"],
+        ["--plan-seconds", "nan"],
+        ["--planners", "0"],
+        ["--tenant-migrations", "-1"],
+        ["--tenant-period", "nan"],
+        ["--tenant-goals", "0"],
+    ],
+)
+def test_bounds_that_would_not_bound_are_refused_at_start(
+    flag: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from webhook.cli import main
+
+    assert main(["rebalance", "--kubeconfig", "/nonexistent", *flag]) == 2
+    assert flag[0] in capsys.readouterr().err

@@ -408,11 +408,11 @@ def run(args: argparse.Namespace) -> int:
     host, _, port = args.listen.rpartition(":")
     if not port.isdigit():
         raise RebalanceInputError(f"--listen: {args.listen!r} is not HOST:PORT")
-    if args.max_candidates < 1 or args.plan_seconds <= 0 or args.planners < 1:
+    if args.max_candidates < 1 or not args.plan_seconds > 0 or args.planners < 1:
         raise RebalanceInputError(
             "--max-candidates and --planners must be at least 1, --plan-seconds positive"
         )
-    if args.tenant_migrations < 0 or args.tenant_period <= 0 or args.tenant_goals < 1:
+    if args.tenant_migrations < 0 or not args.tenant_period > 0 or args.tenant_goals < 1:
         raise RebalanceInputError(
             "--tenant-migrations must be 0 or more, --tenant-period positive and "
             "--tenant-goals at least 1"

@@ -25,7 +25,7 @@ __all__ = [
 DEFAULT_MAX_MOVES: Final = 3
 MAX_MOVES_CAP: Final = 5
 # About 2 s of one core on this project's machines (0.5 to 2 us per candidate); the 200-node,
-# 4,000-VM benchmark's 3-move plan considers about 20,000.
+# 4,000-VM benchmark's 3-move plan considers about 10,000.
 DEFAULT_MAX_CANDIDATES: Final = 1_000_000
 DEFAULT_PLAN_SECONDS: Final = 10.0
 # Goals planned at once, each in a worker thread of its own.
