@@ -3,6 +3,9 @@
 Request latency by endpoint and decision; decisions by kind, reason and mode; pool budget and
 reserved figures, read from the state at scrape time; state readiness; certificate expiry; and
 the pod-level guard per namespace with a ResourceQuota (need, room, unknown applications).
+Resource labels carry only keys the platform knows (:mod:`webhook.core.metric_keys`); whatever
+else tenants write into budgets or ResourceQuotas is summed under ``other``, so no write grows
+the number of series.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from webhook.core.guard import QuotaBook, guard_room, namespace_need
+from webhook.core.metric_keys import fold, known_keys, label, quota_keys
+from webhook.core.platform import Platform
 from webhook.core.state import ReservationState
 
 __all__ = ["Metrics"]
@@ -29,9 +34,27 @@ _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
+class _KnownKeys:
+    """The platform's keys, worked out once per platform (a new state brings a new one)."""
+
+    def __init__(self) -> None:
+        self._platform: Platform | None = None
+        self._keys: frozenset[str] = frozenset()
+        self._quota: frozenset[str] = frozenset()
+
+    def of(self, platform: Platform) -> tuple[frozenset[str], frozenset[str]]:
+        """(budget and charge keys, ResourceQuota keys)."""
+        if platform is not self._platform:
+            self._keys = known_keys(platform)
+            self._quota = quota_keys(self._keys)
+            self._platform = platform
+        return self._keys, self._quota
+
+
 class _PoolCollector(Collector):
     def __init__(self, state: Callable[[], ReservationState]) -> None:
         self._state = state
+        self._known = _KnownKeys()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         budget = GaugeMetricFamily(
@@ -58,17 +81,23 @@ class _PoolCollector(Collector):
             labels=["pool", "resource"],
         )
         state = self._state()
+        known, _ = self._known.of(state.platform)
         discounts = state.pool_discounts()
         for pool in state.tree.pools():
             off = discounts.get(pool.namespace, {})
+            rows: dict[str, tuple[Decimal, Decimal, Decimal]] = {}
             for key, value in pool.budget.items():
-                labels = [pool.namespace, key]
-                used = pool.reserved.get(key, _ZERO)
-                total = used + off.get(key, _ZERO)
+                shown = label(key, known)
+                b, u, o = rows.get(shown, (_ZERO, _ZERO, _ZERO))
+                used, less = pool.reserved.get(key, _ZERO), off.get(key, _ZERO)
+                rows[shown] = (b + value, u + used, o + less)
+            for shown, (value, used, less) in rows.items():
+                labels = [pool.namespace, shown]
+                total = used + less
                 budget.add_metric(labels, float(value))
                 reserved.add_metric(labels, float(used))
                 committed.add_metric(labels, float(total))
-                discount.add_metric(labels, float(off.get(key, _ZERO)))
+                discount.add_metric(labels, float(less))
                 share = max(total - value, _ZERO) / value if value else _ZERO
                 beyond.add_metric(labels, float(share))
         yield budget
@@ -113,6 +142,7 @@ class _GuardCollector(Collector):
     def __init__(self, state: Callable[[], ReservationState], quotas: QuotaBook) -> None:
         self._state = state
         self._quotas = quotas
+        self._known = _KnownKeys()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         labels = ["namespace", "resource"]
@@ -132,15 +162,16 @@ class _GuardCollector(Collector):
             labels=["namespace"],
         )
         state = self._state()
+        _, known = self._known.of(state.platform)
         for namespace in self._quotas.namespaces():
             need, unknown = namespace_need(
                 (key, record.resources if record else None)
                 for key, record in state.records_in(namespace)
             )
-            for key, value in need.items():
+            for key, value in fold(need, known).items():
                 need_family.add_metric([namespace, key], float(value))
             room = guard_room(self._quotas.quotas(namespace), need)
-            for key, value in room.items():
+            for key, value in fold(room, known).items():
                 room_family.add_metric([namespace, key], float(value))
             unknown_family.add_metric([namespace], len(unknown))
         yield need_family

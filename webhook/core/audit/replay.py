@@ -25,7 +25,14 @@ from typing import Any, Final, cast
 from webhook.core import resources as rl
 from webhook.core.audit.events import AuditWrite
 from webhook.core.audit.history import History
-from webhook.core.audit.summary import ERROR_REASONS, LIST_CAP, SERIES_CAP, Filters
+from webhook.core.audit.summary import (
+    ERROR_REASONS,
+    LIST_CAP,
+    POINT_KEYS,
+    SERIES_CAP,
+    Filters,
+    chart_point,
+)
 from webhook.core.counts import is_count_key
 from webhook.core.decisions import MODES, Decision, Mode, Policy, decide
 from webhook.core.errors import QuantityError
@@ -52,6 +59,7 @@ class PoolTrack:
     first_overflow: str | None = None
     overflowed_by: dict[str, Any] | None = None
     points: list[tuple[str, dict[str, str], dict[str, str]]] = field(default_factory=list)
+    left_out: int = 0  # the most budget keys one chart point left out (chart_point)
     denials: list[tuple[str, dict[str, str], str]] = field(default_factory=list)
     step: int = 1
     seen: int = 0
@@ -76,7 +84,9 @@ class PoolTrack:
         if chart:
             self.seen += 1
             if self.seen % self.step == 0:
-                self.points.append((time, rl.to_strings(reserved), rl.to_strings(budget)))
+                self.left_out = max(self.left_out, len(budget) - POINT_KEYS)
+                point = chart_point(rl.to_strings(reserved), rl.to_strings(budget))
+                self.points.append((time, *point))
                 if len(self.points) >= SERIES_CAP:
                     self.points = self.points[::2]
                     self.step *= 2
@@ -284,6 +294,7 @@ class Replayer:
                 "denials": [
                     {"time": t, "reserved": r, "what": what} for t, r, what in track.denials
                 ],
+                "keysLeftOut": track.left_out,
             }
             for pool, track in sorted(self.pools.items())
         }
