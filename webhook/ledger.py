@@ -58,10 +58,18 @@ from webhook.core.pending import Hold
 from webhook.core.quantities import parse_quantity
 from webhook.core.reviews import AdmissionRequest
 from webhook.core.state import ReservationState
+from webhook.core.tenants import ancestors
 from webhook.kube.client import ApiError, KubeClient, ResourceRef
 from webhook.kube.reflector import Reflector
 
-__all__ = ["MAX_ENTRIES", "MAX_ENTRY_BYTES", "TENANT_RESERVATIONS", "Ledger", "LedgerSettings"]
+__all__ = [
+    "MAX_ENTRIES",
+    "MAX_ENTRY_BYTES",
+    "TENANT_RESERVATIONS",
+    "Ledger",
+    "LedgerSettings",
+    "holder",
+]
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -89,6 +97,13 @@ class LedgerSettings:
     read_timeout: float = 90.0
     watch_timeout: int = 300
     catch_up_seconds: float = 2.0  # how long a denial waits for the state to pass an expiry
+    # The share of a pool's ledger one tenant's listed entries may take (see :func:`holder`).
+    namespace_share: float = 0.1
+
+    @property
+    def share_limit(self) -> int:
+        """How many entries one tenant may have listed in one pool's ledger."""
+        return max(1, int(MAX_ENTRIES * self.namespace_share))
 
 
 class StateSource(Protocol):
@@ -102,6 +117,15 @@ class StateSource(Protocol):
 
 class _Conflict(Exception):
     pass
+
+
+class _ShareFull(Exception):
+    """One tenant's entries already take its whole share of a pool's ledger."""
+
+    def __init__(self, pool: str, holder: str) -> None:
+        super().__init__(pool, holder)
+        self.pool = pool
+        self.holder = holder
 
 
 @dataclass
@@ -152,6 +176,15 @@ class Ledger:
     @property
     def synced(self) -> bool:
         return self.reflector.synced
+
+    def largest_share(self) -> float:
+        """The largest share of a pool's ledger (of :data:`MAX_ENTRIES`) that one tenant's
+        listed entries take now, over every pool (for metrics: one figure, no labels)."""
+        largest = 0
+        for pool, obj in self._objects.items():
+            counts = _holders(pool, self._current_entries(obj))
+            largest = max(largest, *counts.values()) if counts else largest
+        return largest / MAX_ENTRIES
 
     # -- admission ---------------------------------------------------------------------------
 
@@ -239,6 +272,8 @@ class Ledger:
             pending = state.pending
             ids = {w.request.uid for w in batch}
             kept = self._kept(pool, current, state, without=ids)
+            held = _holders(pool, kept)
+            limit = self.settings.share_limit
             try:
                 for hold_id in ids:  # a retried request's own entry is not somebody else's
                     own = pending.counted(pool, hold_id)
@@ -251,11 +286,15 @@ class Ledger:
                         continue  # the caller is gone: hold nothing for it
                     decision = decide(waiter.request, state, waiter.policy)
                     if decision.allowed and decision.charged_pools:
+                        who = holder(pool, waiter.request.namespace)
                         if set(decision.charged_pools) != {pool}:
                             decision = _changed(pool)
                         elif len(kept) + len(added) >= MAX_ENTRIES:
                             decision = _full(pool)
+                        elif held.get(who, 0) >= limit:
+                            decision = _share_full(pool, who, self.settings)
                         else:
+                            held[who] = held.get(who, 0) + 1
                             entry = self._entry(waiter.request, decision, pool)
                             if _size(entry) > MAX_ENTRY_BYTES:
                                 decision = _too_large()
@@ -338,6 +377,9 @@ class Ledger:
                 except _Conflict:
                     self.conflicts += 1
                     continue  # what was written is ours (by uid): reused or replaced next time
+                except _ShareFull as exc:
+                    await self._roll_back(pools, uid)
+                    return _share_full(exc.pool, exc.holder, self.settings)
                 except ApiError as exc:
                     log.warning("ledger write failed", extra={"fields": {"error": str(exc)}})
                     await self._roll_back(pools, uid)
@@ -359,6 +401,9 @@ class Ledger:
         kept = self._kept(pool, current, state, without={entry["id"]})
         if len(kept) >= MAX_ENTRIES:
             raise _Conflict()
+        who = holder(pool, entry["application"].split("/", 2)[1])
+        if _holders(pool, kept).get(who, 0) >= self.settings.share_limit:
+            raise _ShareFull(pool, who)
         await self._write_status(pool, current, self._status(pool, current, state, [*kept, entry]))
 
     async def _roll_back(self, pools: list[str], uid: str) -> None:
@@ -684,6 +729,39 @@ def _full(pool: str) -> Decision:
         f"tenant reservations: pool {pool} has {MAX_ENTRIES} admissions not yet observed; "
         "try again in a few seconds",
     )
+
+
+def _share_full(pool: str, who: str, settings: LedgerSettings) -> Decision:
+    return errored(
+        429,
+        "TooManyRequests",
+        "ledger-share",
+        f"tenant reservations: {who} already has {settings.share_limit} admissions not yet "
+        f"observed in pool {pool}, its share ({settings.namespace_share * 100:g}% of "
+        f"{MAX_ENTRIES}); try again in a few seconds",
+    )
+
+
+def holder(pool: str, namespace: str) -> str:
+    """Whose share of ``pool``'s ledger an entry for ``namespace`` takes: the tenant directly
+    below the pool on the way to ``namespace`` (the pool's own namespace for its own
+    applications). Sub-tenants share their tenant's share, so a tenant admin cannot multiply
+    it by creating namespaces."""
+    chain = ancestors(namespace)
+    if pool in chain:
+        index = chain.index(pool)
+        return chain[index - 1] if index > 0 else pool
+    return namespace
+
+
+def _holders(pool: str, entries: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """How many of ``entries`` each tenant holds in ``pool``'s ledger."""
+    counts: dict[str, int] = {}
+    for entry in entries:
+        parts = str(entry.get("application") or "").split("/", 2)
+        who = holder(pool, parts[1] if len(parts) == 3 else "")
+        counts[who] = counts.get(who, 0) + 1
+    return counts
 
 
 def _behind(pool: str) -> Decision:

@@ -1,0 +1,166 @@
+"""One tenant never stops another through the ledger: attacks on holds, barriers and warn-mode
+carve-outs, each through the TLS server against the emulated API server. Every loop is bounded
+in count and time; servers bind 127.0.0.1 only."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.builders import review
+from tests.cluster import app, cluster, tenant
+from tests.test_live import Caller, certs, replica, wait_ready
+
+__all__ = ["certs"]
+
+POOL = "tenant-acme"
+
+
+@pytest.fixture
+async def caller(certs: Path) -> AsyncIterator[Caller]:
+    client = Caller(certs)
+    yield client
+    await client.close()
+
+
+def pending(server: Any, pool: str = POOL) -> list[dict[str, Any]]:
+    tres = server.get("reservation.cozystack.io", "tenantreservations", pool, pool)
+    return list(((tres or {}).get("status") or {}).get("pending") or [])
+
+
+async def metrics(port: int) -> str:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{port}/metrics") as response,
+    ):
+        return await response.text()
+
+
+# ---------------------------------------------------------------------------------------------
+# Holds only for writes that can be stored
+
+
+async def test_creates_of_an_existing_name_hold_nothing_and_never_deny_another_tenant(
+    tmp_path: Path,
+    certs: Path,
+    caller: Caller,
+) -> None:
+    async with cluster(tmp_path) as (server, kubeconfig):
+        server.create(tenant("tenant-root", "acme", {"storage": "1000Gi"}))
+        server.create(tenant(POOL, "a"))  # two tenants sharing acme's pool
+        server.create(tenant(POOL, "b"))
+        server.create(app("VMDisk", "tenant-acme-a", "data", {"storage": "1Gi"}))
+        async with replica(kubeconfig, certs) as webhook:
+            await wait_ready(caller, webhook.port)
+            await asyncio.sleep(0.3)  # every kind's watch is open
+            duplicates = [
+                review("VMDisk", "tenant-acme-a", "data", {"storage": "999Gi"}, uid=f"dup{i}")
+                for i in range(30)
+            ]
+            answers = await asyncio.gather(*(caller.validate(webhook.port, b) for b in duplicates))
+            for answer in answers:
+                assert not answer["allowed"], answer
+                assert answer["status"]["code"] == 409
+                assert "VMDisk data already exists in tenant-acme-a" in answer["status"]["message"]
+            assert pending(server) == [], "nothing is held for a write the API server refuses"
+            other = await caller.validate(
+                webhook.port, review("VMDisk", "tenant-acme-b", "disk", {"storage": "10Gi"})
+            )
+            assert other["allowed"], other
+
+
+async def test_an_existing_name_in_warn_mode_is_let_through_unheld(
+    tmp_path: Path,
+    certs: Path,
+    caller: Caller,
+) -> None:
+    async with cluster(tmp_path) as (server, kubeconfig):
+        server.create(tenant("tenant-root", "acme", {"storage": "1000Gi"}))
+        server.create(app("VMDisk", POOL, "data", {"storage": "1Gi"}))
+        async with replica(kubeconfig, certs, mode_for={"VMDisk": "warn"}) as webhook:
+            await wait_ready(caller, webhook.port)
+            await asyncio.sleep(0.3)
+            answer = await caller.validate(
+                webhook.port, review("VMDisk", POOL, "data", {"storage": "999Gi"})
+            )
+            assert answer["allowed"]
+            assert any("would be denied" in w and "exists" in w for w in answer["warnings"])
+            assert pending(server) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# A bounded share of a pool's ledger per tenant
+
+
+async def test_one_tenants_burst_of_unstored_creates_refuses_only_that_tenant(
+    tmp_path: Path,
+    certs: Path,
+    caller: Caller,
+) -> None:
+    async with cluster(tmp_path) as (server, kubeconfig):
+        server.create(tenant("tenant-root", "acme", {"storage": "100Ti"}))
+        server.create(tenant(POOL, "a"))
+        server.create(tenant("tenant-acme-a", "sub"))  # a's sub-tenant shares a's share
+        server.create(tenant(POOL, "b"))
+        async with replica(kubeconfig, certs) as webhook:  # the default share: 10%
+            await wait_ready(caller, webhook.port)
+            await asyncio.sleep(0.3)
+            burst = [
+                review(
+                    "VMDisk",
+                    "tenant-acme-a" if i % 2 else "tenant-acme-a-sub",
+                    f"ghost{i}",
+                    {"storage": "1Gi"},
+                    uid=f"g{i}",
+                )
+                for i in range(120)
+            ]
+            answers = []
+            for start in range(0, len(burst), 20):  # 20 in flight at a time
+                chunk = burst[start : start + 20]
+                answers += await asyncio.gather(*(caller.validate(webhook.port, b) for b in chunk))
+            allowed = [a for a in answers if a["allowed"]]
+            refused = [a for a in answers if not a["allowed"]]
+            assert len(allowed) == 100, "one tenant holds at most its share"
+            for answer in refused:
+                assert answer["status"]["code"] == 429
+                message = answer["status"]["message"]
+                assert "tenant-acme-a already has 100" in message
+                assert "its share (10% of 1000)" in message
+                assert "try again" in message
+            other = await caller.validate(
+                webhook.port, review("VMDisk", "tenant-acme-b", "disk", {"storage": "10Gi"})
+            )
+            assert other["allowed"], other
+            text = await metrics(webhook.metrics_port)
+            assert 'reservation_ledger_entries_limit{scope="tenant"} 100.0' in text
+            assert 'reservation_ledger_entries_limit{scope="pool"} 1000.0' in text
+            assert "reservation_ledger_tenant_share 0.1" in text
+            assert "reservation_ledger_largest_tenant_share 0.1" in text
+            assert 'reason="ledger-share"' in text
+
+
+async def test_a_smaller_share_is_configurable_and_bounds_each_tenant(
+    tmp_path: Path,
+    certs: Path,
+    caller: Caller,
+) -> None:
+    async with cluster(tmp_path) as (server, kubeconfig):
+        server.create(tenant("tenant-root", "acme", {"storage": "100Ti"}))
+        async with replica(kubeconfig, certs, ledger_namespace_share=0.005) as webhook:
+            await wait_ready(caller, webhook.port)
+            await asyncio.sleep(0.3)
+            answers = [
+                await caller.validate(
+                    webhook.port, review("VMDisk", POOL, f"g{i}", {"storage": "1Gi"}, uid=f"g{i}")
+                )
+                for i in range(7)
+            ]
+            assert [a["allowed"] for a in answers] == [True] * 5 + [False] * 2
+            assert "its share (0.5% of 1000)" in answers[-1]["status"]["message"]
+            assert len(pending(server)) == 5
