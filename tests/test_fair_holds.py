@@ -5,7 +5,9 @@ in count and time; servers bind 127.0.0.1 only."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -164,3 +166,87 @@ async def test_a_smaller_share_is_configurable_and_bounds_each_tenant(
             assert [a["allowed"] for a in answers] == [True] * 5 + [False] * 2
             assert "its share (0.5% of 1000)" in answers[-1]["status"]["message"]
             assert len(pending(server)) == 5
+
+
+# ---------------------------------------------------------------------------------------------
+# No barrier waits on a quiet source
+
+QUIET = {"watch_read_timeout": 60.0}  # no bookmarks below: a watch stays live while silent
+
+
+def ledger_object(pool: str, status: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "reservation.cozystack.io/v1alpha1",
+        "kind": "TenantReservation",
+        "metadata": {"name": pool, "namespace": pool},
+        "spec": {"pool": pool},
+        "status": status,
+    }
+
+
+def expiry(seconds: float) -> str:
+    moment = datetime.fromtimestamp(time.time() + seconds, UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+async def test_entries_of_a_quiet_kind_missed_by_a_replica_do_not_stall_the_pool(
+    tmp_path: Path,
+    certs: Path,
+    caller: Caller,
+) -> None:
+    async with cluster(tmp_path, bookmark_interval=3600) as (server, kubeconfig):
+        server.create(tenant("tenant-root", "acme", {"memory": "4Gi"}))
+        server.create(ledger_object(POOL, {}))
+        async with replica(kubeconfig, certs, **QUIET) as webhook:
+            await wait_ready(caller, webhook.port)
+            await asyncio.sleep(0.3)
+            # Another replica admitted a Bucket and removed its entry between two versions this
+            # replica read: it sees only the count of removals grow. Nobody writes Buckets, and
+            # no bookmark comes: the Bucket watch never passes that version by itself.
+            tres = server.get("reservation.cozystack.io", "tenantreservations", POOL, POOL)
+            assert tres is not None
+            server.update_status({**tres, "status": {"released": {"Bucket": 1}}})
+            await asyncio.sleep(0.2)
+            started = time.monotonic()
+            answer = await caller.validate(
+                webhook.port, review("VMInstance", POOL, "vm", {"instanceType": "u1.micro"})
+            )
+            assert answer["allowed"], answer
+            assert time.monotonic() - started < 1.5, "a consistent read, not a wait"
+
+
+async def test_an_expired_hold_of_a_quiet_kind_stops_denying_other_tenants_at_once(
+    tmp_path: Path,
+    certs: Path,
+    caller: Caller,
+) -> None:
+    async with cluster(tmp_path, bookmark_interval=3600) as (server, kubeconfig):
+        server.create(tenant("tenant-root", "acme", {"memory": "2Gi"}))
+        server.create(ledger_object(POOL, {}))
+        async with replica(kubeconfig, certs, **QUIET) as webhook:
+            await wait_ready(caller, webhook.port)
+            ghost = {  # another replica admitted a Bucket that is never stored
+                "id": "ghost",
+                "application": f"Bucket/{POOL}/never-stored",
+                "charge": {"memory": "2Gi"},
+                "expected": {"memory": "2Gi"},
+                "expires": expiry(1.0),
+                "replica": "another",
+            }
+            tres = server.get("reservation.cozystack.io", "tenantreservations", POOL, POOL)
+            assert tres is not None
+            server.update_status({**tres, "status": {"pending": [ghost]}})
+            await asyncio.sleep(0.2)
+            body = review("VMInstance", POOL, "vm", {"instanceType": "u1.micro"}, uid="first")
+            held = await caller.validate(webhook.port, body)
+            assert not held["allowed"], "the hold counts while it may still be stored"
+            await asyncio.sleep(1.2)  # its grace ends; its Bucket never appeared
+            started = time.monotonic()
+            answer = await caller.validate(
+                webhook.port,
+                review("VMInstance", POOL, "vm", {"instanceType": "u1.micro"}, uid="second"),
+            )
+            assert answer["allowed"], answer
+            assert time.monotonic() - started < 1.5
+            assert webhook.services is not None
+            assert webhook.services.live.consistent_reads >= 1

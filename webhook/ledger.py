@@ -114,6 +114,10 @@ class StateSource(Protocol):
 
     def observed_version(self, kind: str) -> int: ...
 
+    def confirm(self, kind: str, revision: int) -> None:
+        """Make ``observed_version(kind)`` reach ``revision`` without waiting for the kind's
+        own traffic (a consistent read); returns at once."""
+
 
 class _Conflict(Exception):
     pass
@@ -441,25 +445,38 @@ class Ledger:
 
     async def _wait_unfenced(self, pools: list[str], deadline: float) -> bool:
         """Wait (until ``deadline``, loop time) for the state to pass every fence on ``pools``;
-        whether it did."""
+        whether it did. A quiet kind is confirmed by a consistent read, not awaited."""
         loop = asyncio.get_running_loop()
-        while any(self._current().pending.fenced(pool) for pool in pools):
+        while True:
+            pending = self._current().pending
+            if not any(pending.fenced(pool) for pool in pools):
+                return True
             if loop.time() >= deadline:
                 return False
+            for pool in pools:
+                self._confirm(pending.awaiting(pool))
             await asyncio.sleep(0.02)
-        return True
+
+    def _confirm(self, wanted: Mapping[str, int]) -> None:
+        """Ask the state to confirm each kind up to its revision (see ``LiveState.confirm``)."""
+        for kind, revision in wanted.items():
+            if self.live.observed_version(kind) < revision:
+                self.live.confirm(kind, revision)
 
     # -- expiry ----------------------------------------------------------------------------
 
     async def _sweep(self, pool: str) -> bool:
         """Drop ``pool``'s entries past their grace period and wait (bounded) until the state
-        has seen every write up to their removal; whether anything was released."""
+        has seen every write up to their removal (and that of entries already gone from the
+        ledger but still counted); whether anything may have been released."""
         current = self._objects.get(pool)
         if current is None:
             return False
         now = self._now_text()
         if not any(_expired(e, now) for e in self._current_entries(current)):
-            return False
+            if not self._current().pending.departed(pool):
+                return False
+            return await self._wait_departed(pool)
         async with self._locked([pool]):
             current = self._objects.get(pool)
             state = self._current()
@@ -470,9 +487,17 @@ class Ledger:
                         await self._write_status(
                             pool, current, self._status(pool, current, state, kept)
                         )
+        return await self._wait_departed(pool)
+
+    async def _wait_departed(self, pool: str) -> bool:
+        """Wait (bounded) until no entry that left ``pool``'s ledger is still counted."""
         loop = asyncio.get_running_loop()  # a bounded real wait, whatever the ledger's clock
         deadline = loop.time() + self.settings.catch_up_seconds
-        while self._current().pending.departed(pool) and loop.time() < deadline:
+        while loop.time() < deadline:
+            pending = self._current().pending
+            if not pending.departed(pool):
+                break
+            self._confirm(pending.awaiting(pool))
             await asyncio.sleep(0.02)
         return True
 
@@ -659,8 +684,9 @@ class Ledger:
     # -- the leader's duty -------------------------------------------------------------------
 
     def sweep(self) -> None:
-        """Release what the state has caught up with (every replica, periodically)."""
-        self._current()
+        """Release what the state has caught up with, and have the state confirm the kinds
+        that still hold something back (every replica, periodically)."""
+        self._confirm(self._current().pending.awaiting())
 
     async def reconcile(self) -> int:
         """Make every pool's TenantReservation status true; returns how many were written."""

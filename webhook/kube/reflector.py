@@ -169,6 +169,33 @@ class Reflector:
         self.list_error = ""
         self.last_activity = self.clock()
 
+    async def read(self, reduce: Callable[[Obj], Any]) -> tuple[str, list[Any]]:
+        """A consistent read of the resource now (a paginated list without a resourceVersion,
+        which the API server serves at its current revision), each item reduced as its page
+        arrives; the consumer's view and the watch are left alone. Returns the list's
+        resourceVersion and the reduced items."""
+        items: list[Any] = []
+        params = {**self.params, "limit": str(PAGE_SIZE)}
+        path = self.resource.path(self.namespace)
+        while True:
+            try:
+                page = await self.client.request("GET", path, params=params)
+            except ApiError as exc:
+                if exc.status == 410:  # the continue token expired: start the read over
+                    items, params = [], {**self.params, "limit": str(PAGE_SIZE)}
+                    continue
+                raise
+            metadata = page.get("metadata") or {}
+            for obj in page.get("items") or []:
+                reduced = reduce(obj)
+                if reduced is not None:
+                    items.append(reduced)
+            del page
+            token = metadata.get("continue")
+            if not token:
+                return str(metadata.get("resourceVersion") or ""), items
+            params = {**self.params, "limit": str(PAGE_SIZE), "continue": token}
+
     async def _watch(self, stop: asyncio.Event) -> None:
         events = self.client.watch(
             self.resource.path(self.namespace),
