@@ -184,6 +184,13 @@ def ledger_object(pool: str, status: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def set_ledger_status(server: Any, status: dict[str, Any]) -> None:
+    """Write the pool's ledger as another replica would have."""
+    tres = server.get("reservation.cozystack.io", "tenantreservations", POOL, POOL)
+    assert tres is not None
+    server.update_status({**tres, "status": status})
+
+
 def expiry(seconds: float) -> str:
     moment = datetime.fromtimestamp(time.time() + seconds, UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -203,9 +210,7 @@ async def test_entries_of_a_quiet_kind_missed_by_a_replica_do_not_stall_the_pool
             # Another replica admitted a Bucket and removed its entry between two versions this
             # replica read: it sees only the count of removals grow. Nobody writes Buckets, and
             # no bookmark comes: the Bucket watch never passes that version by itself.
-            tres = server.get("reservation.cozystack.io", "tenantreservations", POOL, POOL)
-            assert tres is not None
-            server.update_status({**tres, "status": {"released": {"Bucket": 1}}})
+            set_ledger_status(server, {"released": {"Bucket": 1}})
             await asyncio.sleep(0.2)
             started = time.monotonic()
             answer = await caller.validate(
@@ -233,9 +238,7 @@ async def test_an_expired_hold_of_a_quiet_kind_stops_denying_other_tenants_at_on
                 "expires": expiry(1.0),
                 "replica": "another",
             }
-            tres = server.get("reservation.cozystack.io", "tenantreservations", POOL, POOL)
-            assert tres is not None
-            server.update_status({**tres, "status": {"pending": [ghost]}})
+            set_ledger_status(server, {"pending": [ghost]})
             await asyncio.sleep(0.2)
             body = review("VMInstance", POOL, "vm", {"instanceType": "u1.micro"}, uid="first")
             held = await caller.validate(webhook.port, body)

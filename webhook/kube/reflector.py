@@ -137,33 +137,8 @@ class Reflector:
         return str(getattr(self.client, "host", "")) + self.resource.path(self.namespace)
 
     async def _list(self) -> None:
-        items: list[Any] = []
-        params = {**self.params, "limit": str(PAGE_SIZE)}
-        path = self.resource.path(self.namespace)
-        while True:
-            try:
-                page = await self.client.request("GET", path, params=params)
-            except ApiError as exc:
-                if exc.status == 410:  # the continue token expired: start the list over
-                    items, params = [], {**self.params, "limit": str(PAGE_SIZE)}
-                    continue
-                raise
-            metadata = page.get("metadata") or {}
-            found = page.get("items") or []
-            del page  # the page's objects go as soon as they are reduced
-            if self.reduce is None:
-                items.extend(found)
-            else:
-                for obj in found:
-                    reduced = self.reduce(obj)
-                    if reduced is not None:
-                        items.append(reduced)
-            del found
-            token = metadata.get("continue")
-            if not token:
-                break
-            params = {**self.params, "limit": str(PAGE_SIZE), "continue": token}
-        self.resource_version = str(metadata.get("resourceVersion") or "")
+        version, items = await self.read(self.reduce or _whole)
+        self.resource_version = version
         self.on_replace(items)
         self.listed = True
         self.list_error = ""
@@ -249,3 +224,7 @@ class Reflector:
                 )
         if version:
             self.resource_version = str(version)
+
+
+def _whole(obj: Obj) -> Obj:
+    return obj
