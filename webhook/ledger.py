@@ -46,19 +46,21 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Final, Protocol
 
 from webhook.core import resources as rl
 from webhook.core.applications import AppKey, resource_version
-from webhook.core.decisions import Decision, Policy, decide, errored
+from webhook.core.carveouts import Cap, kept_budget, overshoot
+from webhook.core.decisions import WARNING_LIMIT, Decision, Policy, decide, errored
+from webhook.core.errors import UNEVALUABLE
 from webhook.core.pending import Hold
 from webhook.core.quantities import parse_quantity
 from webhook.core.reviews import AdmissionRequest
 from webhook.core.state import ReservationState
-from webhook.core.tenants import ancestors
+from webhook.core.tenants import TENANT_KIND, ancestors, owned_namespace, parse_budget
 from webhook.kube.client import ApiError, KubeClient, ResourceRef
 from webhook.kube.reflector import Reflector
 
@@ -86,6 +88,8 @@ _EXPIRY: Final = "%Y-%m-%dT%H:%M:%S.%fZ"
 # At 1,000 admissions/s with objects observed within 100 ms, about 100 entries are listed.
 MAX_ENTRIES: Final = 1_000
 MAX_ENTRY_BYTES: Final = 1_024
+# Sub-tenants admitted in warn beyond what fits, per pool: about 200 bytes each.
+MAX_CAPS: Final = 200
 
 
 @dataclass(frozen=True)
@@ -201,6 +205,10 @@ class Ledger:
         if expired and await self._sweep(decision.pool):
             state = self._current()
             decision = decide(request, state, policy)
+        if _over_in_warn(request, decision):
+            return await self._admit_capped(request, policy, decision)
+        if not decision.allowed and decision.reason == "exceeded":
+            decision = _explain_cap(decision, state)
         if not decision.allowed or not decision.charged_pools:
             return decision
         node = state.tree.get(request.namespace)
@@ -233,6 +241,54 @@ class Ledger:
                 self._track(obj)
         state.pending.catch_up(self.live.observed_version)
         return state
+
+    # -- a carve-out admitted in warn: only what fits is counted ----------------------------
+
+    async def _admit_capped(
+        self, request: AdmissionRequest, policy: Policy, warned: Decision
+    ) -> Decision:
+        """A Tenant whose quota does not fit, allowed only because Tenant is in warn: record in
+        the pool above, before answering, that it counts no more than before the write (a
+        cap), so nothing is held and nobody else's room is taken; the answer is still the
+        warning with the full overshoot (see :mod:`webhook.core.carveouts`)."""
+        state = self._current()
+        declared = _declared_budget(request.object, state)
+        pool_node = state.tree.pool_root(request.namespace)
+        if declared is None or pool_node is None:
+            return warned
+        old = _declared_budget(request.old_object, state) if request.operation == "UPDATE" else None
+        owned = owned_namespace(request.namespace, request.name)
+        cap = Cap(declared, kept_budget(state.tree, owned, declared, old))
+        refused = await self._write_cap(pool_node.namespace, owned, cap)
+        if refused is not None:
+            return refused
+        return _with_cap_warning(warned, cap, pool_node.namespace)
+
+    async def _write_cap(self, pool: str, owned: str, cap: Cap) -> Decision | None:
+        """Make ``pool``'s ledger list ``cap`` for ``owned``; ``None`` once written, else the
+        answer to give."""
+        async with self._locked([pool]):
+            for _ in range(self.settings.attempts):
+                try:
+                    current = self._objects.get(pool) or await self._ensure(pool)
+                except ApiError:
+                    return _unavailable()
+                state = self._current()
+                caps = dict(_raw_caps(current.get("status") or {}))
+                caps[owned] = {
+                    "declared": rl.to_strings(cap.declared),
+                    "counted": rl.to_strings(cap.counted),
+                }
+                if len(caps) > MAX_CAPS:
+                    return _too_many_caps(pool)
+                kept = self._kept(pool, current, state, without=set())
+                status = {**self._status(pool, current, state, kept), "capped": caps}
+                outcome = await self._attempt(pool, current, status)
+                if outcome == "written":
+                    return None
+                if outcome == "failed":
+                    return _unavailable()
+        return _contention([pool])
 
     # -- one pool: the group commit ------------------------------------------------------------
 
@@ -315,13 +371,10 @@ class Ledger:
                     _answer(answers)
                     return
                 status = self._status(pool, current, state, [*kept, *added])
-                try:
-                    await self._write_status(pool, current, status)
-                except _Conflict:
-                    self.conflicts += 1
+                outcome = await self._attempt(pool, current, status)
+                if outcome == "conflict":
                     continue
-                except ApiError as exc:
-                    log.warning("ledger write failed", extra={"fields": {"error": str(exc)}})
+                if outcome == "failed":
                     for waiter, _ in answers:
                         waiter.future.set_result(_unavailable())
                     return
@@ -566,6 +619,19 @@ class Ledger:
             summary["discount"] = rl.to_strings(discount)
         return summary
 
+    async def _attempt(self, pool: str, current: Obj, status: Obj) -> str:
+        """One conditional write: ``written``, ``conflict`` (counted; decide again) or
+        ``failed`` (logged)."""
+        try:
+            await self._write_status(pool, current, status)
+        except _Conflict:
+            self.conflicts += 1
+            return "conflict"
+        except ApiError as exc:
+            log.warning("ledger write failed", extra={"fields": {"error": str(exc)}})
+            return "failed"
+        return "written"
+
     async def _write_status(self, pool: str, current: Obj, status: Obj) -> Obj:
         body = {**current, "status": status}
         self.writes += 1
@@ -633,6 +699,7 @@ class Ledger:
             version=version,
             released=_released(obj.get("status") or {}),
         )
+        self._state.set_caps(pool, _caps(obj.get("status") or {}))
         if parsed:
             self._parsed[pool] = parsed
         else:
@@ -680,6 +747,7 @@ class Ledger:
         pool = str((obj.get("metadata") or {}).get("name") or "")
         if self._state is not None:
             self._state.pending.track(pool, [], version=version)
+            self._state.set_caps(pool, {})
 
     # -- the leader's duty -------------------------------------------------------------------
 
@@ -755,6 +823,82 @@ def _full(pool: str) -> Decision:
         f"tenant reservations: pool {pool} has {MAX_ENTRIES} admissions not yet observed; "
         "try again in a few seconds",
     )
+
+
+def _over_in_warn(request: AdmissionRequest, decision: Decision) -> bool:
+    """A Tenant write allowed only because Tenant is in warn, over its parent's budget."""
+    return (
+        request.kind == TENANT_KIND
+        and decision.outcome == "warned"
+        and decision.reason == "exceeded"
+        and not request.dry_run
+    )
+
+
+def _declared_budget(
+    obj: Mapping[str, Any] | None, state: ReservationState
+) -> dict[str, Decimal] | None:
+    """The quota a Tenant object declares (``None``: none given, or it does not parse)."""
+    if obj is None:
+        return None
+    kind = state.platform.kind(TENANT_KIND)
+    spec = obj.get("spec")
+    try:
+        values = kind.defaulted(spec) if kind is not None else spec
+        return parse_budget(values)
+    except UNEVALUABLE:
+        return None
+
+
+def _with_cap_warning(warned: Decision, cap: Cap, pool: str) -> Decision:
+    over = overshoot(cap)
+    if not over:
+        return warned
+    counted = rl.format_resources(cap.counted, sorted(over)) or "nothing"
+    note = (
+        f"not reserved: pool {pool} counts this quota as {counted} (what it had before) and "
+        f"its subtree may use no more until the quota fits ({rl.format_resources(over)} over)"
+    )
+    return replace(warned, warnings=(*warned.warnings, note[:WARNING_LIMIT]))
+
+
+def _explain_cap(decision: Decision, state: ReservationState) -> Decision:
+    """Say so when the pool that refused is a carve-out counted below its declared quota."""
+    cap = state.capped().get(decision.pool)
+    if cap is None:
+        return decision
+    message = (
+        f"{decision.message} (its quota, {rl.format_resources(cap.declared)}, was admitted "
+        f"in warn mode beyond what fits above it: it counts "
+        f"{rl.format_resources(cap.counted, cap.declared) or 'nothing'} until it fits)"
+    )
+    return replace(decision, message=message, audit={**decision.audit, "message": message})
+
+
+def _too_many_caps(pool: str) -> Decision:
+    return errored(
+        429,
+        "TooManyRequests",
+        "ledger-full",
+        f"tenant reservations: pool {pool} has {MAX_CAPS} sub-tenants admitted in warn mode "
+        "beyond what fits; fix their quotas, then try again",
+    )
+
+
+def _raw_caps(status: Mapping[str, Any]) -> dict[str, Any]:
+    caps = status.get("capped")
+    return dict(caps) if isinstance(caps, Mapping) else {}
+
+
+def _caps(status: Mapping[str, Any]) -> dict[str, Cap]:
+    """The caps a ledger object lists (a malformed one is left out)."""
+    found = {}
+    for owned, raw in _raw_caps(status).items():
+        if isinstance(raw, Mapping):
+            declared, counted = _quantities(raw.get("declared")), _quantities(raw.get("counted"))
+            if declared:
+                found[str(owned)] = Cap(declared, counted)
+    return found
 
 
 def _share_full(pool: str, who: str, settings: LedgerSettings) -> Decision:

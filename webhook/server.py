@@ -249,6 +249,7 @@ class WebhookServer:
                 limits={"pool": MAX_ENTRIES, "tenant": ledger.settings.share_limit},
                 share=ledger.settings.namespace_share,
                 largest=ledger.largest_share,
+                capped=lambda: float(len(services.live.state.capped())),
             )
             metrics.watch_health(
                 unavailable=services.live.unavailable_kinds,

@@ -214,7 +214,12 @@ class Metrics:
             Gauge(name, description, registry=self.registry).set_function(read)
 
     def watch_ledger(
-        self, *, limits: Mapping[str, int], share: float, largest: Callable[[], float]
+        self,
+        *,
+        limits: Mapping[str, int],
+        share: float,
+        largest: Callable[[], float],
+        capped: Callable[[], float],
     ) -> None:
         """Expose the ledger's bounds (entries per pool, per tenant in a pool, the share) and
         the largest share one tenant's unsettled admissions take in any pool now. No label
@@ -238,6 +243,11 @@ class Metrics:
             "The largest share of a pool's ledger one tenant's unsettled admissions take now.",
             registry=self.registry,
         ).set_function(largest)
+        Gauge(
+            "reservation_capped_carve_outs",
+            "Sub-tenants admitted in warn mode beyond what fits: counted below their quota.",
+            registry=self.registry,
+        ).set_function(capped)
 
     def watch_health(
         self,
