@@ -109,7 +109,7 @@ async def test_an_existing_name_in_warn_mode_is_let_through_unheld(
     caller: Caller,
 ) -> None:
     disk = app("VMDisk", POOL, "data", {"storage": "1Gi"})
-    warn = {"mode_for": {"VMDisk": "warn"}}
+    warn: dict[str, Any] = {"mode_for": {"VMDisk": "warn"}}
     async with serving(tmp_path, certs, caller, {"storage": "1000Gi"}, [], [disk], **warn) as (
         server,
         webhook,
@@ -173,7 +173,7 @@ async def test_a_smaller_share_is_configurable_and_bounds_each_tenant(
     certs: Path,
     caller: Caller,
 ) -> None:
-    small = {"ledger_namespace_share": 0.005}
+    small: dict[str, Any] = {"ledger_namespace_share": 0.005}
     async with serving(tmp_path, certs, caller, {"storage": "100Ti"}, **small) as (
         server,
         webhook,
@@ -289,7 +289,9 @@ async def test_a_sub_tenant_admitted_in_warn_never_fills_the_pool_for_enforced_t
 ) -> None:
     members = [(POOL, "other")]  # another customer in acme's pool
     vm = app("VMInstance", "tenant-acme-other", "old", MICRO)
-    rollout = {"mode_for": {"Tenant": "warn"}}  # the README's order: Tenant enforced last
+    rollout: dict[str, Any] = {
+        "mode_for": {"Tenant": "warn"}
+    }  # the README's order: Tenant enforced last
     async with serving(tmp_path, certs, caller, {"memory": "64Gi"}, members, [vm], **rollout) as (
         server,
         webhook,
