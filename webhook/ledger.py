@@ -53,7 +53,7 @@ from typing import Any, Final, Protocol
 
 from webhook.core import resources as rl
 from webhook.core.applications import AppKey, resource_version
-from webhook.core.carveouts import Cap, kept_budget, overshoot
+from webhook.core.carveouts import Cap, capped, kept_budget, overshoot
 from webhook.core.decisions import WARNING_LIMIT, Decision, Policy, decide, errored
 from webhook.core.errors import UNEVALUABLE
 from webhook.core.pending import Hold
@@ -258,7 +258,7 @@ class Ledger:
             return warned
         old = _declared_budget(request.old_object, state) if request.operation == "UPDATE" else None
         owned = owned_namespace(request.namespace, request.name)
-        cap = Cap(declared, kept_budget(state.tree, owned, declared, old))
+        cap = capped(declared, kept_budget(state.tree, owned, declared, old))
         refused = await self._write_cap(pool_node.namespace, owned, cap)
         if refused is not None:
             return refused
@@ -266,7 +266,18 @@ class Ledger:
 
     async def _write_cap(self, pool: str, owned: str, cap: Cap) -> Decision | None:
         """Make ``pool``'s ledger list ``cap`` for ``owned``; ``None`` once written, else the
-        answer to give."""
+        answer to give. A cap whose Tenant is not stored with its quota within the grace
+        period is dropped by the next write (see :meth:`_status`)."""
+        raw = {
+            "digest": cap.digest,
+            "declared": rl.to_strings(cap.declared),
+            "counted": rl.to_strings(cap.counted),
+            "expires": datetime.fromtimestamp(
+                self.clock() + self.settings.grace_seconds, UTC
+            ).strftime(_EXPIRY),
+        }
+        if _size(raw) > MAX_ENTRY_BYTES:
+            return _too_large()
         async with self._locked([pool]):
             for _ in range(self.settings.attempts):
                 try:
@@ -274,16 +285,12 @@ class Ledger:
                 except ApiError:
                     return _unavailable()
                 state = self._current()
-                caps = dict(_raw_caps(current.get("status") or {}))
-                caps[owned] = {
-                    "declared": rl.to_strings(cap.declared),
-                    "counted": rl.to_strings(cap.counted),
-                }
+                kept = self._kept(pool, current, state, without=set())
+                status = self._status(pool, current, state, kept)
+                caps = {**_raw_caps(status), owned: raw}
                 if len(caps) > MAX_CAPS:
                     return _too_many_caps(pool)
-                kept = self._kept(pool, current, state, without=set())
-                status = {**self._status(pool, current, state, kept), "capped": caps}
-                outcome = await self._attempt(pool, current, status)
+                outcome = await self._attempt(pool, current, {**status, "capped": caps})
                 if outcome == "written":
                     return None
                 if outcome == "failed":
@@ -585,6 +592,15 @@ class Ledger:
     def _status(self, pool: str, current: Obj, state: ReservationState, entries: list[Obj]) -> Obj:
         old = current.get("status") or {}
         status = {**old, **self._summary(pool, state, old), "pending": entries}
+        caps = _raw_caps(old)
+        if caps:  # a cap stays while its Tenant declares its quota, or within its grace
+            now = self._now_text()
+            status["capped"] = {
+                owned: raw
+                for owned, raw in caps.items()
+                if isinstance(raw, Mapping)
+                and (not _expired(raw, now) or state.declares(str(owned), str(raw.get("digest"))))
+            } or None
         kept = {str(e.get("id") or "") for e in entries}
         removed = [e for e in self._current_entries(current) if str(e.get("id") or "") not in kept]
         if removed:  # every removal counted, so a replica that never saw one knows to wait
@@ -894,10 +910,9 @@ def _caps(status: Mapping[str, Any]) -> dict[str, Cap]:
     """The caps a ledger object lists (a malformed one is left out)."""
     found = {}
     for owned, raw in _raw_caps(status).items():
-        if isinstance(raw, Mapping):
+        if isinstance(raw, Mapping) and isinstance(raw.get("digest"), str):
             declared, counted = _quantities(raw.get("declared")), _quantities(raw.get("counted"))
-            if declared:
-                found[str(owned)] = Cap(declared, counted)
+            found[str(owned)] = Cap(raw["digest"], declared, counted)
     return found
 
 

@@ -21,6 +21,8 @@ as usual, and a cap only ever lowers what a carve-out counts and may use.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -28,23 +30,42 @@ from decimal import Decimal
 from webhook.core import resources as rl
 from webhook.core.pools import TenantTree
 
-__all__ = ["Cap", "effective_budget", "kept_budget", "overshoot"]
+__all__ = ["Cap", "budget_digest", "capped", "effective_budget", "kept_budget", "overshoot"]
 
 _ZERO = Decimal(0)
 
 
 @dataclass(frozen=True, slots=True)
 class Cap:
-    """What a carve-out admitted in warn counts as its quota while it declares ``declared``."""
+    """What a carve-out admitted in warn counts while it declares the quota whose digest is
+    ``digest``: ``counted`` instead of ``declared`` for the keys over (only those are kept, so
+    a cap stays small whatever the quota lists)."""
 
+    digest: str
     declared: Mapping[str, Decimal]
     counted: Mapping[str, Decimal]
+
+
+def capped(declared: Mapping[str, Decimal], counted: Mapping[str, Decimal]) -> Cap:
+    """The cap that makes a carve-out declaring ``declared`` count ``counted``."""
+    over = sorted(k for k, v in declared.items() if counted.get(k, v) < v)
+    return Cap(
+        budget_digest(declared),
+        {k: declared[k] for k in over},
+        {k: counted[k] for k in over},
+    )
+
+
+def budget_digest(budget: Mapping[str, Decimal]) -> str:
+    """A digest of a quota, by canonical quantities (``1024Mi`` and ``1Gi`` are one quota)."""
+    text = json.dumps(rl.to_strings(budget), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def effective_budget(declared: Mapping[str, Decimal], cap: Cap | None) -> dict[str, Decimal]:
     """The quota a tenant counts as: ``declared``, or less while a cap for exactly that quota
     stands."""
-    if cap is None or dict(cap.declared) != dict(declared):
+    if cap is None or budget_digest(declared) != cap.digest:
         return dict(declared)
     return {key: min(value, cap.counted.get(key, value)) for key, value in declared.items()}
 

@@ -32,7 +32,7 @@ from decimal import Decimal
 
 from webhook.core import resources as rl
 from webhook.core.applications import AppKey, Application
-from webhook.core.carveouts import Cap, effective_budget
+from webhook.core.carveouts import Cap, budget_digest, effective_budget
 from webhook.core.errors import UNEVALUABLE, EvaluationError
 from webhook.core.overcommit import apply_factors
 from webhook.core.pending import Hold, PendingCharges
@@ -416,11 +416,22 @@ class ReservationState:
     def capped(self) -> dict[str, Cap]:
         """Carve-outs counted below their declared quota now, by the namespace they own."""
         found = {}
-        for owned, declared in self._declared.items():
-            cap = self.cap(owned)
-            if cap is not None and effective_budget(declared, cap) != dict(declared):
-                found[owned] = cap
+        for pool in self._caps.values():
+            for owned in pool:
+                declared = self._declared.get(owned)
+                cap = self.cap(owned)
+                if (
+                    cap is not None
+                    and declared is not None
+                    and cap.digest == budget_digest(declared)
+                ):
+                    found[owned] = cap
         return found
+
+    def declares(self, owned: str, digest: str) -> bool:
+        """Whether the Tenant owning ``owned`` is stored declaring the quota ``digest``."""
+        declared = self._declared.get(owned)
+        return declared is not None and budget_digest(declared) == digest
 
     # -- questions ---------------------------------------------------------------------------
 

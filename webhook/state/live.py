@@ -150,6 +150,7 @@ class LiveState:
         self._confirmed: dict[str, int] = {}
         self._wanted: dict[str, int] = {}
         self._confirming: dict[str, asyncio.Task[None]] = {}
+        self._last_read: dict[str, float] = {}  # kind -> when its last consistent read began
         self.consistent_reads = 0
 
     def _new_state(self, platform: Platform) -> ReservationState:
@@ -579,15 +580,16 @@ class LiveState:
         try:
             await asyncio.sleep(self.settings.confirm_delay)
             for _ in range(self.settings.confirm_reads):
+                # Reads of one kind are spaced, across confirmations too: at most one per
+                # interval, whatever a tenant's writes ask for.
+                last = self._last_read.get(kind)
+                if last is not None:
+                    spacing = last + self.settings.confirm_interval - loop.time()
+                    await asyncio.sleep(max(0.0, spacing))
                 if self.observed_version(kind) >= self._wanted.get(kind, 0):
                     break
-                started = loop.time()
+                self._last_read[kind] = loop.time()
                 await self._consistent_read(kind)
-                if self.observed_version(kind) >= self._wanted.get(kind, 0):
-                    break
-                await asyncio.sleep(
-                    max(0.0, self.settings.confirm_interval - loop.time() + started)
-                )
         except Exception as exc:  # the watch still gets there; the next confirmation retries
             log.warning(
                 "consistent read failed", extra={"fields": {"kind": kind, "error": str(exc)}}
