@@ -250,6 +250,7 @@ class WebhookServer:
                 share=ledger.settings.namespace_share,
                 largest=ledger.largest_share,
                 capped=lambda: float(len(services.live.state.capped())),
+                reads=lambda: float(services.live.consistent_reads),
             )
             metrics.watch_health(
                 unavailable=services.live.unavailable_kinds,

@@ -220,6 +220,7 @@ class Metrics:
         share: float,
         largest: Callable[[], float],
         capped: Callable[[], float],
+        reads: Callable[[], float],
     ) -> None:
         """Expose the ledger's bounds (entries per pool, per tenant in a pool, the share) and
         the largest share one tenant's unsettled admissions take in any pool now. No label
@@ -248,6 +249,12 @@ class Metrics:
             "Sub-tenants admitted in warn mode beyond what fits: counted below their quota.",
             registry=self.registry,
         ).set_function(capped)
+        Gauge(
+            "reservation_consistent_reads",
+            "Consistent reads made to confirm a kind whose watch had not reached a revision "
+            "the ledger waits for, since start.",
+            registry=self.registry,
+        ).set_function(reads)
 
     def watch_health(
         self,
