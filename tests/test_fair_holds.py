@@ -230,7 +230,9 @@ async def test_entries_of_a_quiet_kind_missed_by_a_replica_do_not_stall_the_pool
     ):
         # Another replica admitted a Bucket and removed its entry between two versions this
         # replica read: it sees only the count of removals grow. Nobody writes Buckets, and
-        # no bookmark comes: the Bucket watch never passes that version by itself.
+        # no bookmark comes: the Bucket watch never passes that version by itself. Buckets are
+        # HelmReleases to kube-apiserver, which lists them at its current revision.
+        server.resource("helm.toolkit.fluxcd.io", "v2", "helmreleases", "HelmRelease")
         set_ledger_status(server, {"released": {"Bucket": 1}})
         await asyncio.sleep(0.2)
         started = time.monotonic()
@@ -239,6 +241,10 @@ async def test_entries_of_a_quiet_kind_missed_by_a_replica_do_not_stall_the_pool
         )
         assert answer["allowed"], answer
         assert time.monotonic() - started < 1.5, "a consistent read, not a wait"
+        releases = [r for r in server.requests if r.path.endswith("/helmreleases")]
+        assert releases, "read where the revision is current"
+        selector = releases[0].query["labelSelector"]
+        assert selector.startswith("apps.cozystack.io/application.kind=Bucket,")
 
 
 async def test_an_expired_hold_of_a_quiet_kind_stops_denying_other_tenants_at_once(

@@ -51,8 +51,8 @@ from webhook.core.records import RecordKeys
 from webhook.core.state import ReservationState
 from webhook.core.tenants import TENANT_KIND
 from webhook.defaults import default_contracts, default_presets
-from webhook.kube.client import KubeClient, ResourceRef
-from webhook.kube.reflector import Reflector
+from webhook.kube.client import ApiError, KubeClient, ResourceRef
+from webhook.kube.reflector import Reflector, consistent_read
 from webhook.waits import sleep_unless_stopped
 
 __all__ = ["LiveSettings", "LiveState"]
@@ -69,6 +69,12 @@ CLUSTER_TYPES = ResourceRef(
 )
 NAMESPACED_TYPES = ResourceRef("instancetype.kubevirt.io", "v1beta1", "virtualmachineinstancetypes")
 CONFIGMAPS = ResourceRef("", "v1", "configmaps")
+# How cozystack-api stores applications (pkg/apis/apps/v1alpha1/types.go): a HelmRelease
+# labelled with the application's kind and name.
+HELM_RELEASES = ResourceRef("helm.toolkit.fluxcd.io", "v2", "helmreleases")
+RELEASE_KIND_LABEL: Final = "apps.cozystack.io/application.kind"
+RELEASE_NAME_LABEL: Final = "apps.cozystack.io/application.name"
+RELEASE_GROUP: Final = "apps.cozystack.io/application.group=apps.cozystack.io"
 APPS_GROUP, APPS_VERSION = APPS_API_VERSION.split("/")
 STORES: Final = ("definitions", "cluster-types", "namespaced-types", "presets")
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
@@ -151,6 +157,7 @@ class LiveState:
         self._wanted: dict[str, int] = {}
         self._confirming: dict[str, asyncio.Task[None]] = {}
         self._last_read: dict[str, float] = {}  # kind -> when its last consistent read began
+        self._releases_readable = True  # until a HelmRelease list is refused or not served
         self.consistent_reads = 0
 
     def _new_state(self, platform: Platform) -> ReservationState:
@@ -552,6 +559,33 @@ class LiveState:
 
     # -- barriers that never wait on a quiet watch -----------------------------------------
 
+    async def _read_kind(self, kind: str, reflector: Reflector) -> tuple[str, list[Any]]:
+        """Every object of ``kind`` as its key and resourceVersion, read consistently.
+
+        cozystack-api answers lists of applications from its own cache, at the largest
+        resourceVersion among the items (``0`` for none), not at the current revision; the
+        HelmReleases it stores them as are read from kube-apiserver, whose list is at the
+        current revision. So those are read, selected by the kind label cozystack-api sets;
+        where they cannot be (403 without the RBAC rule, 404 with no such resource) the
+        applications are, and their list proves only up to the version it reports."""
+        if self._releases_readable:
+            try:
+                return await consistent_read(
+                    self.client,
+                    HELM_RELEASES,
+                    _release_version_of,
+                    params={"labelSelector": f"{RELEASE_KIND_LABEL}={kind},{RELEASE_GROUP}"},
+                )
+            except ApiError as exc:
+                if exc.status not in (403, 404):
+                    raise
+                self._releases_readable = False
+                log.warning(
+                    "helmreleases cannot be listed; consistent reads use the applications",
+                    extra={"fields": {"error": str(exc)}},
+                )
+        return await reflector.read(_version_of)
+
     def confirm(self, kind: str, revision: int) -> None:
         """Make :meth:`observed_version` of ``kind`` reach ``revision`` soon, whether or not
         anybody writes that kind: the ledger waits on it, and a kind nobody writes moves its
@@ -607,7 +641,7 @@ class LiveState:
             return
         reflector = watch.reflector
         self.consistent_reads += 1
-        listed, items = await reflector.read(_version_of)
+        listed, items = await self._read_kind(kind, reflector)
         revision = resource_version(listed)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.confirm_wait
@@ -673,6 +707,19 @@ def _held_from_object(kind: str, obj: Obj) -> tuple[tuple[str, str], Held] | Non
             return (sys.intern(namespace), name), (spec, recorded, version)
     log.warning("application ignored", extra={"fields": {"kind": kind, "reason": reason}})
     return None
+
+
+def _release_version_of(obj: Obj) -> tuple[tuple[str, str], int] | None:
+    """A HelmRelease of a consistent read, as its application's key and resourceVersion
+    (cozystack-api serves the application at the HelmRelease's resourceVersion)."""
+    metadata = obj.get("metadata")
+    labels = metadata.get("labels") if isinstance(metadata, Mapping) else None
+    if not isinstance(metadata, Mapping) or not isinstance(labels, Mapping):
+        return None
+    name, namespace = labels.get(RELEASE_NAME_LABEL), metadata.get("namespace")
+    if not isinstance(name, str) or not isinstance(namespace, str):
+        return None
+    return (namespace, name), resource_version(metadata.get("resourceVersion"))
 
 
 def _version_of(obj: Obj) -> tuple[tuple[str, str], int] | None:
