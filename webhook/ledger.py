@@ -26,13 +26,22 @@ observations are newer than the admission; only those settle it.
 ``status.released`` counts. A replica whose copy jumps past entries it never saw (admitted and
 removed between two versions it read, their objects perhaps stored where its state has not
 looked yet) finds the count grown by more than it saw leave, and decides nothing for the pool
-until its state has reached that version (a bounded wait, then "try again").
+until its state has reached that version (a bounded wait, then "try again"). Neither that wait
+nor the release of an expired entry depends on the kind's own traffic: the state is asked to
+confirm the kind by a consistent read (``LiveState.confirm``) when its watch lags.
 
 **Bounds.** A pool's object holds at most :data:`MAX_ENTRIES` entries of at most
 :data:`MAX_ENTRY_BYTES` each, well under etcd's 1.5 MiB object limit: at the bound, a request is
 denied with 429 "try again" (settled and expired entries make room within seconds), and no
-write is ever attempted that the API server would refuse for its size. Expiries are RFC 3339 in
-one fixed UTC form, so comparing one costs a string comparison, not a parse.
+write is ever attempted that the API server would refuse for its size. One tenant (the tenant
+namespace directly below the pool, with its sub-tenants) may have at most
+``LedgerSettings.namespace_share`` of those entries listed: past it only that tenant is told to
+try again. Expiries are RFC 3339 in one fixed UTC form, so comparing one costs a string
+comparison, not a parse.
+
+**Caps.** A sub-Tenant allowed only because Tenant is in warn, beyond what fits, is recorded in
+the pool's ``status.capped`` before the answer (:mod:`webhook.core.carveouts`): it then counts
+no more than before the write, and nothing is held for it.
 
 The replica holding the Lease keeps every pool's summary (budget, reserved, the
 ``Overcommitted`` condition) true through the same per-pool lock; admission writes carry the
