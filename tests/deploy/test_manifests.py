@@ -381,6 +381,14 @@ TENANT_RESERVATION: Final[Manifest] = {
             }
         ],
         "released": {"VMInstance": 12, "Postgres": 3},
+        "capped": {
+            "tenant-acme-big": {
+                "digest": "a5502d43b3678b12603ebc05601c856f",
+                "declared": {"memory": "1000Ti"},
+                "counted": {"memory": "0"},
+                "expires": "2030-01-01T00:00:00.000000Z",
+            }
+        },
         "conditions": [
             {
                 "type": "Overcommitted",
@@ -436,6 +444,7 @@ def test_a_tenant_reservation_as_the_ledger_writes_it_fits_the_schema_unpruned(
         pytest.param(("status", "budget"), {"cpu": 4}, id="quantity-not-a-string"),
         pytest.param(("status", "pending"), [{"id": "x"}], id="pending-without-charge"),
         pytest.param(("status", "released"), {"VMInstance": -1}, id="released-negative"),
+        pytest.param(("status", "capped"), {"tenant-acme-x": {"counted": {}}}, id="cap-no-digest"),
         pytest.param(
             ("status", "conditions"),
             [{"type": "Overcommitted", "status": "Yes"}],
