@@ -103,6 +103,29 @@ async def test_creates_of_an_existing_name_hold_nothing_and_never_deny_another_t
         assert other["allowed"], other
 
 
+async def test_a_create_stored_as_another_kinds_helmrelease_holds_nothing(
+    tmp_path: Path,
+    certs: Path,
+    caller: Caller,
+) -> None:
+    # cozystack-api stores both as HelmRelease kubernetes-nodes-x: the second CREATE is refused
+    # by its storage after admission, whatever its size.
+    nodes = app("KubernetesNodes", POOL, "x", {})
+    async with serving(tmp_path, certs, caller, {"memory": "1000Gi"}, [], [nodes]) as (
+        server,
+        webhook,
+    ):
+        answer = await caller.validate(webhook.port, review("Kubernetes", POOL, "nodes-x", {}))
+        assert not answer["allowed"], answer
+        assert answer["status"]["code"] == 409
+        message = answer["status"]["message"]
+        assert "stored as HelmRelease kubernetes-nodes-x" in message
+        assert "KubernetesNodes x already is" in message
+        assert pending(server) == []
+        fine = await caller.validate(webhook.port, review("Kubernetes", POOL, "k8s", {}, uid="k"))
+        assert fine["allowed"], fine
+
+
 async def test_an_existing_name_in_warn_mode_is_let_through_unheld(
     tmp_path: Path,
     certs: Path,

@@ -147,7 +147,7 @@ def existing(request: AdmissionRequest, state: ReservationState, policy: Policy)
     mode = policy.mode_for(request.kind)
     if mode == "off" or not state.synced:
         return None
-    clash = conflict(request, state)
+    clash = conflict(request, state) or _same_release(request, state)
     if clash is None:
         return None
     message = f"tenant reservations: {clash.message}; if it was just deleted, try again"
@@ -167,6 +167,33 @@ def existing(request: AdmissionRequest, state: ReservationState, policy: Policy)
             kind=request.kind,
         )
     return replace(clash, message=message, audit=audit, mode=mode, kind=request.kind)
+
+
+def _same_release(request: AdmissionRequest, state: ReservationState) -> Decision | None:
+    """A CREATE that cozystack-api would store under the HelmRelease name of an application
+    of another kind (release prefix + name: Kubernetes ``nodes-x`` and KubernetesNodes ``x``
+    are both ``kubernetes-nodes-x``; a kind with no prefix meets every other), which its
+    storage refuses as AlreadyExists after admission. One lookup per kind."""
+    platform = state.platform
+    kind = platform.kind(request.kind)
+    if kind is None or not request.name:
+        return None
+    release = kind.release_prefix + request.name
+    for other in platform.kinds.values():
+        prefix = other.release_prefix
+        if other.kind == request.kind or not release.startswith(prefix):
+            continue
+        key = (other.kind, request.namespace, release[len(prefix) :])
+        if key[2] and (state.record(key) is not None or key in state.unknown()):
+            return errored(
+                409,
+                "AlreadyExists",
+                "already-exists",
+                f"{request.kind} {request.name} would be stored as HelmRelease {release} in "
+                f"{request.namespace}, which {other.kind} {key[2]} already is; nothing was "
+                "changed (choose another name)",
+            )
+    return None
 
 
 def with_guard_warning(
