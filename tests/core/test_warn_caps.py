@@ -12,6 +12,8 @@ from decimal import Decimal
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.builders import state as build_state
+from tests.builders import tenant
 from webhook.core.carveouts import budget_digest, capped, effective_budget, kept_budget
 from webhook.core.pools import TenantTree
 
@@ -80,3 +82,26 @@ def test_equal_quantities_written_differently_are_one_quota() -> None:
         {"memory": Decimal("1073741824.000")}
     )
     assert budget_digest({"memory": Decimal(1)}) != budget_digest({"memory": Decimal(2)})
+
+
+TI = Decimal(1024**4)
+
+
+def test_a_cap_applies_once_its_tenant_is_stored_with_that_quota_and_survives_a_rebuild() -> None:
+    pools = {"tenant-acme": {"memory": "64Gi"}}
+    state = build_state(pools)
+    cap = capped({"memory": 1000 * TI}, {"memory": Decimal(0)})
+    state.set_caps("tenant-acme", {"tenant-acme-big": cap})  # written before the Tenant is
+    state.observe(tenant("tenant-acme-big", {"memory": "1000Ti"}))
+    acme = state.tree.get("tenant-acme")
+    assert acme is not None
+    assert acme.usage.get("memory", Decimal(0)) == 0, "the pool above counts nothing more"
+    assert set(state.capped()) == {"tenant-acme-big"}
+    rebuilt = build_state({**pools, "tenant-acme-big": {"memory": "1000Ti"}})
+    rebuilt.carry_caps(state)
+    rebuilt_acme = rebuilt.tree.get("tenant-acme")
+    assert rebuilt_acme is not None
+    assert rebuilt_acme.usage.get("memory", Decimal(0)) == 0
+    state.observe(tenant("tenant-acme-big", {"memory": "2Gi"}))  # another quota: counted
+    assert acme.usage["memory"] == 2 * 1024**3
+    assert state.capped() == {}

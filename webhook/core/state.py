@@ -401,6 +401,11 @@ class ReservationState:
             if declared is not None:
                 self.tree.set_budget(owned, effective_budget(declared, self.cap(owned)))
 
+    def carry_caps(self, other: ReservationState) -> None:
+        """Continue ``other``'s caps (a state rebuilt for a new platform)."""
+        for pool, caps in other._caps.items():
+            self.set_caps(pool, caps)
+
     def cap(self, owned: str) -> Cap | None:
         """The cap some pool's ledger lists for the Tenant owning ``owned``."""
         for pool in sorted(self._caps):

@@ -451,6 +451,7 @@ class LiveState:
                 fresh.forget(key)
         self._dirty = None
         fresh.pending.carry_over(self.state.pending)
+        fresh.carry_caps(self.state)
         self.state = fresh
         self._sync_app_watches(platform)  # kinds gone stop with the state that knew them
         self.platform_generation += 1
