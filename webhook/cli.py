@@ -167,6 +167,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="the webhook configuration's timeoutSeconds (1-30, default 10)",
     )
+    serve.add_argument(
+        "--ledger-namespace-share",
+        metavar="RATIO",
+        help="share of a pool's ledger one tenant's unsettled admissions may take "
+        "(0-1, default 0.1: 100 of 1,000 entries)",
+    )
     serve.add_argument("--mode", choices=MODES, help="default: enforce")
     _add_overcommit(serve)
     serve.add_argument(
@@ -385,6 +391,7 @@ def _serve(args: argparse.Namespace) -> int:
         "metrics_listen": args.metrics_listen,
         "record_key_file": args.record_key_file,
         "timeout_seconds": args.timeout_seconds,
+        "ledger_namespace_share": args.ledger_namespace_share,
         "mode": args.mode,
         "mode_for": args.mode_for,
         **_overcommit_flags(args),

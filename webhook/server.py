@@ -41,7 +41,7 @@ from webhook.kube.client import KubeClient
 from webhook.kube.config import connect, in_cluster
 from webhook.kube.lease import LeaderElector
 from webhook.kube.reports import ReportWriter
-from webhook.ledger import Ledger, LedgerSettings
+from webhook.ledger import MAX_ENTRIES, Ledger, LedgerSettings
 from webhook.record_keys import RecordKeySecret
 from webhook.settings import Settings
 from webhook.state.live import LiveSettings, LiveState
@@ -91,6 +91,7 @@ class LiveServices:
                 replica=settings.replica,
                 grace_seconds=settings.grace_seconds,
                 read_timeout=settings.watch_read_timeout,
+                namespace_share=settings.ledger_namespace_share,
             ),
         )
         self.live.required["ledger (tenantreservations)"] = lambda: self.ledger.synced
@@ -295,6 +296,14 @@ class WebhookServer:
                 drift=lambda: float(services.drift),
                 conflicts=lambda: float(services.ledger.conflicts),
                 leader=lambda: services.elector.is_leader,
+            )
+            ledger = services.ledger
+            metrics.watch_ledger(
+                limits={"pool": MAX_ENTRIES, "tenant": ledger.settings.share_limit},
+                share=ledger.settings.namespace_share,
+                largest=ledger.largest_share,
+                capped=lambda: float(len(services.live.state.capped())),
+                reads=lambda: float(services.live.consistent_reads),
             )
             metrics.watch_health(
                 unavailable=services.live.unavailable_kinds,

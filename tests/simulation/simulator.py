@@ -62,7 +62,7 @@ from webhook.state import live as live_module
 from webhook.waits import sleep_unless_stopped
 
 Obj = dict[str, Any]
-SCHEDULED = {"tenants", "things", "tenantreservations"}
+SCHEDULED = {"tenants", "things", "tenantreservations", "helmreleases"}
 ROOT = Path(__file__).resolve().parents[2]
 TENANT_DEFINITION = ROOT / "fixtures/cozystack/applicationdefinitions/tenant.yaml"
 NAMES = ("x", "y", "z")

@@ -520,8 +520,9 @@ def _tenant_change(
     node = state.tree.get(owned)
     change: dict[str, Decimal] = dict(facts.delta)
     warnings: list[str] = []
+    counted = state.counted_budget(owned, budget)  # below it: capped in warn (carveouts)
     if node is not None:
-        change = rl.add(change, state.tree.budget_change(node, budget))
+        change = rl.add(change, state.tree.budget_change(node, counted))
         for key in sorted(budget):
             used = node.usage.get(key, _ZERO)
             if used > budget[key]:
@@ -530,8 +531,8 @@ def _tenant_change(
                     f"{format_quantity(budget[key])}: overcommitted until it shrinks"
                 )
     else:
-        change = rl.add(change, budget)
-    return {k: v for k, v in change.items() if v != 0}, warnings, budget
+        change = rl.add(change, counted)
+    return {k: v for k, v in change.items() if v != 0}, warnings, counted
 
 
 def _old_budget_keys(request: AdmissionRequest) -> list[str]:

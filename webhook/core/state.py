@@ -34,6 +34,7 @@ from decimal import Decimal
 
 from webhook.core import resources as rl
 from webhook.core.applications import AppKey, Application
+from webhook.core.carveouts import Cap, budget_digest, effective_budget
 from webhook.core.errors import UNEVALUABLE, EvaluationError
 from webhook.core.overcommit import apply_factors
 from webhook.core.pending import Hold, PendingCharges
@@ -103,6 +104,10 @@ class ReservationState:
         self._tenant_factors: dict[str, dict[str, Decimal]] = {}  # owned namespace -> factor
         self._discount: dict[str, dict[str, Decimal]] = {}  # namespace -> committed - reserved
         self._by_namespace: dict[str, set[AppKey]] = {}  # for the pod-level guard
+        # Carve-outs admitted in warn beyond what fitted (:mod:`webhook.core.carveouts`):
+        # the caps each pool's ledger lists, and what each Tenant declares.
+        self._caps: dict[str, dict[str, Cap]] = {}  # pool -> owned namespace -> cap
+        self._declared: dict[str, dict[str, Decimal]] = {}  # owned namespace -> its quota
 
     def __len__(self) -> int:
         return len(self._apps) + len(self._unknown)
@@ -171,6 +176,7 @@ class ReservationState:
         self._tenant_versions.pop(key, None)
         owned = self._owned.pop(key, None)
         if owned is not None:
+            self._declared.pop(owned, None)
             self.tree.set_budget(owned, {})
             self.tree.declare(owned, declared=False)
             if self._tenant_factors.pop(owned, None) is not None:
@@ -198,6 +204,9 @@ class ReservationState:
             # one; a new tenant stays unbounded and is reported through its problem.
             node = self.tree.get(owned)
             budget = node.budget if node is not None else {}
+        else:
+            self._declared[owned] = dict(budget)
+            budget = effective_budget(budget, self.cap(owned))
         self.tree.declare(owned, declared=True)
         self.tree.set_budget(owned, budget)
         factors = self.own_factors(app)
@@ -384,6 +393,59 @@ class ReservationState:
             and record.version > hold.after
             and dict(record.resources) == dict(hold.charge)
         )
+
+    # -- carve-outs admitted in warn ------------------------------------------------------
+
+    def set_caps(self, pool: str, caps: Mapping[str, Cap]) -> None:
+        """``pool``'s ledger lists exactly ``caps`` (by the namespace each Tenant owns)."""
+        before = self._caps.get(pool, {})
+        if dict(before) == dict(caps):
+            return
+        if caps:
+            self._caps[pool] = dict(caps)
+        else:
+            self._caps.pop(pool, None)
+        for owned in sorted(before.keys() | caps.keys()):
+            declared = self._declared.get(owned)
+            if declared is not None:
+                self.tree.set_budget(owned, effective_budget(declared, self.cap(owned)))
+
+    def carry_caps(self, other: ReservationState) -> None:
+        """Continue ``other``'s caps (a state rebuilt for a new platform)."""
+        for pool, caps in other._caps.items():
+            self.set_caps(pool, caps)
+
+    def cap(self, owned: str) -> Cap | None:
+        """The cap some pool's ledger lists for the Tenant owning ``owned``."""
+        for pool in sorted(self._caps):
+            found = self._caps[pool].get(owned)
+            if found is not None:
+                return found
+        return None
+
+    def counted_budget(self, owned: str, declared: Mapping[str, Decimal]) -> dict[str, Decimal]:
+        """What a Tenant owning ``owned`` counts as its quota if it declares ``declared``."""
+        return effective_budget(declared, self.cap(owned))
+
+    def capped(self) -> dict[str, Cap]:
+        """Carve-outs counted below their declared quota now, by the namespace they own."""
+        found = {}
+        for pool in self._caps.values():
+            for owned in pool:
+                declared = self._declared.get(owned)
+                cap = self.cap(owned)
+                if (
+                    cap is not None
+                    and declared is not None
+                    and cap.digest == budget_digest(declared)
+                ):
+                    found[owned] = cap
+        return found
+
+    def declares(self, owned: str, digest: str) -> bool:
+        """Whether the Tenant owning ``owned`` is stored declaring the quota ``digest``."""
+        declared = self._declared.get(owned)
+        return declared is not None and budget_digest(declared) == digest
 
     # -- questions ---------------------------------------------------------------------------
 

@@ -247,6 +247,49 @@ class Metrics:
         for name, description, read in gauges:
             Gauge(name, description, registry=self.registry).set_function(read)
 
+    def watch_ledger(
+        self,
+        *,
+        limits: Mapping[str, int],
+        share: float,
+        largest: Callable[[], float],
+        capped: Callable[[], float],
+        reads: Callable[[], float],
+    ) -> None:
+        """Expose the ledger's bounds (entries per pool, per tenant in a pool, the share) and
+        the largest share one tenant's unsettled admissions take in any pool now. No label
+        names a pool or a tenant, so no request adds a series."""
+        bounds = Gauge(
+            "reservation_ledger_entries_limit",
+            "Entries a pool's ledger lists at most (scope=pool), and one tenant's unsettled "
+            "admissions in one pool (scope=tenant).",
+            ["scope"],
+            registry=self.registry,
+        )
+        for scope, value in sorted(limits.items()):
+            bounds.labels(scope).set(value)
+        Gauge(
+            "reservation_ledger_tenant_share",
+            "The share of a pool's ledger one tenant's unsettled admissions may take.",
+            registry=self.registry,
+        ).set(share)
+        Gauge(
+            "reservation_ledger_largest_tenant_share",
+            "The largest share of a pool's ledger one tenant's unsettled admissions take now.",
+            registry=self.registry,
+        ).set_function(largest)
+        Gauge(
+            "reservation_capped_carve_outs",
+            "Sub-tenants admitted in warn mode beyond what fits: counted below their quota.",
+            registry=self.registry,
+        ).set_function(capped)
+        Gauge(
+            "reservation_consistent_reads",
+            "Consistent reads made to confirm a kind whose watch had not reached a revision "
+            "the ledger waits for, since start.",
+            registry=self.registry,
+        ).set_function(reads)
+
     def watch_health(
         self,
         *,
