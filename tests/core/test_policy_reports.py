@@ -155,3 +155,27 @@ def test_the_schema_check_refuses_a_field_the_crd_does_not_know() -> None:
         valid({**report, "truncated": True})
     with pytest.raises(AssertionError, match=r"results\.0\.result"):
         valid({**report, "results": [{"policy": "p", "result": "maybe"}]})
+
+
+def test_a_carve_out_report_never_shows_the_parent_pool_it_cannot_be_denied_by() -> None:
+    # A carve-out's writes are checked against its own budget only (it occupies max(quota,
+    # usage) of the parent): the parent's figures, the sum of its siblings' applications, are
+    # none of its business, and a parent lowered below what it holds denies none of its writes.
+    current = state(
+        {"tenant-acme": {"memory": "16Gi"}, "tenant-acme-dev": {"memory": "4Gi"}},
+        thing("tenant-acme", "sibling", memory="11Gi"),
+        thing("tenant-acme-dev", "vm", memory="1Gi"),
+    )
+    current.observe(tenant("tenant-acme", {"memory": "12Gi"}))  # lowered: 11 + 4 of 12
+    report = valid(build_reports(current)["tenant-acme-dev"])
+    assert results(report) == {"vm": ("pass", "fits")}
+    (result,) = report["results"]
+    assert result["properties"]["pool"] == "tenant-acme-dev"
+    assert "tenant-acme " not in result["message"]
+    assert "15Gi" not in str(result)
+    current.observe(tenant("tenant-acme", {"memory": "16Gi"}))  # 15 of 16: near the limit
+    (result,) = valid(build_reports(current)["tenant-acme-dev"])["results"]
+    assert (result["result"], "15Gi" in str(result)) == ("pass", False)
+    # The parent's own members still see its figures.
+    parent = valid(build_reports(current)["tenant-acme"])
+    assert results(parent)["sibling"] == ("warn", "near-limit")

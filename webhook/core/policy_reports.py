@@ -263,14 +263,19 @@ def _limits(
 ) -> tuple[
     list[tuple[str, str, Decimal, Decimal]], list[tuple[str, str, Decimal, Decimal]], set[str]
 ]:
-    """Pools over budget and pools near it, on the keys ``charged``, from the namespace up."""
+    """Pools over budget and pools near it, on the keys ``charged``: per key the nearest tenant
+    whose budget bounds it, the one admission checks (a carve-out occupies ``max(quota, usage)``
+    of its parent, so the pools above it deny none of its writes, and their figures, its
+    siblings' sums, are not its to read)."""
     over = []
     near = []
     pools = set()
+    unseen = set(charged)
     for node in state.tree.chain(namespace):
-        for resource in sorted(charged):
+        for resource in sorted(unseen):
             if resource not in node.budget:
                 continue
+            unseen.discard(resource)
             pools.add(node.namespace)
             budget = node.budget[resource]
             reserved = node.usage.get(resource, _ZERO)
