@@ -121,6 +121,38 @@ async def test_a_tenant_creating_decoy_reports_never_has_them_read_or_changed(
         assert after == before
 
 
+async def test_tenants_stuffing_their_reports_never_make_the_leader_read_a_huge_page(
+    tmp_path: Path,
+) -> None:
+    """A tenant may write its report in every namespace it has, each up to etcd's object limit:
+    a page of 50 would be tens of MiB for the leader to read and parse at once (its memory limit
+    is 512 MiB). No page read is larger than 4 MiB, and every stuffed report is restored."""
+    namespaces = [f"tenant-acme{i}" for i in range(8)]
+    reports = build_reports(state({ns: {"memory": "1Gi"} for ns in namespaces}))
+    async with cluster(tmp_path) as (server, kubeconfig), kube_client(kubeconfig) as client:
+        for ns in namespaces:
+            stuffed = json.loads(json.dumps(reports[ns]))
+            stuffed["results"] = [{"policy": "x" * (1 << 20), "result": "pass"}]
+            server.create(stuffed)
+        read: list[int] = []
+        request = client.request
+
+        async def measured(method: str, path: str, **kwargs: Any) -> Any:
+            answer = await request(method, path, **kwargs)
+            if method == "GET" and path.endswith(PLURAL):
+                read.append(len(json.dumps(answer)))
+            return answer
+
+        client.request = measured  # type: ignore[method-assign]
+        writer = ReportWriter(client)
+        assert await writer.reconcile(reports.items()) == len(reports)
+        assert read
+        assert max(read) <= 4 * 1024 * 1024
+        for ns in namespaces:
+            assert server.get(GROUP, PLURAL, ns, REPORT_NAME)["results"] == []  # type: ignore[index]
+        assert await writer.reconcile(reports.items()) == 0
+
+
 async def test_a_conflict_in_one_namespace_defers_only_that_one(tmp_path: Path) -> None:
     async with cluster(tmp_path) as (server, kubeconfig), kube_client(kubeconfig) as client:
         writer = ReportWriter(client)
