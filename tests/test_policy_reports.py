@@ -247,6 +247,37 @@ async def test_a_real_api_server_with_the_openreports_crd_accepts_the_reports(
             await client.close()
 
 
+@pytest.mark.kube
+async def test_a_report_full_of_hostile_unicode_is_still_stored_by_a_real_api_server(
+    tmp_path: Path,
+) -> None:
+    """Reasons quoting emoji are 12 bytes a character as sent: a report of 500 of them would
+    be refused, and the stale report would stand. The bounded one is stored, its fail counted."""
+    from webhook.core.applications import Application
+
+    hostile = "\U0001f600" * 5000
+    apps = [
+        Application("VMInstance", "tenant-acme", f"vm{i:04d}", {"instanceType": hostile})
+        for i in range(550)
+    ]
+    current = state({"tenant-acme": {"memory": "8Gi"}}, *apps, thing("tenant-acme", memory="9Gi"))
+    with real_apiserver(tmp_path / "kube") as kubeconfig:
+        kubectl(kubeconfig, "apply", "-f", str(CRD))
+        kubectl(kubeconfig, "wait", "--for=condition=Established", "crd/reports.openreports.io")
+        for ns in ("tenant-root", "tenant-acme"):
+            kubectl(kubeconfig, "create", "namespace", ns)
+        client = KubeClient.from_kubeconfig(str(kubeconfig))
+        try:
+            assert await ReportWriter(client).reconcile(build_reports(current).items()) == 2
+        finally:
+            await client.close()
+        stored = json.loads(
+            kubectl(kubeconfig, "get", "reports", "-n", "tenant-acme", REPORT_NAME, "-o", "json")
+        )
+        assert stored["summary"]["fail"] == 1
+        assert stored["summary"]["error"] == 550
+
+
 class Collector:
     """A writer that takes every report as the leader hands them over."""
 

@@ -3,6 +3,7 @@ application, the worst first, bounded whatever a tenant creates or writes."""
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
 from typing import Any
 
@@ -179,3 +180,25 @@ def test_a_carve_out_report_never_shows_the_parent_pool_it_cannot_be_denied_by()
     # The parent's own members still see its figures.
     parent = valid(build_reports(current)["tenant-acme"])
     assert results(parent)["sibling"] == ("warn", "near-limit")
+
+
+def test_hostile_unicode_in_reasons_never_pushes_a_report_past_what_the_api_server_takes() -> None:
+    # Applications admitted in warn mode keep values that no longer evaluate, and the reason
+    # quotes them: 500 reasons of 1024 emoji are 6 MiB as the client sends JSON (12 bytes each),
+    # so the report would never be written and the stale one (a pass) would stay.
+    hostile = "\U0001f600" * 5000
+    apps = [
+        Application("VMInstance", "tenant-acme", f"vm{i:04d}", {"instanceType": hostile})
+        for i in range(MAX_RESULTS + 50)
+    ]
+    current = state({"tenant-acme": {"memory": "8Gi"}}, *apps)
+    current.observe(thing("tenant-acme", "db", memory="9Gi"))  # over budget: a fail
+    report = valid(build_reports(current)["tenant-acme"])
+    assert len(json.dumps(report)) <= 1024 * 1024  # etcd stores 1.5 MiB; room for metadata
+    assert report["summary"]["error"] == MAX_RESULTS + 50
+    assert report["summary"]["fail"] == 1
+    left_out = MAX_RESULTS + 51 - len(report["results"])
+    assert left_out > 50
+    assert report["metadata"]["annotations"][TRUNCATED_ANNOTATION].startswith(
+        f"{left_out} of {MAX_RESULTS + 51} results left out"
+    )
