@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -276,6 +277,70 @@ async def test_a_report_full_of_hostile_unicode_is_still_stored_by_a_real_api_se
         )
         assert stored["summary"]["fail"] == 1
         assert stored["summary"]["error"] == 550
+
+
+@pytest.mark.kube
+def test_a_tenant_cannot_forge_or_squat_the_report_on_a_real_api_server(tmp_path: Path) -> None:
+    """The install's admission policy: a tenant allowed to write reports in its namespace can
+    neither create the webhook's report first nor turn its fail into a pass; the webhook's
+    service account can, other reports and deletes are left alone."""
+    import time
+
+    import yaml
+
+    rendered = kubectl(Path("/dev/null"), "kustomize", str(ROOT / "deploy"))
+    policy = [
+        doc
+        for doc in yaml.safe_load_all(rendered)
+        if doc and doc["kind"].startswith("ValidatingAdmissionPolicy")
+    ]
+    assert policy, "the install ships an admission policy for the report"
+    report = {**build_reports(state({"tenant-acme": {"memory": "1Gi"}}))["tenant-acme"]}
+    forged = json.dumps({**report, "summary": {**report["summary"], "pass": 7}})
+    webhook = "system:serviceaccount:cozy-reservation:reservation-webhook"
+    with real_apiserver(tmp_path / "kube") as kubeconfig:
+        kubectl(kubeconfig, "apply", "-f", str(CRD))
+        kubectl(kubeconfig, "wait", "--for=condition=Established", "crd/reports.openreports.io")
+        kubectl(kubeconfig, "create", "namespace", "tenant-acme")
+        kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump_all(policy))
+        kubectl(
+            kubeconfig, "create", "role", "reports", "-n", "tenant-acme", "--verb=*",
+            "--resource=reports.openreports.io",
+        )  # fmt: skip
+        for binding, who in (
+            ("alice", "--user=alice"),
+            ("webhook", "--serviceaccount=cozy-reservation:reservation-webhook"),
+        ):
+            kubectl(
+                kubeconfig, "create", "rolebinding", binding, "-n", "tenant-acme",
+                "--role=reports", who,
+            )  # fmt: skip
+
+        def as_(
+            user: str, *args: str, stdin: str | None = None
+        ) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                ["kubectl", "--kubeconfig", str(kubeconfig), f"--as={user}", *args],
+                input=stdin, capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+
+        squat = json.dumps(report)
+        deadline = time.monotonic() + 30  # the policy takes a moment to be enforced
+        while True:
+            done = as_("alice", "create", "--dry-run=server", "-f", "-", stdin=squat)
+            if done.returncode != 0:
+                break
+            assert time.monotonic() < deadline, "the policy never denied the squat"
+            time.sleep(0.5)
+        assert "written by the reservation webhook only" in done.stderr
+        assert as_(webhook, "create", "-f", "-", stdin=squat).returncode == 0
+        denied = as_("alice", "replace", "-f", "-", stdin=forged)
+        assert denied.returncode != 0
+        assert "written by the reservation webhook only" in denied.stderr
+        other = json.dumps({**report, "metadata": {**report["metadata"], "name": "mine"}})
+        assert as_("alice", "create", "-f", "-", stdin=other).returncode == 0
+        assert as_(webhook, "replace", "-f", "-", stdin=forged).returncode == 0
+        assert as_("alice", "delete", "report", "-n", "tenant-acme", REPORT_NAME).returncode == 0
 
 
 class Collector:
