@@ -202,3 +202,28 @@ def test_hostile_unicode_in_reasons_never_pushes_a_report_past_what_the_api_serv
     assert report["metadata"]["annotations"][TRUNCATED_ANNOTATION].startswith(
         f"{left_out} of {MAX_RESULTS + 51} results left out"
     )
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(st.text(min_size=0, max_size=2 * MAX_MESSAGE), min_size=1, max_size=3),
+    st.integers(min_value=1, max_value=MAX_RESULTS + 20),
+)
+def test_any_text_in_any_number_of_findings_keeps_a_report_within_its_bytes(
+    texts: list[str], count: int
+) -> None:
+    from webhook.core.policy_reports import MAX_REPORT_BYTES, _Finding, assemble_report
+
+    findings = [
+        (
+            ("VMInstance", "tenant-acme", f"vm{i:04d}"),
+            _Finding("error", "unknown-reservation", texts[i % len(texts)], {"charge": texts[0]}),
+        )
+        for i in range(count)
+    ]
+    report = assemble_report("tenant-acme", findings)
+    assert len(json.dumps(report)) <= MAX_REPORT_BYTES
+    assert report["summary"]["error"] == count
+    left_out = count - len(report["results"])
+    annotations = report["metadata"].get("annotations", {})
+    assert (TRUNCATED_ANNOTATION in annotations) == (left_out > 0)
