@@ -206,3 +206,19 @@ def test_in_warn_mode_a_bad_value_under_good_keys_is_still_only_warned_about() -
     assert alone.allowed
     assert alone.mode == "warn"
     assert "must not be negative" in alone.warnings[0]
+
+
+@given(
+    st.sampled_from(["$\\x$", "gpu", "count/vms.apps.cozystack.io", "a/b/c", "limits.cpu"]),
+    st.dictionaries(
+        st.sampled_from(["cpu", "memory", "storage", "pods", "nvidia.com/gpu"]),
+        st.sampled_from(["1", "2Gi", "-1", "lots", "0.5", ""]),
+        max_size=4,
+    ),
+)
+def test_in_warn_mode_a_budget_with_a_hostile_key_is_never_admitted_whatever_else_it_holds(
+    bad: str, rest: Mapping[str, str]
+) -> None:
+    decision = decide(sub_tenant({**rest, bad: "1"}), acme(), WARN)
+    assert not decision.allowed
+    assert decision.mode == "enforce"
