@@ -1,8 +1,9 @@
 """Prometheus metrics, in a registry of the application's own (no process-wide globals).
 
 Request latency by endpoint and decision; decisions by kind, reason and mode; pool budget and
-reserved figures, read from the state at scrape time; state readiness; certificate expiry; and
-the pod-level guard per namespace with a ResourceQuota (need, room, unknown applications).
+reserved figures (at most ``MAX_BUDGET_KEYS`` keys a pool), read from the state at scrape time;
+state readiness; certificate expiry; and the pod-level guard per namespace with a ResourceQuota
+(need, room, unknown applications).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from webhook.core.counts import MAX_BUDGET_KEYS
 from webhook.core.guard import QuotaBook, guard_room, namespace_need
 from webhook.core.state import ReservationState
 
@@ -61,7 +63,7 @@ class _PoolCollector(Collector):
         discounts = state.pool_discounts()
         for pool in state.tree.pools():
             off = discounts.get(pool.namespace, {})
-            for key, value in pool.budget.items():
+            for key, value in _shown_keys(pool.budget, pool.reserved):
                 labels = [pool.namespace, key]
                 used = pool.reserved.get(key, _ZERO)
                 total = used + off.get(key, _ZERO)
@@ -76,6 +78,19 @@ class _PoolCollector(Collector):
         yield committed
         yield discount
         yield beyond
+
+
+def _shown_keys(
+    budget: Mapping[str, Decimal], reserved: Mapping[str, Decimal]
+) -> list[tuple[str, Decimal]]:
+    """The budget keys a pool's series carry: at most :data:`MAX_BUDGET_KEYS`, over-budget ones
+    first. Admission refuses more, but a Tenant stored before keeps its keys, and one pool's
+    thousands of series would push a scrape past a scraper's sample limit for every tenant."""
+    items = list(budget.items())
+    if len(items) <= MAX_BUDGET_KEYS:
+        return items
+    items.sort(key=lambda item: (reserved.get(item[0], _ZERO) <= item[1], item[0]))
+    return items[:MAX_BUDGET_KEYS]
 
 
 class _HealthCollector(Collector):
