@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,38 @@ async def test_a_tenant_creating_decoy_reports_never_has_them_read_or_changed(
         assert after == before
 
 
+async def test_tenants_stuffing_their_reports_never_make_the_leader_read_a_huge_page(
+    tmp_path: Path,
+) -> None:
+    """A tenant may write its report in every namespace it has, each up to etcd's object limit:
+    a page of 50 would be tens of MiB for the leader to read and parse at once (its memory limit
+    is 512 MiB). No page read is larger than 4 MiB, and every stuffed report is restored."""
+    namespaces = [f"tenant-acme{i}" for i in range(8)]
+    reports = build_reports(state({ns: {"memory": "1Gi"} for ns in namespaces}))
+    async with cluster(tmp_path) as (server, kubeconfig), kube_client(kubeconfig) as client:
+        for ns in namespaces:
+            stuffed = json.loads(json.dumps(reports[ns]))
+            stuffed["results"] = [{"policy": "x" * (1 << 20), "result": "pass"}]
+            server.create(stuffed)
+        read: list[int] = []
+        request = client.request
+
+        async def measured(method: str, path: str, **kwargs: Any) -> Any:
+            answer = await request(method, path, **kwargs)
+            if method == "GET" and path.endswith(PLURAL):
+                read.append(len(json.dumps(answer)))
+            return answer
+
+        client.request = measured  # type: ignore[method-assign]
+        writer = ReportWriter(client)
+        assert await writer.reconcile(reports.items()) == len(reports)
+        assert read
+        assert max(read) <= 4 * 1024 * 1024
+        for ns in namespaces:
+            assert server.get(GROUP, PLURAL, ns, REPORT_NAME)["results"] == []  # type: ignore[index]
+        assert await writer.reconcile(reports.items()) == 0
+
+
 async def test_a_conflict_in_one_namespace_defers_only_that_one(tmp_path: Path) -> None:
     async with cluster(tmp_path) as (server, kubeconfig), kube_client(kubeconfig) as client:
         writer = ReportWriter(client)
@@ -213,6 +246,101 @@ async def test_a_real_api_server_with_the_openreports_crd_accepts_the_reports(
             assert "FAIL" in table.splitlines()[0]
         finally:
             await client.close()
+
+
+@pytest.mark.kube
+async def test_a_report_full_of_hostile_unicode_is_still_stored_by_a_real_api_server(
+    tmp_path: Path,
+) -> None:
+    """Reasons quoting emoji are 12 bytes a character as sent: a report of 500 of them would
+    be refused, and the stale report would stand. The bounded one is stored, its fail counted."""
+    from webhook.core.applications import Application
+
+    hostile = "\U0001f600" * 5000
+    apps = [
+        Application("VMInstance", "tenant-acme", f"vm{i:04d}", {"instanceType": hostile})
+        for i in range(550)
+    ]
+    current = state({"tenant-acme": {"memory": "8Gi"}}, *apps, thing("tenant-acme", memory="9Gi"))
+    with real_apiserver(tmp_path / "kube") as kubeconfig:
+        kubectl(kubeconfig, "apply", "-f", str(CRD))
+        kubectl(kubeconfig, "wait", "--for=condition=Established", "crd/reports.openreports.io")
+        for ns in ("tenant-root", "tenant-acme"):
+            kubectl(kubeconfig, "create", "namespace", ns)
+        client = KubeClient.from_kubeconfig(str(kubeconfig))
+        try:
+            assert await ReportWriter(client).reconcile(build_reports(current).items()) == 2
+        finally:
+            await client.close()
+        stored = json.loads(
+            kubectl(kubeconfig, "get", "reports", "-n", "tenant-acme", REPORT_NAME, "-o", "json")
+        )
+        assert stored["summary"]["fail"] == 1
+        assert stored["summary"]["error"] == 550
+
+
+@pytest.mark.kube
+def test_a_tenant_cannot_forge_or_squat_the_report_on_a_real_api_server(tmp_path: Path) -> None:
+    """The install's admission policy: a tenant allowed to write reports in its namespace can
+    neither create the webhook's report first nor turn its fail into a pass; the webhook's
+    service account can, other reports and deletes are left alone."""
+    import time
+
+    import yaml
+
+    rendered = kubectl(Path("/dev/null"), "kustomize", str(ROOT / "deploy"))
+    policy = [
+        doc
+        for doc in yaml.safe_load_all(rendered)
+        if doc and doc["kind"].startswith("ValidatingAdmissionPolicy")
+    ]
+    assert policy, "the install ships an admission policy for the report"
+    report = {**build_reports(state({"tenant-acme": {"memory": "1Gi"}}))["tenant-acme"]}
+    forged = json.dumps({**report, "summary": {**report["summary"], "pass": 7}})
+    webhook = "system:serviceaccount:cozy-reservation:reservation-webhook"
+    with real_apiserver(tmp_path / "kube") as kubeconfig:
+        kubectl(kubeconfig, "apply", "-f", str(CRD))
+        kubectl(kubeconfig, "wait", "--for=condition=Established", "crd/reports.openreports.io")
+        kubectl(kubeconfig, "create", "namespace", "tenant-acme")
+        kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump_all(policy))
+        kubectl(
+            kubeconfig, "create", "role", "reports", "-n", "tenant-acme", "--verb=*",
+            "--resource=reports.openreports.io",
+        )  # fmt: skip
+        for binding, who in (
+            ("alice", "--user=alice"),
+            ("webhook", "--serviceaccount=cozy-reservation:reservation-webhook"),
+        ):
+            kubectl(
+                kubeconfig, "create", "rolebinding", binding, "-n", "tenant-acme",
+                "--role=reports", who,
+            )  # fmt: skip
+
+        def as_(
+            user: str, *args: str, stdin: str | None = None
+        ) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                ["kubectl", "--kubeconfig", str(kubeconfig), f"--as={user}", *args],
+                input=stdin, capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+
+        squat = json.dumps(report)
+        deadline = time.monotonic() + 30  # the policy takes a moment to be enforced
+        while True:
+            done = as_("alice", "create", "--dry-run=server", "-f", "-", stdin=squat)
+            if done.returncode != 0:
+                break
+            assert time.monotonic() < deadline, "the policy never denied the squat"
+            time.sleep(0.5)
+        assert "written by the reservation webhook only" in done.stderr
+        assert as_(webhook, "create", "-f", "-", stdin=squat).returncode == 0
+        denied = as_("alice", "replace", "-f", "-", stdin=forged)
+        assert denied.returncode != 0
+        assert "written by the reservation webhook only" in denied.stderr
+        other = json.dumps({**report, "metadata": {**report["metadata"], "name": "mine"}})
+        assert as_("alice", "create", "-f", "-", stdin=other).returncode == 0
+        assert as_(webhook, "replace", "-f", "-", stdin=forged).returncode == 0
+        assert as_("alice", "delete", "report", "-n", "tenant-acme", REPORT_NAME).returncode == 0
 
 
 class Collector:

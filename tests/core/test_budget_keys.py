@@ -176,3 +176,49 @@ def test_any_text_as_a_key_gets_an_answer_never_an_exception(key: str) -> None:
 def test_a_count_key_names_its_plural_back(plural: str) -> None:
     assert counted_plural(count_key(plural)) == plural
     assert key_problem(count_key(plural), Decimal(3), PLURALS) == ""
+
+
+@pytest.mark.parametrize(
+    "spoiler",
+    [
+        pytest.param({"zzz": "not-a-quantity"}, id="a-value-that-does-not-parse"),
+        pytest.param({"memory": "-1"}, id="a-negative-value"),
+        pytest.param({"limits.cpu": "1"}, id="a-prefixed-key"),
+    ],
+)
+def test_warn_mode_never_stores_hostile_keys_behind_another_refusal_to_keep_them_later(
+    spoiler: Mapping[str, str],
+) -> None:
+    # In warn mode a refusal is admitted with a warning: a budget refused for another reason
+    # before its keys were looked at would be stored with 2000 made-up keys, and the Tenant's
+    # next write (the spoiler fixed) would keep them as keys "the stored Tenant already had".
+    planted = {f"example.com/key{i}": "1" for i in range(2000)}
+    decision = decide(sub_tenant({**planted, **spoiler}), acme(), WARN)
+    assert not decision.allowed
+    assert (decision.mode, decision.reason) == ("enforce", "invalid-budget-key")
+    assert f"exceed the limit of {MAX_BUDGET_KEYS}" in decision.message
+    one = decide(sub_tenant({"$\\x$": "1", **spoiler}), acme(), WARN)
+    assert (one.allowed, one.reason) == (False, "invalid-budget-key")
+
+
+def test_in_warn_mode_a_bad_value_under_good_keys_is_still_only_warned_about() -> None:
+    alone = decide(sub_tenant({"memory": "-1", "cpu": "2"}), acme(), WARN)
+    assert alone.allowed
+    assert alone.mode == "warn"
+    assert "must not be negative" in alone.warnings[0]
+
+
+@given(
+    st.sampled_from(["$\\x$", "gpu", "count/vms.apps.cozystack.io", "a/b/c", "limits.cpu"]),
+    st.dictionaries(
+        st.sampled_from(["cpu", "memory", "storage", "pods", "nvidia.com/gpu"]),
+        st.sampled_from(["1", "2Gi", "-1", "lots", "0.5", ""]),
+        max_size=4,
+    ),
+)
+def test_in_warn_mode_a_budget_with_a_hostile_key_is_never_admitted_whatever_else_it_holds(
+    bad: str, rest: Mapping[str, str]
+) -> None:
+    decision = decide(sub_tenant({**rest, bad: "1"}), acme(), WARN)
+    assert not decision.allowed
+    assert decision.mode == "enforce"

@@ -3,6 +3,7 @@ application, the worst first, bounded whatever a tenant creates or writes."""
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
 from typing import Any
 
@@ -155,3 +156,74 @@ def test_the_schema_check_refuses_a_field_the_crd_does_not_know() -> None:
         valid({**report, "truncated": True})
     with pytest.raises(AssertionError, match=r"results\.0\.result"):
         valid({**report, "results": [{"policy": "p", "result": "maybe"}]})
+
+
+def test_a_carve_out_report_never_shows_the_parent_pool_it_cannot_be_denied_by() -> None:
+    # A carve-out's writes are checked against its own budget only (it occupies max(quota,
+    # usage) of the parent): the parent's figures, the sum of its siblings' applications, are
+    # none of its business, and a parent lowered below what it holds denies none of its writes.
+    current = state(
+        {"tenant-acme": {"memory": "16Gi"}, "tenant-acme-dev": {"memory": "4Gi"}},
+        thing("tenant-acme", "sibling", memory="11Gi"),
+        thing("tenant-acme-dev", "vm", memory="1Gi"),
+    )
+    current.observe(tenant("tenant-acme", {"memory": "12Gi"}))  # lowered: 11 + 4 of 12
+    report = valid(build_reports(current)["tenant-acme-dev"])
+    assert results(report) == {"vm": ("pass", "fits")}
+    (result,) = report["results"]
+    assert result["properties"]["pool"] == "tenant-acme-dev"
+    assert "tenant-acme " not in result["message"]
+    assert "15Gi" not in str(result)
+    current.observe(tenant("tenant-acme", {"memory": "16Gi"}))  # 15 of 16: near the limit
+    (result,) = valid(build_reports(current)["tenant-acme-dev"])["results"]
+    assert (result["result"], "15Gi" in str(result)) == ("pass", False)
+    # The parent's own members still see its figures.
+    parent = valid(build_reports(current)["tenant-acme"])
+    assert results(parent)["sibling"] == ("warn", "near-limit")
+
+
+def test_hostile_unicode_in_reasons_never_pushes_a_report_past_what_the_api_server_takes() -> None:
+    # Applications admitted in warn mode keep values that no longer evaluate, and the reason
+    # quotes them: 500 reasons of 1024 emoji are 6 MiB as the client sends JSON (12 bytes each),
+    # so the report would never be written and the stale one (a pass) would stay.
+    hostile = "\U0001f600" * 5000
+    apps = [
+        Application("VMInstance", "tenant-acme", f"vm{i:04d}", {"instanceType": hostile})
+        for i in range(MAX_RESULTS + 50)
+    ]
+    current = state({"tenant-acme": {"memory": "8Gi"}}, *apps)
+    current.observe(thing("tenant-acme", "db", memory="9Gi"))  # over budget: a fail
+    report = valid(build_reports(current)["tenant-acme"])
+    assert len(json.dumps(report)) <= 1024 * 1024  # etcd stores 1.5 MiB; room for metadata
+    assert report["summary"]["error"] == MAX_RESULTS + 50
+    assert report["summary"]["fail"] == 1
+    left_out = MAX_RESULTS + 51 - len(report["results"])
+    assert left_out > 50
+    assert report["metadata"]["annotations"][TRUNCATED_ANNOTATION].startswith(
+        f"{left_out} of {MAX_RESULTS + 51} results left out"
+    )
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(st.text(min_size=0, max_size=2 * MAX_MESSAGE), min_size=1, max_size=3),
+    st.integers(min_value=1, max_value=MAX_RESULTS + 20),
+)
+def test_any_text_in_any_number_of_findings_keeps_a_report_within_its_bytes(
+    texts: list[str], count: int
+) -> None:
+    from webhook.core.policy_reports import MAX_REPORT_BYTES, _Finding, assemble_report
+
+    findings = [
+        (
+            ("VMInstance", "tenant-acme", f"vm{i:04d}"),
+            _Finding("error", "unknown-reservation", texts[i % len(texts)], {"charge": texts[0]}),
+        )
+        for i in range(count)
+    ]
+    report = assemble_report("tenant-acme", findings)
+    assert len(json.dumps(report)) <= MAX_REPORT_BYTES
+    assert report["summary"]["error"] == count
+    left_out = count - len(report["results"])
+    annotations = report["metadata"].get("annotations", {})
+    assert (TRUNCATED_ANNOTATION in annotations) == (left_out > 0)

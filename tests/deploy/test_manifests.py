@@ -297,6 +297,8 @@ def test_the_default_install_holds_exactly_these_objects(default: list[Manifest]
             ("NetworkPolicy", NAME),
             ("MutatingWebhookConfiguration", NAME),
             ("ValidatingWebhookConfiguration", NAME),
+            ("ValidatingAdmissionPolicy", "reservation-webhook-reports"),
+            ("ValidatingAdmissionPolicyBinding", "reservation-webhook-reports"),
         ]
     )
 

@@ -37,3 +37,23 @@ def test_the_guard_shows_need_and_room_per_namespace_with_a_quota() -> None:
     assert need["tenant-acme", "requests.memory"] == 16822 * 1024**2
     assert room["tenant-acme", "requests.memory"] == -438 * 1024**2
     assert samples(metrics, "reservation_guard_unknown_applications") == {("tenant-acme",): 0}
+
+
+def test_a_tenant_stored_with_thousands_of_keys_never_floods_metrics_with_series() -> None:
+    # Admission refuses more than 64 keys, but a Tenant stored before (the webhook installed
+    # on a running cluster, or the kind in mode off) keeps its keys: the pool metrics of one
+    # such pool would be five series per key for every scrape, towards a scraper's sample
+    # limit (and with it every other tenant's metrics and alerts).
+    planted = {f"example.com/key{i:04d}": "1" for i in range(3000)}
+    planted["memory"] = "1Mi"
+    current = state({"tenant-acme": planted, "tenant-beta": {"memory": "1Gi"}})
+    current.observe(Application("Thing", "tenant-acme", "t", {"memory": "2Mi"}))  # over it
+    metrics = Metrics(lambda: current)
+    budget = samples(metrics, "reservation_pool_budget")
+    acme = sorted(key for pool, key in budget if pool == "tenant-acme")
+    assert acme == ["memory", "other"]  # the planted keys summed under one label
+    assert budget["tenant-acme", "other"] == 3000
+    assert budget["tenant-beta", "memory"] == 1024**3
+    reserved = samples(metrics, "reservation_pool_reserved")
+    assert reserved["tenant-acme", "memory"] == 2 * 1024**2  # the overcommitted key is kept
+    assert len([1 for pool, _ in reserved if pool == "tenant-acme"]) == 2

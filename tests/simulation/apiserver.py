@@ -295,6 +295,7 @@ class SimClient(KubeClient):
         params: Mapping[str, str] | None = None,
         body: object = None,
         content_type: str = "application/json",
+        max_bytes: int | None = None,  # answers are objects in memory: nothing to bound
     ) -> Obj:
         plural, namespace, name, subresource = _parse(path)
         future: asyncio.Future[Obj] = asyncio.get_running_loop().create_future()

@@ -35,7 +35,7 @@ from webhook.core.applications import (
     application_from_object,
 )
 from webhook.core.counts import check_budget_keys, is_count_key
-from webhook.core.errors import UNEVALUABLE, EvaluationError
+from webhook.core.errors import UNEVALUABLE, EvaluationError, QuantityError
 from webhook.core.evaluation import Charge
 from webhook.core.kinds import APPS_GROUP
 from webhook.core.modes import MODES, Mode
@@ -49,7 +49,7 @@ from webhook.core.overcommit import (
 )
 from webhook.core.platform import Values
 from webhook.core.pools import Node
-from webhook.core.quantities import format_quantity
+from webhook.core.quantities import format_quantity, parse_quantity
 from webhook.core.records import (
     RecordedCharge,
     parse_recorded_charge,
@@ -190,6 +190,11 @@ def decide(request: AdmissionRequest, state: ReservationState, policy: Policy) -
             request,
         )
     decision = _decide_application(request, state, policy)
+    if request.kind == TENANT_KIND and not decision.allowed and mode != "enforce":
+        # Refused before its budget's keys were looked at (a value that does not parse, a spec
+        # that does not evaluate): warn would store the keys, and the Tenant's next write would
+        # keep them as keys it already had. A bad key is refused first, in every mode.
+        decision = _screen_budget_keys(request, state) or decision
     return _apply_mode("enforce" if decision.reason == BAD_BUDGET_KEY else mode, decision, request)
 
 
@@ -511,11 +516,9 @@ def _tenant_change(
         return invalid(f"spec.{exc.path}", f"Tenant: {exc.message}")
     except UNEVALUABLE as exc:
         return invalid("spec", f"Tenant: the values cannot be evaluated ({type(exc).__name__})")
-    try:
-        check_budget_keys(budget, state.platform.plurals(), kept=_old_budget_keys(request))
-    except EvaluationError as exc:
-        refused = invalid(f"spec.{exc.path}", f"Tenant: {exc.message}")
-        return replace(refused, reason=BAD_BUDGET_KEY)
+    refused = _key_refusal(request, state, budget)
+    if refused is not None:
+        return refused
     owned = owned_namespace(request.namespace, app.name)
     node = state.tree.get(owned)
     change: dict[str, Decimal] = dict(facts.delta)
@@ -533,6 +536,34 @@ def _tenant_change(
     else:
         change = rl.add(change, counted)
     return {k: v for k, v in change.items() if v != 0}, warnings, counted
+
+
+def _screen_budget_keys(request: AdmissionRequest, state: ReservationState) -> Decision | None:
+    """The refusal of the keys in the object's ``spec.resourceQuotas`` as written, if any; a
+    value that is no quantity is left to the budget's own refusal."""
+    spec = request.object.get("spec") if request.object is not None else None
+    quotas = spec.get("resourceQuotas") if isinstance(spec, Mapping) else None
+    if not isinstance(quotas, Mapping):
+        return None
+    budget: dict[str, Decimal] = {}
+    for key, raw in quotas.items():
+        try:
+            budget[str(key)] = parse_quantity(raw)
+        except QuantityError:
+            budget[str(key)] = _ZERO
+    return _key_refusal(request, state, budget)
+
+
+def _key_refusal(
+    request: AdmissionRequest, state: ReservationState, budget: Mapping[str, Decimal]
+) -> Decision | None:
+    """The 422 for a budget whose keys :func:`check_budget_keys` refuses, or ``None``."""
+    try:
+        check_budget_keys(budget, state.platform.plurals(), kept=_old_budget_keys(request))
+    except EvaluationError as exc:
+        refused = invalid(f"spec.{exc.path}", f"Tenant: {exc.message}")
+        return replace(refused, reason=BAD_BUDGET_KEY)
+    return None
 
 
 def _old_budget_keys(request: AdmissionRequest) -> list[str]:

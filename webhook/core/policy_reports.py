@@ -17,13 +17,16 @@ comparing two values. One result per application, the worst finding first:
 - ``pass``: it fits (or no pool limits it: no pool, no limit).
 
 Every value a tenant wrote (names, and the reasons quoting values) is bounded before it lands
-in a report, and a report holds at most :data:`MAX_RESULTS` results, the worst kept; the
-``summary`` still counts every application and an annotation says how many results were left
-out, so a namespace of 100,000 applications cannot push its report past etcd's object limit.
+in a report, and a report holds at most :data:`MAX_RESULTS` results and
+:data:`MAX_REPORT_BYTES` of them as sent, the worst kept; the ``summary`` still counts every
+application and an annotation says how many results were left out, so neither a namespace of
+100,000 applications nor reasons full of hostile unicode push its report past etcd's object
+limit (a report the API server refuses would leave the stale one standing).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -39,6 +42,7 @@ from webhook.core.tenants import ancestors, is_tenant_namespace
 __all__ = [
     "MANAGED_BY",
     "MAX_MESSAGE",
+    "MAX_REPORT_BYTES",
     "MAX_RESULTS",
     "NEAR_LIMIT",
     "POLICY",
@@ -67,6 +71,11 @@ TRUNCATED_ANNOTATION: Final = "reservation.cozystack.io/truncated"
 MAX_RESULTS: Final = 500
 # Reasons quote what a tenant wrote (values, names): cut, so one result stays small.
 MAX_MESSAGE: Final = 1024
+# ... but 1024 characters are up to 12 bytes each as the client sends JSON (an emoji is two
+# escaped surrogates): the results a report keeps are bounded in bytes too, below etcd's 1.5 MiB
+# with room for the rest, so a report a tenant fills with hostile text is still written.
+MAX_REPORT_BYTES: Final = 1024 * 1024
+_RESULTS_BYTES: Final = MAX_REPORT_BYTES - 16 * 1024
 # A pool drawn on past this share of its budget warns the applications that reserve from it.
 NEAR_LIMIT: Final = Decimal("0.9")
 
@@ -263,14 +272,19 @@ def _limits(
 ) -> tuple[
     list[tuple[str, str, Decimal, Decimal]], list[tuple[str, str, Decimal, Decimal]], set[str]
 ]:
-    """Pools over budget and pools near it, on the keys ``charged``, from the namespace up."""
+    """Pools over budget and pools near it, on the keys ``charged``: per key the nearest tenant
+    whose budget bounds it, the one admission checks (a carve-out occupies ``max(quota, usage)``
+    of its parent, so the pools above it deny none of its writes, and their figures, its
+    siblings' sums, are not its to read)."""
     over = []
     near = []
     pools = set()
+    unseen = set(charged)
     for node in state.tree.chain(namespace):
-        for resource in sorted(charged):
+        for resource in sorted(unseen):
             if resource not in node.budget:
                 continue
+            unseen.discard(resource)
             pools.add(node.namespace)
             budget = node.budget[resource]
             reserved = node.usage.get(resource, _ZERO)
@@ -331,18 +345,26 @@ def assemble_report(namespace: str, findings: Iterable[Finding]) -> dict[str, An
     summary = {"pass": 0, "fail": 0, "warn": 0, "error": 0, "skip": 0}
     for _, finding in ordered:
         summary[finding.result] += 1
-    kept = ordered[:MAX_RESULTS]
+    results = []
+    size = 0
+    for key, finding in ordered[:MAX_RESULTS]:
+        result = _result(key, finding)
+        size += len(json.dumps(result)) + 2
+        if size > _RESULTS_BYTES:
+            break
+        results.append(result)
     metadata: dict[str, Any] = {
         "name": REPORT_NAME,
         "namespace": namespace,
         "labels": dict(MANAGED_BY),
     }
-    left_out = len(ordered) - len(kept)
+    left_out = len(ordered) - len(results)
     if left_out:
         metadata["annotations"] = {
             TRUNCATED_ANNOTATION: (
                 f"{left_out} of {len(ordered)} results left out (at most {MAX_RESULTS} per "
-                "report, the worst first); the summary counts every application"
+                f"report and {MAX_REPORT_BYTES // 1024} KiB of them, the worst first); the "
+                "summary counts every application"
             )
         }
     return {
@@ -352,7 +374,7 @@ def assemble_report(namespace: str, findings: Iterable[Finding]) -> dict[str, An
         "source": SOURCE,
         "configuration": {"limits": {"maxResults": MAX_RESULTS}},
         "summary": summary,
-        "results": [_result(key, finding) for key, finding in kept],
+        "results": results,
     }
 
 

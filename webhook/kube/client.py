@@ -22,7 +22,7 @@ import aiohttp
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
-__all__ = ["ApiError", "KubeClient", "ResourceRef", "WatchTimeout"]
+__all__ = ["ApiError", "KubeClient", "ResourceRef", "ResponseTooLarge", "WatchTimeout"]
 
 Obj = dict[str, Any]
 # Request deadlines: an API call that takes longer than this is treated as failed (and retried
@@ -39,6 +39,13 @@ class ApiError(Exception):
         self.reason = reason
         self.message = message
         super().__init__(f"{status} {reason}: {message}")
+
+
+class ResponseTooLarge(ApiError):
+    """An answer longer than the caller's ``max_bytes``: left unread past the bound."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(0, "ResponseTooLarge", message)
 
 
 class WatchTimeout(Exception):
@@ -137,8 +144,11 @@ class KubeClient:
         params: Mapping[str, str] | None = None,
         body: object = None,
         content_type: str = "application/json",
+        max_bytes: int | None = None,
     ) -> Obj:
-        """One API call; the decoded object, or :class:`ApiError`."""
+        """One API call; the decoded object, or :class:`ApiError`. With ``max_bytes``, an
+        answer longer than that is never read whole: :class:`ResponseTooLarge` (a list of
+        objects others write, such as a page of reports, is only as small as they make it)."""
         headers = self._headers()
         data = None
         if body is not None:
@@ -153,7 +163,10 @@ class KubeClient:
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=self.timeout),
             ) as response:
-                text = await response.text()
+                if max_bytes is None:
+                    text = await response.text()
+                else:
+                    text = await _bounded_text(response, max_bytes, f"{method} {path}")
                 if response.status >= 400:
                     raise _api_error(response.status, text)
                 result: Obj = json.loads(text) if text else {}
@@ -238,3 +251,16 @@ def _ssl_context(configuration: k8s_client.Configuration) -> ssl.SSLContext | No
     if configuration.cert_file:
         context.load_cert_chain(configuration.cert_file, configuration.key_file)
     return context
+
+
+async def _bounded_text(response: aiohttp.ClientResponse, max_bytes: int, what: str) -> str:
+    """The body as text, reading at most ``max_bytes`` (plus one chunk) of it."""
+    declared = response.content_length
+    if declared is not None and declared > max_bytes:
+        raise ResponseTooLarge(f"{what}: {declared} bytes, more than {max_bytes}")
+    body = bytearray()
+    async for chunk in response.content.iter_chunked(1 << 16):
+        body += chunk
+        if len(body) > max_bytes:
+            raise ResponseTooLarge(f"{what}: more than {max_bytes} bytes")
+    return body.decode("utf-8", errors="replace")

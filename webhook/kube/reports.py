@@ -24,17 +24,20 @@ from collections.abc import AsyncIterable, Callable, Iterable, Mapping
 from typing import Any, Final
 
 from webhook.core.policy_reports import REPORT_NAME, report_content
-from webhook.kube.client import ApiError, KubeClient, ResourceRef
+from webhook.kube.client import ApiError, KubeClient, ResourceRef, ResponseTooLarge
 
-__all__ = ["ABSENT_SECONDS", "REPORTS", "ReportWriter"]
+__all__ = ["ABSENT_SECONDS", "PAGE", "PAGE_BYTES", "REPORTS", "ReportWriter"]
 
 log = logging.getLogger(__name__)
 
 REPORTS: Final = ResourceRef("openreports.io", "v1alpha1", "reports")
 ABSENT_SECONDS: Final = 600.0
-# Reports listed per page: a report may be up to etcd's 1.5 MiB (a tenant may write its own),
-# so a page stays small.
+# Reports listed per page, and the most bytes one page may take: a report may be up to etcd's
+# 1.5 MiB (a tenant may write its own, in every namespace it has), so 50 of them could be 75 MiB
+# to read and parse at once. A page past PAGE_BYTES is not read; it is asked again at half the
+# size (down to one report, which always fits) and the size grows back after a page that fits.
 PAGE: Final = 50
+PAGE_BYTES: Final = 4 * 1024 * 1024
 
 Obj = dict[str, Any]
 
@@ -101,9 +104,22 @@ class ReportWriter:
         """Our report in every namespace as (content digest, resourceVersion); nothing else is
         read, and no report is kept whole."""
         found: dict[str, tuple[str, str]] = {}
-        params = {"fieldSelector": f"metadata.name={REPORT_NAME}", "limit": str(PAGE)}
+        params = {"fieldSelector": f"metadata.name={REPORT_NAME}"}
+        size = PAGE
         while True:
-            page = await self.client.request("GET", REPORTS.path(), params=params)
+            try:
+                page = await self.client.request(
+                    "GET",
+                    REPORTS.path(),
+                    params={**params, "limit": str(size)},
+                    max_bytes=PAGE_BYTES,
+                )
+            except ResponseTooLarge:
+                if size == 1:
+                    raise
+                size = max(1, size // 2)
+                continue
+            size = min(PAGE, size * 2)
             for item in page.get("items") or []:
                 metadata = item.get("metadata") if isinstance(item, dict) else None
                 if isinstance(metadata, dict) and metadata.get("name") == REPORT_NAME:
