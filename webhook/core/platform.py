@@ -136,16 +136,26 @@ class Platform:
     def charge_values(self, kind: str, values: Values, *, namespace: str = "") -> Charge:
         """The charge of values prepared by :meth:`values`, from the cache when seen before.
 
-        The cache keys on the digest of the defaulted values: evaluation reads nothing else,
-        so specs that default alike share one entry.
+        The cache keys on the digest of what the kind's contract reads of the defaulted values
+        (:class:`~webhook.core.evaluation.Reads`; all of them when its paths' reach is not
+        plain), and on the namespace only when the contract looks instance types up there: so
+        applications that differ only in what no term reads share one entry.
         """
         found = self.kinds.get(kind)
         if found is None:
             raise EvaluationError("", f"unknown application kind {kind!r}", kind=kind)
-        key = (kind, namespace, values.sha256)
+        reads, evaluated = found.reads, values.defaulted
+        if reads is not None and isinstance(evaluated, Mapping):
+            # Evaluated on what the contract reads, keyed by its digest: the cached charge is
+            # a function of its key whatever else the values hold.
+            evaluated = reads.project(evaluated)
+            namespace = namespace if reads.namespaced else ""
+            key = (kind, namespace, canonical_sha256(evaluated))
+        else:
+            key = (kind, namespace, values.sha256)
         cached = self._charges.get(key)
         if cached is None:
-            cached = found.charge_defaulted(values.defaulted, self.catalog, namespace=namespace)
+            cached = found.charge_defaulted(evaluated, self.catalog, namespace=namespace)
             with contextlib.suppress(ValueError):  # an entry larger than the whole cache
                 self._charges[key] = cached
         return cached
