@@ -586,7 +586,7 @@ def measure(
                     cluster,
                     args,
                     pools,
-                    f"r{round_index}-{setup[:4]}-{pools}-{clients}",
+                    f"r{round_index}-{setup[:4]}-{pools}-{clients or args.clients}",
                     clients or args.clients,
                 )
                 created = max(figures["created"], 1)
