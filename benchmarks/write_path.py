@@ -698,8 +698,10 @@ def show_profiles(profiles: dict[str, Path]) -> None:
     for name, path in profiles.items():
         if not path.exists():
             continue
-        print(f"\n/{name} replica profile, by own time:")
-        pstats.Stats(str(path)).strip_dirs().sort_stats("tottime").print_stats(25)
+        print(f"\n/{name} replica profile, the project's functions by cumulative time:")
+        pstats.Stats(str(path)).sort_stats("cumulative").print_stats(r"webhook/", 30)
+        print(f"/{name} replica profile, by own time:")
+        pstats.Stats(str(path)).strip_dirs().sort_stats("tottime").print_stats(20)
 
 
 if __name__ == "__main__":
