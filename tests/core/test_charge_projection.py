@@ -7,6 +7,7 @@ was priced before them; contracts whose paths could reach past their root key re
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ from tests.builders import platform
 from webhook.core.contracts import compile_contract
 from webhook.core.errors import UNEVALUABLE
 from webhook.core.evaluation import contract_reads
-from webhook.core.platform import Platform
+from webhook.core.platform import Platform, PlatformBuilder
 
 KINDS = sorted(kind for kind, found in platform().kinds.items() if found.contract is not None)
 NAMES = ["u1.micro", "u1.small", "cx1.medium", "m1.large", "nano", "small", "large", "x", ""]
@@ -142,3 +143,30 @@ def test_a_contract_with_namespaced_instance_types_keys_its_cache_on_the_namespa
     plain = platform().kinds["VMInstance"].reads
     assert plain is not None
     assert not plain.namespaced
+
+
+def test_a_yaml_date_does_not_share_a_cached_charge_with_its_text() -> None:
+    definition = {
+        "apiVersion": "cozystack.io/v1alpha1",
+        "kind": "ApplicationDefinition",
+        "metadata": {"name": "dated"},
+        "spec": {
+            "application": {"kind": "Dated", "plural": "dateds", "openAPISchema": "{}"},
+            "reservation": {
+                "terms": [
+                    {
+                        "name": "lb",
+                        "when": {"path": "$.since", "equals": "2001-12-14"},
+                        "objects": {"services.loadbalancers": 1},
+                    }
+                ]
+            },
+        },
+    }
+    builder = PlatformBuilder({}, {})
+    builder.add(definition, source="test")
+    dated = builder.build()
+    text = dated.charge("Dated", {"since": "2001-12-14"})
+    assert dict(text.resources) == {"services.loadbalancers": 1}
+    date = dated.charge("Dated", {"since": datetime.date(2001, 12, 14)})  # what YAML makes of it
+    assert dict(date.resources) == {}

@@ -9,6 +9,8 @@ manifests in, a frozen :class:`Platform` out, every rejected manifest named with
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -150,9 +152,12 @@ class Platform:
             # a function of its key whatever else the values hold.
             evaluated = reads.project(evaluated)
             namespace = namespace if reads.namespaced else ""
-            key = (kind, namespace, canonical_sha256(evaluated))
-        else:
-            key = (kind, namespace, values.sha256)
+        try:
+            key = (kind, namespace, _exact_sha256(evaluated))
+        except (TypeError, ValueError, RecursionError):
+            # Not plain JSON (a YAML date, a key that is not a string): its canonical text
+            # could equal another value's (a date and its text), so it is never cached.
+            return found.charge_defaulted(evaluated, self.catalog, namespace=namespace)
         cached = self._charges.get(key)
         if cached is None:
             cached = found.charge_defaulted(evaluated, self.catalog, namespace=namespace)
@@ -173,6 +178,15 @@ class Values:
         """The values digest a signed record carries (:func:`~webhook.core.records.values_digest`
         of the defaulted values)."""
         return digest_text(self.sha256)
+
+
+_EXACT = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def _exact_sha256(values: object) -> bytes:
+    """The SHA-256 of canonical JSON of plain JSON values; raises ``TypeError`` for anything
+    else (no value is turned into text that another value could also be)."""
+    return hashlib.sha256(_EXACT.encode(values).encode("utf-8", "surrogatepass")).digest()
 
 
 def _entry_bytes(charge: Charge) -> int:
