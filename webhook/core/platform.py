@@ -67,9 +67,10 @@ class Platform:
     """Kinds by name and the catalog their contracts resolve against.
 
     A platform never changes once built (a new cluster state builds a new one), so the charges
-    it computes are cached by kind, namespace and a digest of the canonical defaulted values
-    (what evaluation reads): a cluster holds few distinct specs next to the number of writes,
-    and an UPDATE re-evaluates its old object. Values are bounded
+    it computes are cached by kind, a digest of what the contract reads of the defaulted values
+    and (when the contract looks instance types up there) the namespace: a cluster holds few
+    distinct sizes next to the number of writes and stored objects, and an UPDATE re-evaluates
+    its old object. Values are bounded
     (:func:`~webhook.core.bounds.check_values`) before they are defaulted, encoded or evaluated.
     """
 
