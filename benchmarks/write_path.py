@@ -622,7 +622,8 @@ def measure(
                 rows.setdefault((setup, scenario), []).append(row)
                 print(
                     f"round {round_index + 1} {setup} {scenario}: "
-                    + ", ".join(f"{k} {v:.3g}" for k, v in row.items()),
+                    + ", ".join(f"{k} {v:.3g}" for k, v in row.items())
+                    + (f", statuses {figures['statuses']}" if row["failed"] else ""),
                     file=sys.stderr,
                     flush=True,
                 )
