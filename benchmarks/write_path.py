@@ -389,15 +389,15 @@ def processes(commands: list[tuple[list[str], dict[str, str], Path]]) -> Iterato
     logs: list[IO[bytes]] = []
     try:
         for command, environment, log in commands:
-            stream = log.open("wb")
-            logs.append(stream)
+            opened: IO[bytes] = log.open("wb")
+            logs.append(opened)
             started.append(
                 subprocess.Popen(
                     command,
                     cwd=ROOT,
                     env={**os.environ, **environment},
                     stdout=subprocess.DEVNULL,
-                    stderr=stream,
+                    stderr=opened,
                 )
             )
         yield [p.pid for p in started]

@@ -6,6 +6,7 @@ import base64
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -14,7 +15,7 @@ from benchmarks import write_path
 from tests.builders import ROOT
 
 
-def rendered() -> list[dict[str, object]]:
+def rendered() -> list[dict[str, Any]]:
     text = subprocess.run(
         ["kubectl", "kustomize", str(ROOT / "deploy")], capture_output=True, text=True, check=True
     ).stdout
