@@ -66,6 +66,7 @@ UP = SHARED / "kube" / "up.sh"
 POOLS = 20
 NAMESPACE = "cozy-reservation"
 AGENT = "write-path-benchmark"
+TOKEN_VARIABLE = "WRITE_PATH_TOKEN"  # the admin token, handed to the load generator
 SETUPS = ("none", "do-nothing", "webhooks")
 # (name, pools, clients or None for --clients): creates/s under load, and one client alone
 # for the latency a create pays with no queue in front of it.
@@ -96,7 +97,7 @@ async def generate(args: argparse.Namespace) -> dict[str, Any]:
 
     context = ssl.create_default_context(cafile=args.ca)
     headers = {
-        "Authorization": f"Bearer {args.token}",
+        "Authorization": f"Bearer {os.environ[TOKEN_VARIABLE]}",
         "Content-Type": "application/json",
         "User-Agent": AGENT,
     }
@@ -421,7 +422,6 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="profile the two replicas")
     parser.add_argument("--load", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
-    parser.add_argument("--token", help=argparse.SUPPRESS)
     parser.add_argument("--ca", help=argparse.SUPPRESS)
     parser.add_argument("--pools", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--prefix", default="vm", help=argparse.SUPPRESS)
@@ -538,8 +538,6 @@ def load(
             "--load",
             "--url",
             cluster.url,
-            "--token",
-            cluster.token,
             "--ca",
             str(cluster.ca),
             "--pools",
@@ -552,9 +550,11 @@ def load(
             str(clients),
         ],
         cwd=ROOT,
+        env={**os.environ, TOKEN_VARIABLE: cluster.token},  # not in the process list
         capture_output=True,
         text=True,
         check=True,
+        timeout=args.seconds + 120,
     )
     figures: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
     return figures
