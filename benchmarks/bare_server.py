@@ -37,6 +37,7 @@ def main() -> None:
     context.load_cert_chain(f"{cert_dir}/tls.crt", f"{cert_dir}/tls.key")
     app = web.Application(client_max_size=7 * 1024 * 1024)
     app.router.add_post("/validate", allow)
+    app.router.add_post("/mutate", allow)
     app.router.add_get("/livez", livez)
     web.run_app(app, host="127.0.0.1", port=port, ssl_context=context, print=None, access_log=None)
 

@@ -12,8 +12,10 @@ Reservation charges declared sizes only: no allocation ratios, no virtualization
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, localcontext
@@ -43,7 +45,15 @@ from webhook.core.contracts import (
 from webhook.core.errors import EvaluationError, QuantityError
 from webhook.core.quantities import MAX_QUANTITY, format_quantity, parse_quantity
 
-__all__ = ["DEFAULT_LIMITS", "Charge", "EvaluationLimits", "TermCharge", "evaluate"]
+__all__ = [
+    "DEFAULT_LIMITS",
+    "Charge",
+    "EvaluationLimits",
+    "Reads",
+    "TermCharge",
+    "contract_reads",
+    "evaluate",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +133,74 @@ def evaluate(
         contract_digest=contract.digest,
         terms=terms,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Reads:
+    """What evaluating one contract can read: the top-level values keys its paths start from,
+    and whether it looks instance types up in the application's namespace.
+
+    Evaluating the contract on the values restricted to ``keys`` gives the same charge, terms
+    and errors as on the whole values (:func:`project`), so charges can be cached by what they
+    read: applications that differ only in what the contract never looks at (names, labels,
+    disks of a VM) share one evaluation.
+    """
+
+    keys: frozenset[str]
+    namespaced: bool
+
+    def project(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The part of ``values`` the contract reads."""
+        return {key: values[key] for key in self.keys if key in values}
+
+
+# A path whose reach is known from its text alone: a root key (absolute) or the current item
+# (relative), then only child keys, wildcards and indices. Anything else (recursive descent
+# from the root, unions, filters, jsonpath-ng's `parent`/`this` or `where` operators, which
+# can climb back to the root) makes the whole contract read everything.
+_BOUNDED_STEP = r"(?:\.[A-Za-z_][A-Za-z0-9_]*|\.\*|\[\*\]|\[[0-9]+\])"
+_ABSOLUTE_PATH = re.compile(rf"\$\.([A-Za-z_][A-Za-z0-9_]*){_BOUNDED_STEP}*")
+_RELATIVE_PATH = re.compile(rf"@{_BOUNDED_STEP}*")
+_OPERATOR_NAMES = frozenset({"where", "wherenot", "parent", "this"})
+
+
+def contract_reads(contract: Contract) -> Reads | None:
+    """What ``contract`` reads of the values, or ``None`` when a path's reach is not plain
+    (then a charge depends on the whole values)."""
+    keys: set[str] = set()
+    namespaced = False
+    for node in _contract_nodes(contract):
+        if isinstance(node, FromInstanceType) and node.namespaced:
+            namespaced = True
+        if not isinstance(node, ValuePath):
+            continue
+        text = node.text
+        names = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text))
+        if names & _OPERATOR_NAMES:
+            return None
+        if node.relative:
+            if not _RELATIVE_PATH.fullmatch(text):
+                return None
+            continue  # under a forEach item, itself found from a root key
+        found = _ABSOLUTE_PATH.fullmatch(text)
+        if found is None:
+            return None
+        keys.add(found[1])
+    return Reads(frozenset(keys), namespaced)
+
+
+def _contract_nodes(node: object) -> Iterator[object]:
+    """Every compiled part of a contract, paths included (constants such as ``ifNone`` items
+    are values, not parts, and are not entered)."""
+    yield node
+    if isinstance(node, ValuePath):
+        return
+    if isinstance(node, tuple | list):
+        for item in node:
+            yield from _contract_nodes(item)
+    elif dataclasses.is_dataclass(node) and not isinstance(node, type):
+        for member in dataclasses.fields(node):
+            yield from _contract_nodes(getattr(node, member.name))
 
 
 def _check_range(resources: Mapping[str, Decimal]) -> None:

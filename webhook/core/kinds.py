@@ -18,7 +18,14 @@ from webhook.core.catalog import Catalog
 from webhook.core.contracts import Contract, compile_contract
 from webhook.core.defaulting import Defaulter, compile_defaults
 from webhook.core.errors import ContractError, EvaluationError
-from webhook.core.evaluation import DEFAULT_LIMITS, Charge, EvaluationLimits, evaluate
+from webhook.core.evaluation import (
+    DEFAULT_LIMITS,
+    Charge,
+    EvaluationLimits,
+    Reads,
+    contract_reads,
+    evaluate,
+)
 
 __all__ = ["APPS_GROUP", "ApplicationKind", "kind_from_definition"]
 
@@ -37,10 +44,14 @@ class ApplicationKind:
     contract: Contract | None = None
     problem: str = ""  # why there is no usable contract or schema
     defaulter: Defaulter | None = field(default=None, repr=False, compare=False)
+    # What the contract reads of the values (None: all of them, or no contract).
+    reads: Reads | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.defaulter is None:
             object.__setattr__(self, "defaulter", compile_defaults(self.schema))
+        if self.contract is not None:
+            object.__setattr__(self, "reads", contract_reads(self.contract))
 
     def defaulted(self, spec: object) -> Any:
         """The values as Cozystack reads them back: schema defaults applied.

@@ -9,6 +9,8 @@ manifests in, a frozen :class:`Platform` out, every rejected manifest named with
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -65,9 +67,10 @@ class Platform:
     """Kinds by name and the catalog their contracts resolve against.
 
     A platform never changes once built (a new cluster state builds a new one), so the charges
-    it computes are cached by kind, namespace and a digest of the canonical defaulted values
-    (what evaluation reads): a cluster holds few distinct specs next to the number of writes,
-    and an UPDATE re-evaluates its old object. Values are bounded
+    it computes are cached by kind, a digest of what the contract reads of the defaulted values
+    and (when the contract looks instance types up there) the namespace: a cluster holds few
+    distinct sizes next to the number of writes and stored objects, and an UPDATE re-evaluates
+    its old object. Values are bounded
     (:func:`~webhook.core.bounds.check_values`) before they are defaulted, encoded or evaluated.
     """
 
@@ -136,16 +139,29 @@ class Platform:
     def charge_values(self, kind: str, values: Values, *, namespace: str = "") -> Charge:
         """The charge of values prepared by :meth:`values`, from the cache when seen before.
 
-        The cache keys on the digest of the defaulted values: evaluation reads nothing else,
-        so specs that default alike share one entry.
+        The cache keys on the digest of what the kind's contract reads of the defaulted values
+        (:class:`~webhook.core.evaluation.Reads`; all of them when its paths' reach is not
+        plain), and on the namespace only when the contract looks instance types up there: so
+        applications that differ only in what no term reads share one entry.
         """
         found = self.kinds.get(kind)
         if found is None:
             raise EvaluationError("", f"unknown application kind {kind!r}", kind=kind)
-        key = (kind, namespace, values.sha256)
+        reads, evaluated = found.reads, values.defaulted
+        if reads is not None and isinstance(evaluated, Mapping):
+            # Evaluated on what the contract reads, keyed by its digest: the cached charge is
+            # a function of its key whatever else the values hold.
+            evaluated = reads.project(evaluated)
+            namespace = namespace if reads.namespaced else ""
+        try:
+            key = (kind, namespace, _exact_sha256(evaluated))
+        except (TypeError, ValueError, RecursionError):
+            # Not plain JSON (a YAML date, a key that is not a string): its canonical text
+            # could equal another value's (a date and its text), so it is never cached.
+            return found.charge_defaulted(evaluated, self.catalog, namespace=namespace)
         cached = self._charges.get(key)
         if cached is None:
-            cached = found.charge_defaulted(values.defaulted, self.catalog, namespace=namespace)
+            cached = found.charge_defaulted(evaluated, self.catalog, namespace=namespace)
             with contextlib.suppress(ValueError):  # an entry larger than the whole cache
                 self._charges[key] = cached
         return cached
@@ -163,6 +179,15 @@ class Values:
         """The values digest a signed record carries (:func:`~webhook.core.records.values_digest`
         of the defaulted values)."""
         return digest_text(self.sha256)
+
+
+_EXACT = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def _exact_sha256(values: object) -> bytes:
+    """The SHA-256 of canonical JSON of plain JSON values; raises ``TypeError`` for anything
+    else (no value is turned into text that another value could also be)."""
+    return hashlib.sha256(_EXACT.encode(values).encode("utf-8", "surrogatepass")).digest()
 
 
 def _entry_bytes(charge: Charge) -> int:

@@ -38,7 +38,7 @@ from webhook.core.carveouts import Cap, budget_digest, effective_budget
 from webhook.core.errors import UNEVALUABLE, EvaluationError
 from webhook.core.overcommit import apply_factors
 from webhook.core.pending import Hold, PendingCharges
-from webhook.core.platform import Platform
+from webhook.core.platform import Platform, Values
 from webhook.core.pools import TenantTree
 from webhook.core.records import RecordedCharge, RecordKeys, values_digest, verifies
 from webhook.core.tenants import TENANT_KIND, ancestors, owned_namespace, parse_budget
@@ -250,12 +250,22 @@ class ReservationState:
 
     def _price(self, app: Application, namespace: str) -> tuple[AppRecord | None, str]:
         """The record to keep (``None``: unknown), and why today's evaluation failed."""
-        recorded = self.trusted(app)
+        # The values are bounded, defaulted and digested once, for the record and the charge.
+        prepared: Values | None = None
+        failure: Exception | None = None
+        try:
+            prepared = self.platform.values(app.kind, app.spec)
+        except UNEVALUABLE as exc:
+            failure = exc
+        recorded = self.trusted(app, digest=prepared.digest if prepared is not None else None)
         own = self._own(app, recorded) if app.kind != TENANT_KIND else None
         factors, source = self.factors_for(namespace, own)
         problem = ""
         try:
-            charge = self.platform.charge(app.kind, app.spec, namespace=namespace)
+            if prepared is None:
+                assert failure is not None  # set whenever prepared is not
+                raise failure
+            charge = self.platform.charge_values(app.kind, prepared, namespace=namespace)
         except UNEVALUABLE as exc:
             if recorded is None:
                 return None, _reason(exc)
@@ -369,11 +379,14 @@ class ReservationState:
                 values = spec
         return values_digest(values)
 
-    def trusted(self, app: Application) -> RecordedCharge | None:
-        """``app``'s recorded charge if it verifies for this object and its values, else None."""
+    def trusted(self, app: Application, *, digest: str | None = None) -> RecordedCharge | None:
+        """``app``'s recorded charge if it verifies for this object and its values, else None.
+
+        ``digest`` is :meth:`values_digest` of ``app``'s values when the caller has it."""
         if app.recorded is None:
             return None
-        digest = self.values_digest(app.kind, app.spec)
+        if digest is None:
+            digest = self.values_digest(app.kind, app.spec)
         return app.recorded if verifies(self.keys, app.key, digest, app.recorded) else None
 
     def _shows(self, hold: Hold) -> bool:

@@ -74,7 +74,13 @@ class _Loader(_BASE_LOADER):  # type: ignore[misc]
                 if len(_PLAIN_TAGS) < _PLAIN_TAGS_MAX:
                     _PLAIN_TAGS[value] = tag
             return tag
-        return super().resolve(kind, value, implicit)
+        if self.yaml_path_resolvers:  # pragma: no cover - safe loading registers none
+            return super().resolve(kind, value, implicit)
+        # What the base resolver answers for everything else (a quoted scalar, a collection),
+        # without its walk: a third of a manifest's nodes.
+        if kind is yaml.ScalarNode:
+            return _STR
+        return _SEQ if kind is yaml.SequenceNode else _MAP
 
     def descend_resolver(self, current_node: Any, current_index: Any) -> None:
         return None

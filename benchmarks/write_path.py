@@ -1,0 +1,709 @@
+"""The write path through a real API server: CREATEs with both webhooks, none, a do-nothing pair.
+
+Uses the real kube-apiserver and etcd of ``../shared/kube`` (found beside the project, or
+beside the folder holding it); where it is absent the benchmark says so and exits cleanly (0).
+It starts on free ports in a temporary directory and stops what it started.
+
+The cluster: CRDs standing in for ``apps.cozystack.io`` (one per real ApplicationDefinition in
+``fixtures/cozystack``, with its kind and plural; their values are kept as written, as
+cozystack-api keeps them), the ApplicationDefinitions and KubeVirt instance types themselves,
+the shipped ``tenantreservations`` CRD, and 20 Tenants of ample budget. Two ``webhook serve
+--kubeconfig`` replicas (default settings) run as the Deployment's two do; the shipped
+Mutating- and ValidatingWebhookConfigurations (``kubectl kustomize deploy``) are pointed by URL,
+with a caBundle, at the replicas: ``/mutate`` at one, ``/validate`` at the other (a Service
+would spread both over both; a URL names one). The do-nothing pair is two
+``benchmarks.bare_server`` processes behind the same configurations, rules and
+matchConditions; "no webhooks" deletes both configurations.
+
+An independent load generator (its own process: an aiohttp client with the admin token, 16
+concurrent clients by default) creates real VMInstances (``u1.micro``) with distinct names,
+into one pool (``tenant-t0``) or spread over 20, for a fixed time. The three set-ups run in
+interleaved rounds (their order turns each round). Printed per set-up and scenario, median
+[min-max] over the rounds: creates/s, p50/p99 latency, the ratio of creates/s to no webhooks,
+the latency added over no webhooks and its ratio to what the do-nothing pair adds, the API
+writes per admission other than the create itself (from the API server's audit log, by
+resource), the CPU used per create by each process (API server, etcd, webhooks, load
+generator), and the time the webhooks spend per request by their own histograms
+(``reservation_admission_duration_seconds``) against the latency the clients see. With
+``--profile`` the replicas run under cProfile and their top functions are printed.
+
+Goals: both webhooks >= 0.5x the creates/s of no webhooks; the latency they add <= 1.2x what
+the do-nothing pair adds.
+
+Run: .venv/bin/python -m benchmarks.write_path [--seconds 8] [--rounds 3] [--clients 16]
+     [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import shutil
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = next(
+    (p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if p.is_dir()),
+    ROOT.parent / "shared",
+)
+UP = SHARED / "kube" / "up.sh"
+POOLS = 20
+NAMESPACE = "cozy-reservation"
+AGENT = "write-path-benchmark"
+TOKEN_VARIABLE = "WRITE_PATH_TOKEN"  # the admin token, handed to the load generator
+SETUPS = ("none", "do-nothing", "webhooks")
+# (name, pools, clients or None for --clients): creates/s under load, and one client alone
+# for the latency a create pays with no queue in front of it.
+SCENARIOS: tuple[tuple[str, int, int | None], ...] = (
+    ("one pool", 1, None),
+    (f"{POOLS} pools", POOLS, None),
+    ("one client", 1, 1),
+)
+MAX_CREATES = 20_000  # per run, whatever --seconds says
+GOAL_THROUGHPUT = 0.5  # both webhooks: at least this share of the creates/s of none
+GOAL_ADDED = 1.2  # latency added by both webhooks: at most this times the do-nothing pair's
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+# -- the load generator (its own process) -----------------------------------------------------
+
+
+async def generate(args: argparse.Namespace) -> dict[str, Any]:
+    import aiohttp
+
+    context = ssl.create_default_context(cafile=args.ca)
+    headers = {
+        "Authorization": f"Bearer {os.environ[TOKEN_VARIABLE]}",
+        "Content-Type": "application/json",
+        "User-Agent": AGENT,
+    }
+    latencies: list[float] = []
+    statuses: Counter[int] = Counter()
+    deadline = time.monotonic() + args.seconds
+    connector = aiohttp.TCPConnector(limit=args.clients, ssl=context)
+    timeout = aiohttp.ClientTimeout(total=30)
+
+    async def client(session: aiohttp.ClientSession, number: int) -> None:
+        sent = 0
+        while time.monotonic() < deadline and len(latencies) < MAX_CREATES:
+            sent += 1
+            namespace = f"tenant-t{(number + sent) % args.pools}"
+            name = f"{args.prefix}-{number}-{sent}"
+            body = {
+                "apiVersion": "apps.cozystack.io/v1alpha1",
+                "kind": "VMInstance",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"instanceType": "u1.micro"},
+            }
+            url = f"{args.url}/apis/apps.cozystack.io/v1alpha1/namespaces/{namespace}/vminstances"
+            started = time.perf_counter()
+            try:
+                async with session.post(url, json=body) as answer:
+                    await answer.read()
+                    status = answer.status
+            except (aiohttp.ClientError, TimeoutError):
+                status = 0
+            latencies.append(time.perf_counter() - started)
+            statuses[status] += 1
+
+    cpu = time.process_time()
+    started = time.perf_counter()
+    async with aiohttp.ClientSession(
+        connector=connector, headers=headers, timeout=timeout
+    ) as session:
+        await asyncio.gather(*(client(session, n) for n in range(args.clients)))
+    elapsed = time.perf_counter() - started
+    ordered = sorted(latencies)
+    return {
+        "seconds": elapsed,
+        "created": statuses.get(201, 0),
+        "statuses": {str(k): v for k, v in statuses.items()},
+        "p50": ordered[len(ordered) // 2] if ordered else 0.0,
+        "p99": ordered[int(len(ordered) * 0.99)] if ordered else 0.0,
+        "mean": statistics.fmean(ordered) if ordered else 0.0,
+        "cpu": time.process_time() - cpu,
+    }
+
+
+# -- the cluster ------------------------------------------------------------------------------
+
+
+def crd(
+    group: str, plural: str, kind: str, *, namespaced: bool, versions: tuple[str, ...]
+) -> dict[str, Any]:
+    keep = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{group}"},
+        "spec": {
+            "group": group,
+            "names": {"plural": plural, "kind": kind, "singular": kind.lower()},
+            "scope": "Namespaced" if namespaced else "Cluster",
+            "versions": [
+                {
+                    "name": version,
+                    "served": True,
+                    "storage": index == 0,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "properties": {"spec": keep, "status": keep},
+                        }
+                    },
+                    "subresources": {"status": {}},
+                }
+                for index, version in enumerate(versions)
+            ],
+        },
+    }
+
+
+def platform_documents() -> list[dict[str, Any]]:
+    from webhook.state.manifests import read_manifests
+
+    wanted = {"ApplicationDefinition", "VirtualMachineClusterInstancetype"}
+    found = read_manifests([ROOT / "fixtures" / "cozystack"])
+    return [dict(m.body) for m in found if m.body.get("kind") in wanted]
+
+
+def cluster_documents(deploy: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every CRD, then the platform objects, namespaces and Tenants the benchmark needs."""
+    platform = platform_documents()
+    documents: list[dict[str, Any]] = [
+        crd(
+            "cozystack.io",
+            "applicationdefinitions",
+            "ApplicationDefinition",
+            namespaced=False,
+            versions=("v1alpha1",),
+        ),
+        crd(
+            "instancetype.kubevirt.io",
+            "virtualmachineclusterinstancetypes",
+            "VirtualMachineClusterInstancetype",
+            namespaced=False,
+            versions=("v1beta1", "v1alpha2", "v1alpha1"),
+        ),
+        crd(
+            "instancetype.kubevirt.io",
+            "virtualmachineinstancetypes",
+            "VirtualMachineInstancetype",
+            namespaced=True,
+            versions=("v1beta1", "v1alpha2", "v1alpha1"),
+        ),
+        *(d for d in deploy if d["kind"] == "CustomResourceDefinition"),
+    ]
+    for document in platform:
+        if document["kind"] == "ApplicationDefinition":
+            application = document["spec"]["application"]
+            documents.append(
+                crd(
+                    "apps.cozystack.io",
+                    application["plural"],
+                    application["kind"],
+                    namespaced=True,
+                    versions=("v1alpha1",),
+                )
+            )
+    return documents
+
+
+def objects(platform: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    namespaces = [NAMESPACE, "tenant-root", *(f"tenant-t{i}" for i in range(POOLS))]
+    found: list[dict[str, Any]] = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}} for name in namespaces
+    ]
+    found += platform
+    found += [
+        {
+            "apiVersion": "apps.cozystack.io/v1alpha1",
+            "kind": "Tenant",
+            "metadata": {"name": f"t{i}", "namespace": "tenant-root"},
+            "spec": {"resourceQuotas": {"cpu": "10000000", "memory": "10000000Gi"}},
+        }
+        for i in range(POOLS)
+    ]
+    return found
+
+
+def webhook_configurations(
+    deploy: list[dict[str, Any]], ca: bytes, mutate: int, validate: int
+) -> list[dict[str, Any]]:
+    """The shipped configurations, pointed by URL at two local servers."""
+    found = []
+    bundle = base64.b64encode(ca).decode()
+    for document in deploy:
+        if document["kind"] not in (
+            "MutatingWebhookConfiguration",
+            "ValidatingWebhookConfiguration",
+        ):
+            continue
+        document = json.loads(json.dumps(document))
+        for webhook in document["webhooks"]:
+            path = webhook["clientConfig"]["service"].get("path", "/")
+            port = mutate if path == "/mutate" else validate
+            webhook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": bundle}
+        found.append(document)
+    return found
+
+
+class Cluster:
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.port, self.etcd = free_port(), free_port()
+        self.environment = {
+            **os.environ,
+            "KAPI_FRESH": "1",
+            "KAPI_PORT": str(self.port),
+            "KAPI_ETCD_PORT": str(self.etcd),
+            "KAPI_TIMEOUT": "100",
+        }
+
+    def __enter__(self) -> Cluster:
+        subprocess.run(
+            [str(UP), str(self.work)],
+            env=self.environment,
+            check=True,
+            timeout=150,
+            stdout=subprocess.DEVNULL,
+        )
+        config = yaml.safe_load((self.work / "kubeconfig").read_text())
+        self.token: str = config["users"][0]["user"]["token"]
+        self.ca = self.work / "pki" / "ca.crt"
+        self.url = f"https://127.0.0.1:{self.port}"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        stop = self.work / "stop.sh"
+        if stop.exists():
+            subprocess.run(
+                [str(stop)],
+                env={**self.environment, "KAPI_WIPE": "1"},
+                timeout=60,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+
+    def pid(self, daemon: str) -> int:
+        return int((self.work / "run" / f"{daemon}.pid").read_text())
+
+    def kubectl(self, *arguments: str, documents: list[dict[str, Any]] | None = None) -> None:
+        text = yaml.safe_dump_all(documents) if documents is not None else None
+        subprocess.run(
+            ["kubectl", "--kubeconfig", str(self.work / "kubeconfig"), *arguments],
+            input=text,
+            text=True,
+            check=True,
+            stdout=subprocess.DEVNULL,
+            timeout=120,
+        )
+
+
+# -- measuring ---------------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def histogram(port: int) -> dict[str, tuple[float, float]]:
+    """Per endpoint, (seconds, requests) the webhook's own latency histogram holds so far."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    totals: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        if not line.startswith("reservation_admission_duration_seconds_"):
+            continue
+        name, _, value = line.rpartition(" ")
+        endpoint = name.split('endpoint="', 1)[1].split('"', 1)[0] if "endpoint=" in name else ""
+        entry = totals.setdefault(endpoint, [0.0, 0.0])
+        if name.startswith("reservation_admission_duration_seconds_sum"):
+            entry[0] += float(value)
+        elif name.startswith("reservation_admission_duration_seconds_count"):
+            entry[1] += float(value)
+    return {endpoint: (s, n) for endpoint, (s, n) in totals.items()}
+
+
+def audit_writes(log: Path, offset: int) -> tuple[Counter[str], int]:
+    """Writes the API server logged past ``offset``, by resource, other than the load's own."""
+    writes: Counter[str] = Counter()
+    with log.open("rb") as stream:
+        stream.seek(offset)
+        for line in stream:
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if event.get("stage") != "ResponseComplete":
+                    continue
+                if event.get("verb") not in ("create", "update", "patch", "delete"):
+                    continue
+                if event.get("userAgent") == AGENT:
+                    continue
+                writes[(event.get("objectRef") or {}).get("resource", "?")] += 1
+        end = stream.tell()
+    return writes, end
+
+
+def wait_ready(port: int, context: ssl.SSLContext, path: str, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with (
+            contextlib.suppress(OSError),
+            urllib.request.urlopen(
+                f"https://127.0.0.1:{port}{path}", context=context, timeout=2
+            ) as answer,
+        ):
+            if answer.status == 200:
+                return
+        time.sleep(0.3)
+    raise SystemExit(f"a webhook on port {port} did not become ready")
+
+
+@contextlib.contextmanager
+def processes(commands: list[tuple[list[str], dict[str, str], Path]]) -> Iterator[list[int]]:
+    started: list[subprocess.Popen[bytes]] = []
+    logs: list[IO[bytes]] = []
+    try:
+        for command, environment, log in commands:
+            opened: IO[bytes] = log.open("wb")
+            logs.append(opened)
+            started.append(
+                subprocess.Popen(
+                    command,
+                    cwd=ROOT,
+                    env={**os.environ, **environment},
+                    stdout=subprocess.DEVNULL,
+                    stderr=opened,
+                )
+            )
+        yield [p.pid for p in started]
+    finally:
+        for process in started:
+            process.terminate()
+        for process in started:
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        for stream in logs:
+            stream.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--profile", action="store_true", help="profile the two replicas")
+    parser.add_argument("--load", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--ca", help=argparse.SUPPRESS)
+    parser.add_argument("--pools", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--prefix", default="vm", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.load:
+        print(json.dumps(asyncio.run(generate(args))))
+        return
+    if not UP.exists():
+        print(f"write path: no real kube-apiserver here ({UP} is absent); nothing measured")
+        return
+    for tool in ("openssl", "curl", "kubectl"):
+        if shutil.which(tool) is None:
+            print(f"write path: the real kube-apiserver needs {tool} on PATH; nothing measured")
+            return
+    with tempfile.TemporaryDirectory(prefix="write-path-") as temporary:
+        run(Path(temporary), args)
+
+
+def run(directory: Path, args: argparse.Namespace) -> None:
+    from webhook.tls.certificates import generate as generate_certificates
+
+    rendered = subprocess.run(
+        ["kubectl", "kustomize", str(ROOT / "deploy")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    deploy = [d for d in yaml.safe_load_all(rendered) if d]
+    certs = directory / "certs"
+    generate_certificates(certs, dns_names=["localhost"], ip_addresses=["127.0.0.1"])
+    ca = (certs / "ca.crt").read_bytes()
+    context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+    print(f"starting a real kube-apiserver ({UP})", file=sys.stderr, flush=True)
+    with Cluster(directory / "kube") as cluster:
+        cluster.kubectl("apply", "-f", "-", documents=cluster_documents(deploy))
+        cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        cluster.kubectl("apply", "-f", "-", documents=objects(platform_documents()))
+        ports = {
+            name: free_port() for name in ("mutate", "validate", "bare-mutate", "bare-validate")
+        }
+        metrics = {name: free_port() for name in ("mutate", "validate")}
+        profiles = {name: directory / f"{name}.prof" for name in ("mutate", "validate")}
+        commands = []
+        for name in ("mutate", "validate"):
+            profiler = ["-m", "cProfile", "-o", str(profiles[name])] if args.profile else []
+            commands.append(
+                (
+                    [
+                        sys.executable,
+                        *profiler,
+                        "-m",
+                        "webhook",
+                        "serve",
+                        "--kubeconfig",
+                        str(cluster.work / "kubeconfig"),
+                        "--cert-dir",
+                        str(certs),
+                        "--listen",
+                        f"127.0.0.1:{ports[name]}",
+                        "--metrics-listen",
+                        f"127.0.0.1:{metrics[name]}",
+                    ],
+                    {
+                        "POD_NAME": f"replica-{name}",
+                        "POD_NAMESPACE": NAMESPACE,
+                        "WEBHOOK_CERTS": "cert-manager",  # the certificates here are ours
+                    },
+                    directory / f"{name}.log",
+                )
+            )
+        for name in ("bare-mutate", "bare-validate"):
+            commands.append(
+                (
+                    [sys.executable, "-m", "benchmarks.bare_server", str(certs), str(ports[name])],
+                    {},
+                    directory / f"{name}.log",
+                )
+            )
+        with processes(commands) as pids:
+            for name in ("mutate", "validate"):
+                wait_ready(ports[name], context, "/readyz")
+            for name in ("bare-mutate", "bare-validate"):
+                wait_ready(ports[name], context, "/livez")
+            configurations = {
+                "webhooks": webhook_configurations(deploy, ca, ports["mutate"], ports["validate"]),
+                "do-nothing": webhook_configurations(
+                    deploy, ca, ports["bare-mutate"], ports["bare-validate"]
+                ),
+            }
+            rows = measure(cluster, configurations, pids, metrics, args)
+        report(rows, args)
+        if args.profile:
+            show_profiles(profiles)
+
+
+def configure(
+    cluster: Cluster, configurations: dict[str, list[dict[str, Any]]], setup: str
+) -> None:
+    for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+        cluster.kubectl("delete", kind, "reservation-webhook", "--ignore-not-found")
+    if setup != "none":
+        cluster.kubectl("apply", "-f", "-", documents=configurations[setup])
+    time.sleep(3)  # the API server picks configurations up from its own watch
+
+
+def load(
+    cluster: Cluster, args: argparse.Namespace, pools: int, prefix: str, clients: int
+) -> dict[str, Any]:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.write_path",
+            "--load",
+            "--url",
+            cluster.url,
+            "--ca",
+            str(cluster.ca),
+            "--pools",
+            str(pools),
+            "--prefix",
+            prefix,
+            "--seconds",
+            str(args.seconds),
+            "--clients",
+            str(clients),
+        ],
+        cwd=ROOT,
+        env={**os.environ, TOKEN_VARIABLE: cluster.token},  # not in the process list
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=args.seconds + 120,
+    )
+    figures: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return figures
+
+
+def measure(
+    cluster: Cluster,
+    configurations: dict[str, list[dict[str, Any]]],
+    pids: list[int],
+    metrics: dict[str, int],
+    args: argparse.Namespace,
+) -> dict[tuple[str, str], list[dict[str, float]]]:
+    daemons = {"apiserver": cluster.pid("kube-apiserver"), "etcd": cluster.pid("etcd")}
+    servers = {"webhooks": pids[:2], "do-nothing": pids[2:], "none": []}
+    audit = cluster.work / "audit.log"
+    rows: dict[tuple[str, str], list[dict[str, float]]] = {}
+    for round_index in range(args.rounds):
+        order = SETUPS[round_index % 3 :] + SETUPS[: round_index % 3]
+        for setup in order:
+            configure(cluster, configurations, setup)
+            for scenario, pools, clients in SCENARIOS:
+                _, offset = audit_writes(audit, audit.stat().st_size)
+                cpu = {name: cpu_seconds(pid) for name, pid in daemons.items()}
+                served = sum(cpu_seconds(pid) for pid in servers[setup])
+                before = (
+                    {n: histogram(p) for n, p in metrics.items()} if setup == "webhooks" else {}
+                )
+                figures = load(
+                    cluster,
+                    args,
+                    pools,
+                    f"r{round_index}-{setup[:4]}-{pools}-{clients or args.clients}",
+                    clients or args.clients,
+                )
+                created = max(figures["created"], 1)
+                writes, _ = audit_writes(audit, offset)
+                row: dict[str, float] = {
+                    "creates/s": figures["created"] / figures["seconds"],
+                    "p50 ms": figures["p50"] * 1000,
+                    "p99 ms": figures["p99"] * 1000,
+                    "mean ms": figures["mean"] * 1000,
+                    "failed": float(sum(v for k, v in figures["statuses"].items() if k != "201")),
+                    "writes/admission": sum(writes.values()) / created,
+                    "tenantreservation writes/admission": writes["tenantreservations"] / created,
+                    "apiserver CPU us": (cpu_seconds(daemons["apiserver"]) - cpu["apiserver"])
+                    / created
+                    * 1e6,
+                    "etcd CPU us": (cpu_seconds(daemons["etcd"]) - cpu["etcd"]) / created * 1e6,
+                    "webhook CPU us": (sum(cpu_seconds(pid) for pid in servers[setup]) - served)
+                    / created
+                    * 1e6,
+                    "load CPU us": figures["cpu"] / created * 1e6,
+                }
+                for name, port in metrics.items():
+                    if setup == "webhooks":
+                        after = histogram(port)
+                        seconds = sum(s for s, _ in after.values()) - sum(
+                            s for s, _ in before[name].values()
+                        )
+                        requests = sum(n for _, n in after.values()) - sum(
+                            n for _, n in before[name].values()
+                        )
+                        row[f"/{name} ms"] = seconds / max(requests, 1) * 1000
+                        row[f"/{name} calls/create"] = requests / created
+                rows.setdefault((setup, scenario), []).append(row)
+                print(
+                    f"round {round_index + 1} {setup} {scenario}: "
+                    + ", ".join(f"{k} {v:.3g}" for k, v in row.items())
+                    + (f", statuses {figures['statuses']}" if row["failed"] else ""),
+                    file=sys.stderr,
+                    flush=True,
+                )
+    return rows
+
+
+def cell(values: list[float]) -> str:
+    return f"{statistics.median(values):.3g} [{min(values):.3g}-{max(values):.3g}]"
+
+
+def report(rows: dict[tuple[str, str], list[dict[str, float]]], args: argparse.Namespace) -> None:
+    load_average = os.getloadavg()
+    print(
+        f"write path: VMInstance CREATEs through a real kube-apiserver, {args.clients} clients "
+        f"(and one alone), {args.rounds} interleaved rounds x {args.seconds:g} s, median "
+        f"[min-max]; load average {load_average[0]:.1f} on {os.cpu_count()} cores"
+    )
+    metrics = [
+        "creates/s",
+        "p50 ms",
+        "p99 ms",
+        "failed",
+        "writes/admission",
+        "tenantreservation writes/admission",
+        "apiserver CPU us",
+        "etcd CPU us",
+        "webhook CPU us",
+        "load CPU us",
+        "/mutate ms",
+        "/validate ms",
+        "/mutate calls/create",
+        "/validate calls/create",
+    ]
+    for scenario, _, clients in SCENARIOS:
+        print(f"\n{scenario} ({clients or args.clients} clients)")
+        print(f"  {'':36}" + "".join(f"{setup:>27}" for setup in SETUPS))
+        for metric in metrics:
+            cells = []
+            for setup in SETUPS:
+                values = [row[metric] for row in rows[(setup, scenario)] if metric in row]
+                cells.append((" " + cell(values) if values else "").rjust(27))
+            print(f"  {metric:36}" + "".join(cells))
+        none, bare, ours = (rows[(setup, scenario)] for setup in SETUPS)
+        print(f"  do-nothing / none, creates/s        {cell(ratio(bare, none, 'creates/s'))}")
+        throughput = ratio(ours, none, "creates/s")
+        verdict = "met" if statistics.median(throughput) >= GOAL_THROUGHPUT else "NOT met"
+        goal = f"goal >= {GOAL_THROUGHPUT}  {verdict}" if clients is None else ""
+        print(f"  webhooks / none, creates/s          {cell(throughput)}   {goal}")
+        added = [
+            (o["p50 ms"] - n["p50 ms"]) / max(b["p50 ms"] - n["p50 ms"], 1e-3)
+            for n, b, o in zip(none, bare, ours, strict=True)
+        ]
+        print(
+            "  p50 added, ms: do-nothing "
+            f"{cell([b['p50 ms'] - n['p50 ms'] for n, b in zip(none, bare, strict=True)])}, "
+            f"webhooks {cell([o['p50 ms'] - n['p50 ms'] for n, o in zip(none, ours, strict=True)])}"
+        )
+        verdict = "met" if statistics.median(added) <= GOAL_ADDED else "NOT met"
+        goal = f"goal <= {GOAL_ADDED}  {verdict}" if clients == 1 else ""
+        print(f"  p50 added: webhooks / do-nothing    {cell(added)}   {goal}")
+
+
+def ratio(
+    measured: list[dict[str, float]], baseline: list[dict[str, float]], metric: str
+) -> list[float]:
+    """Round by round: the runs of one round ran minutes apart at most, under the same load."""
+    return [m[metric] / b[metric] for m, b in zip(measured, baseline, strict=True)]
+
+
+def show_profiles(profiles: dict[str, Path]) -> None:
+    import pstats
+
+    for name, path in profiles.items():
+        if not path.exists():
+            continue
+        print(f"\n/{name} replica profile, the project's functions by cumulative time:")
+        pstats.Stats(str(path)).sort_stats("cumulative").print_stats(r"webhook/", 30)
+        print(f"/{name} replica profile, by own time:")
+        pstats.Stats(str(path)).strip_dirs().sort_stats("tottime").print_stats(20)
+
+
+if __name__ == "__main__":
+    main()
