@@ -278,11 +278,25 @@ def test_charge_planted_with_an_unevaluable_spec_in_warn_mode_is_removed_and_blo
     ).allowed
 
 
-def test_a_signed_record_for_the_values_as_they_stand_survives_off_mode() -> None:
+def test_in_off_mode_only_the_stored_record_carried_unchanged_survives() -> None:
     current = state({"tenant-acme": {"memory": "64Gi"}})
     text = signed("VMInstance", "tenant-acme", "vm", BIG, {"memory": "32Gi"}, "sha256:x")
-    review = request("VMInstance", "tenant-acme", "vm", BIG, annotations={CHARGE_ANNOTATION: text})
-    assert patch_of(mutate(review, current, OFF)) == []
+    notes = {CHARGE_ANNOTATION: text}
+    carried = request(
+        "VMInstance",
+        "tenant-acme",
+        "vm",
+        BIG,
+        operation="UPDATE",
+        old_spec=BIG,
+        annotations=notes,
+        old_annotations=notes,
+    )
+    assert patch_of(mutate(carried, current, OFF)) == []
+    # The same record on a CREATE (a deleted object's, recreated under its name) is removed.
+    review = request("VMInstance", "tenant-acme", "vm", BIG, annotations=notes)
+    (operation,) = patch_of(mutate(review, current, OFF))
+    assert operation["op"] == "remove"
 
 
 def test_mutate_removes_a_planted_annotation_from_an_object_without_a_name_yet() -> None:

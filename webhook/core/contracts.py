@@ -199,6 +199,7 @@ class Term:
     storage: QuantityExpr | None = None
     devices: ValuePath | None = None
     objects: tuple[tuple[str, CountExpr], ...] = ()
+    volume: str = ""  # "kept" | "released": the storage is persistent volumes
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,6 +297,7 @@ class _Compiler:
                 (key, self.expression(value, f"{where}.objects.{key}", integer=True))
                 for key, value in (data.get("objects") or {}).items()
             ),
+            volume=str(data.get("volume", "")),
         )
 
     def conditions(self, data: object, where: str) -> tuple[Condition, ...]:

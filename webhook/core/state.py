@@ -37,8 +37,15 @@ from webhook.core.overcommit import apply_factors
 from webhook.core.pending import Hold, PendingCharges
 from webhook.core.platform import Platform
 from webhook.core.pools import TenantTree
-from webhook.core.records import RecordedCharge, RecordKeys, values_digest, verifies
+from webhook.core.records import (
+    RecordedCharge,
+    RecordKeys,
+    believed,
+    values_digest,
+    verifies,
+)
 from webhook.core.tenants import TENANT_KIND, ancestors, owned_namespace, parse_budget
+from webhook.core.volumes import RELEASED, hold
 
 __all__ = ["AppRecord", "ReservationState", "recount"]
 
@@ -58,6 +65,7 @@ class AppRecord:
     factors: dict[str, Decimal] | None = None  # the factor applied, when there is one
     factor_source: str = ""  # "application", or the namespace of the tenant that set it
     version: int = 0  # the stored object's resourceVersion, when the source has one
+    marks: dict[str, Decimal] | None = None  # its persistent volumes' high marks, when any
 
     @property
     def drifted(self) -> bool:
@@ -236,6 +244,7 @@ class ReservationState:
         own = self._own(app, recorded) if app.kind != TENANT_KIND else None
         factors, source = self.factors_for(namespace, own)
         problem = ""
+        marks: Mapping[str, Decimal] = recorded.marks if recorded is not None else {}
         try:
             charge = self.platform.charge(app.kind, app.spec, namespace=namespace)
         except UNEVALUABLE as exc:
@@ -246,7 +255,11 @@ class ReservationState:
             record = AppRecord(namespace, declared, sys.intern(recorded.digest), problem=problem)
         else:
             if recorded is None:
-                declared = dict(charge.resources)
+                # No record counts, but a dry run's may still say what the volumes grew to
+                # (cozystack-api stores dry runs): marks only ever raise a charge.
+                held = hold(charge, self._dry_marks(app), self._released(app.kind))
+                marks = held.marks
+                declared = dict(held.charge.resources)
                 record = AppRecord(namespace, declared, sys.intern(charge.digest))
             else:
                 declared = dict(recorded.declared)
@@ -260,7 +273,22 @@ class ReservationState:
         record.own = own
         record.factors = dict(factors) or None
         record.factor_source = source
+        record.marks = dict(marks) or None
         return record, problem
+
+    def _dry_marks(self, app: Application) -> Mapping[str, Decimal]:
+        """The volume marks of a record a dry run minted for exactly this object and values."""
+        if app.recorded is None or not app.recorded.dry or not app.recorded.marks:
+            return {}
+        digest = self.values_digest(app.kind, app.spec)
+        if verifies(self.keys, app.key, digest, app.recorded, uid=app.uid):
+            return app.recorded.marks
+        return {}
+
+    def _released(self, kind: str) -> list[str]:
+        found = self.platform.kind(kind)
+        contract = found.contract if found is not None else None
+        return [t.name for t in contract.terms if t.volume == RELEASED] if contract else []
 
     def factors_for(
         self, namespace: str, own: Mapping[str, Decimal] | None
@@ -352,11 +380,13 @@ class ReservationState:
         return values_digest(values)
 
     def trusted(self, app: Application) -> RecordedCharge | None:
-        """``app``'s recorded charge if it verifies for this object and its values, else None."""
+        """``app``'s recorded charge if it counts for this object (signed for it and its values,
+        bound to no other uid, not minted by a dry run), else None."""
         if app.recorded is None:
             return None
         digest = self.values_digest(app.kind, app.spec)
-        return app.recorded if verifies(self.keys, app.key, digest, app.recorded) else None
+        ok = believed(self.keys, app.key, digest, app.recorded, uid=app.uid)
+        return app.recorded if ok else None
 
     def _shows(self, hold: Hold) -> bool:
         """Whether the state shows ``hold``'s application as admitted, newer than the admission

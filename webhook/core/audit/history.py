@@ -74,7 +74,8 @@ class History:
         """Whether the API server called, or should have called, the webhook for ``write``.
 
         Not for a DELETE, a request RBAC refused, or one refused before admission (schema,
-        conflict); nor for an UPDATE that leaves the spec as stored, which the shipped
+        conflict); nor for an UPDATE that leaves the spec as stored where neither the stored nor
+        the new object carries a ``reservation.cozystack.io/`` annotation, which the shipped
         ``matchConditions`` skip.
         """
         if write.verb == "delete" or write.rbac_forbidden:
@@ -90,6 +91,8 @@ class History:
             and old is not None
             and stored is not None
             and old.get("spec") == stored.get("spec")
+            and not _reservation_annotated(old)
+            and not _reservation_annotated(stored)
         )
 
     def rebuild(self, write: AuditWrite) -> Rebuilt:
@@ -230,3 +233,12 @@ def merge_patch(target: object, patch: object) -> object:
         else:
             result[key] = merge_patch(result.get(key), value)
     return result
+
+
+def _reservation_annotated(obj: Mapping[str, Any]) -> bool:
+    """Whether ``obj`` carries any ``reservation.cozystack.io/`` annotation."""
+    metadata = obj.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    if not isinstance(annotations, Mapping):
+        return False
+    return any(str(key).startswith("reservation.cozystack.io/") for key in annotations)
