@@ -27,6 +27,8 @@ import cel
 import yaml
 
 from tests.builders import ADMIN, ROOT
+from webhook.core.applications import CHARGE_ANNOTATION
+from webhook.core.records import parse_recorded_charge
 
 Obj = dict[str, Any]
 Key = tuple[str, str, str]
@@ -75,6 +77,12 @@ def patched(obj: Obj, response: Mapping[str, Any]) -> Obj:
     return result
 
 
+@dataclass(frozen=True)
+class Minted:
+    text: str
+    dry: bool
+
+
 @dataclass
 class Answer:
     allowed: bool
@@ -86,6 +94,24 @@ class Answer:
     def reason(self) -> str:
         status = (self.validated or {}).get("status") or {}
         return str(status.get("message", ""))
+
+    def record(self) -> Minted | None:
+        """The charge record the mutating webhook's patch sets, if it sets one."""
+        if self.mutated is None or "patch" not in self.mutated:
+            return None
+        for operation in json.loads(base64.b64decode(self.mutated["patch"])):
+            value = operation.get("value")
+            if isinstance(value, Mapping):
+                value = value.get(CHARGE_ANNOTATION)
+            if (
+                operation["op"] == "add"
+                and operation["path"].endswith(("charge", "annotations"))
+                and isinstance(value, str)
+            ):
+                parsed = parse_recorded_charge(value)
+                if parsed is not None:
+                    return Minted(value, parsed.dry)
+        return None
 
     @property
     def warnings(self) -> list[str]:

@@ -271,10 +271,21 @@ async def test_replaying_an_old_signed_record_is_refused_and_never_believed(
         assert record.own is None
         assert record.resources["memory"] == 16 * GI
         assert not (await api.write("VMInstance", NS, "vm2", MICRO)).allowed
-        # A dry run's record: the response carries it, a later write must not.
+        # A dry run's record (the response carries it) on the real write: replaced.
+        assert (await api.write("VMDisk", NS, "d1", {"storage": "50Gi"})).allowed
         dry = await api.write("VMDisk", NS, "d1", {"storage": "1Gi"}, dry_run=True)
         assert dry.allowed
-        assert dry.mutated is not None
+        minted = dry.record()
+        assert minted is not None
+        assert minted.dry
+        real = await api.write(
+            "VMDisk", NS, "d1", {"storage": "1Gi"}, annotations={CHARGE_ANNOTATION: minted.text}
+        )
+        assert real.allowed
+        stored = parse_recorded_charge(api.annotation("VMDisk", NS, "d1", CHARGE_ANNOTATION))
+        assert stored is not None
+        assert not stored.dry
+        assert stored.resources["storage"] == 50 * GI  # and the volume is held at 50Gi
         # A deleted object's record, on a new object of the same name.
         await api.delete("VMInstance", NS, "vm1")
         again = await api.write(
