@@ -257,7 +257,19 @@ def compile_contract(kind: str, spec: object, *, source: str) -> Contract:
 
 
 def contract_digest(spec: Mapping[str, Any]) -> str:
-    """``sha256:<16 hex>`` of the contract's canonical JSON: equal contracts, equal digests."""
+    """``sha256:<16 hex>`` of the contract's canonical JSON: equal contracts, equal digests.
+
+    A term's ``volume`` marker is left out: it does not change what any values evaluate to,
+    only how a charge is held across writes (the marks the record keeps), so marking a term as
+    a volume does not show every application of the kind as drifted.
+    """
+    terms = spec.get("terms")
+    if isinstance(terms, list):
+        unmarked = [
+            {k: v for k, v in t.items() if k != "volume"} if isinstance(t, Mapping) else t
+            for t in terms
+        ]
+        spec = {**spec, "terms": unmarked}
     canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"), default=str)
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
 

@@ -290,6 +290,8 @@ def verifies(
         return False
     if uid and record.uid and record.uid != uid:
         return False
+    if not record.kid:
+        return _verifies_v1(keys, app, values, record)
     key = keys.key_for(record.kid)
     if key is None:
         return False
@@ -308,6 +310,38 @@ def verifies(
         dry=record.dry,
     )
     return hmac.compare_digest(expected, record.mac)
+
+
+def _verifies_v1(
+    keys: RecordKeys, app: tuple[str, str, str], values: str, record: RecordedCharge
+) -> bool:
+    """A record an earlier version wrote (no key id, uid, marks or dry-run flag): it verifies
+    under any key held, so audit logs from before an upgrade still verify, and a stored object
+    keeps its record until it is next written (every decided write replaces it with a v2
+    record). Those never carry a uid, marks or the dry-run flag."""
+    if record.uid or record.marks or record.dry:
+        return False
+    kind, namespace, name = app
+    message = _CANONICAL.encode(
+        [
+            "v1",
+            kind,
+            namespace,
+            name,
+            values,
+            rl.to_strings(record.resources),
+            record.digest,
+            rl.to_strings(record.factor),
+            rl.to_strings(record.committed),
+            None if record.own is None else rl.to_strings(record.own),
+            record.source,
+        ]
+    )
+    for key in (keys.current, *keys.published, *keys.previous):
+        expected = MAC_PREFIX + hmac.new(key, message.encode(), hashlib.sha256).hexdigest()
+        if hmac.compare_digest(expected, record.mac):
+            return True
+    return False
 
 
 def believed(

@@ -8,10 +8,13 @@ freed budget admitted elsewhere, and hold both: about the whole budget again per
 
 So a contract term whose storage is persistent volumes says so (``volume: kept`` when removed
 units keep their volumes, ``volume: released`` when the operator deletes them with the unit),
-and its storage is charged at the largest figure admitted while the application exists:
+and its storage is charged at what the cluster may still hold while the application exists:
 
-- ``kept``: the term's total storage (units x size) never drops below its high mark, and a
-  forEach item that disappears keeps its mark (its volumes are still there);
+- ``kept``: unit ``i`` (the ``i``-th replica, whose claim a StatefulSet names ``...-i``) holds
+  the largest size it had while it existed, and a unit scaled away keeps its claim; the term is
+  charged the sum over every unit that ever existed. The marks are that staircase: "units below
+  ``n`` hold at least ``size``" (key ``term#n``), at most :data:`MAX_STEPS` steps (merging two
+  rounds up, never down). A forEach item that disappears keeps its marks: its volumes stay.
 - ``released``: each unit's size never drops below its high mark, times the units that exist.
 
 The marks travel in the signed record (:mod:`webhook.core.records`), so they survive replicas
@@ -47,45 +50,102 @@ class Held:
 
 
 def mark_key(term: TermCharge) -> str:
-    """Where a volume's mark is kept: the term's name, and the forEach item it came from."""
-    return f"{term.term}:{term.path}" if term.path else term.term
+    """Where a volume's marks are kept: the term's name, and the forEach item it came from
+    (``#`` and ``%`` escaped: item names are the tenant's, and ``#`` separates a step)."""
+    path = term.path.replace("%", "%25").replace("#", "%23")
+    return f"{term.term}:{path}" if path else term.term
 
 
 def hold(charge: Charge, previous: Mapping[str, Decimal], released: Iterable[str] = ()) -> Held:
-    """``charge`` with each volume term at ``max(now, previous mark)``.
+    """``charge`` with each volume term at what the cluster may still hold (see above).
 
-    ``released`` names the contract's terms whose units' volumes go with the unit; a mark of
-    any other term (including one the contract no longer has) is kept even when its term or
-    item no longer appears: the cluster still holds that volume.
+    ``released`` names the contract's terms whose units' volumes go with the unit; the marks of
+    any other term (including one the contract no longer has) are kept even when its term or
+    item no longer appears: the cluster still holds those volumes.
     """
     going = frozenset(released)
+    steps: dict[str, dict[int, Decimal]] = {}  # kept: base -> {units below n: at least size}
+    units: dict[str, Decimal] = {}  # released: base -> the largest size of one unit
+    for key, value in previous.items():
+        base, sep, below = key.rpartition("#")
+        if sep and below.isdigit() and 0 < len(below) <= 6:
+            steps.setdefault(base, {})[int(below)] = value
+        elif not sep:
+            units[key] = value
     marks: dict[str, Decimal] = {}
     held: dict[str, tuple[Decimal, Decimal]] = {}
     extra = _ZERO
+    seen: set[str] = set()
     for term in charge.terms:
         if not term.volume:
             continue
-        key = mark_key(term)
+        base = mark_key(term)
+        seen.add(base)
         now = term.resources.get("storage", _ZERO)
         if term.volume == RELEASED:
-            mark = max(term.storage, previous.get(key, _ZERO))
+            mark = max(term.storage, units.get(base, _ZERO))
             charged = mark * term.count
+            if mark > 0:
+                marks[base] = mark
         else:
-            mark = max(now, previous.get(key, _ZERO))
-            charged = mark
-        if mark > 0:
-            marks[key] = mark
+            stair = dict(steps.get(base, {}))
+            count = int(term.count)
+            if count > 0 and term.storage > 0:
+                stair[count] = max(stair.get(count, _ZERO), term.storage)
+            stair = _staircase(stair)
+            charged = max(_total(stair), now)
+            marks.update({f"{base}#{n}": size for n, size in stair.items()})
         if charged > now:
             extra += charged - now
-            held[key] = (now, charged)
-    for key, mark in previous.items():
-        if key in marks or key.partition(":")[0] in going or mark <= 0:
+            held[base] = (now, charged)
+    for base, stair in steps.items():
+        if base in seen or base.partition(":")[0] in going:
             continue
-        marks[key] = mark  # its unit is gone, its volume is not
-        extra += mark
-        held[key] = (_ZERO, mark)
+        stair = _staircase(stair)  # its units are gone, their volumes are not
+        marks.update({f"{base}#{n}": size for n, size in stair.items()})
+        total = _total(stair)
+        if total > 0:
+            extra += total
+            held[base] = (_ZERO, total)
     if not extra:
         return Held(charge, marks, held)
     resources = dict(charge.resources)
     resources["storage"] = resources.get("storage", _ZERO) + extra
     return Held(replace(charge, resources=resources), marks, held)
+
+
+# A staircase this long covers any history of scalings an application sees in practice; past
+# it, two steps merge into one that covers both (a little more is charged, never less).
+MAX_STEPS: Final = 16
+
+
+def _staircase(points: Mapping[int, Decimal]) -> dict[int, Decimal]:
+    """The points no other point covers (a point (n, s) covers (m, t) when n >= m and s >= t),
+    by unit count: sizes fall as counts rise. At most :data:`MAX_STEPS`."""
+    kept: list[tuple[int, Decimal]] = []
+    for n, size in sorted(points.items(), reverse=True):  # most units first
+        if size <= 0 or n <= 0:
+            continue
+        if kept and kept[-1][1] >= size:
+            continue  # a point with more units and at least this size covers it
+        kept.append((n, size))
+    kept.reverse()  # fewest units (largest size) first
+    while len(kept) > MAX_STEPS:
+        # Merge the two steps whose merge adds least: the wider count at the larger size.
+        costs = [
+            ((kept[i + 1][0] - kept[i][0]) * (kept[i][1] - kept[i + 1][1]), i)
+            for i in range(len(kept) - 1)
+        ]
+        _, i = min(costs)
+        kept[i : i + 2] = [(kept[i + 1][0], kept[i][1])]
+    return dict(kept)
+
+
+def _total(stair: Mapping[int, Decimal]) -> Decimal:
+    """What the staircase holds: sum over units of the largest size covering each."""
+    total = _ZERO
+    below = 0
+    for n, size in sorted(stair.items()):
+        total += (n - below) * size
+        below = n
+    return total
