@@ -8,7 +8,9 @@ ServiceAccount can read it (RBAC grants ``get`` on this one name); tenants canno
 
 The Secret's data: ``current`` (the signing key, 32 bytes or more) and, during a rotation,
 ``next`` (a published key: accepted when verifying, never used to sign), ``previous`` (the key
-``current`` replaced, accepted until ``previous-until``, an RFC 3339 time). Every record names
+``current`` replaced, accepted until ``previous-until``, an RFC 3339 time) and ``retired-<id>``
+(keys past their window: what they signed still counts for its persistent volumes' high marks,
+which only ever raise a charge, and for nothing else; at most 8 are kept). Every record names
 the id of the key that signed it (:func:`webhook.core.records.key_id`), so a replica that meets
 an id it does not know re-reads the Secret at once (at most once a second, shared by the
 requests waiting) before it refuses anything: replicas that read the Secret at different times
@@ -18,8 +20,9 @@ A rotation (:meth:`RecordKeySecret.publish` then :meth:`RecordKeySecret.promote`
 edits with kubectl) publishes the new key as ``next`` first; once every replica has read it
 (one re-read round, 30 s) it is promoted: ``current`` becomes ``previous`` with
 ``previous-until`` = now + the window (default 24 hours), ``next`` becomes ``current``. Records
-signed with the old key keep verifying until the window ends; after it, replicas drop the key
-(each re-read) and such records are evaluated as they stand, as if unsigned. A ``previous``
+signed with the old key keep verifying until the window ends; after it, replicas stop believing
+the key (each re-read) and such records are evaluated as they stand, as if unsigned, except for
+their volume marks. A ``previous``
 without ``previous-until`` is accepted for the default window from when a replica first reads
 it.
 
@@ -63,6 +66,8 @@ CURRENT: Final = "current"
 NEXT: Final = "next"
 PREVIOUS: Final = "previous"
 PREVIOUS_UNTIL: Final = "previous-until"
+RETIRED_PREFIX: Final = "retired-"  # retired-<key id>: keys past their window, for marks only
+MAX_RETIRED: Final = 8
 # How long records signed with a retired key keep verifying after a rotation: long enough for
 # a slow rollout and a day of ordinary writes to re-sign what is written, short enough that a
 # leaked old key stops counting. Records not written by then are evaluated as they stand.
@@ -122,6 +127,15 @@ def keys_from_secret(
     if CURRENT not in decoded:
         raise RecordKeyError(f"{where}: data.{CURRENT} missing")
     clock = time.time() if now is None else now
+    retired: list[bytes] = []
+    for name in sorted(data):
+        if str(name).startswith(RETIRED_PREFIX):
+            try:
+                key = base64.b64decode(str(data[name]), validate=True)
+            except binascii.Error:
+                raise RecordKeyError(f"{where}: data.{name} is not base64") from None
+            if len(key) >= MIN_KEY_BYTES:
+                retired.append(key)
     previous: tuple[bytes, ...] = ()
     if PREVIOUS in decoded:
         key = decoded[PREVIOUS]
@@ -132,8 +146,10 @@ def keys_from_secret(
             until = seen + DEFAULT_WINDOW_SECONDS
         if clock < until:
             previous = (key,)
+        else:
+            retired.append(key)
     published = (decoded[NEXT],) if NEXT in decoded and decoded[NEXT] != decoded[CURRENT] else ()
-    return RecordKeys(decoded[CURRENT], previous, published)
+    return RecordKeys(decoded[CURRENT], previous, published, tuple(retired))
 
 
 def _until(raw: bytes, where: str) -> float:
@@ -254,7 +270,11 @@ class RecordKeySecret:
         if NEXT not in data:
             raise RecordKeyError(f"{self.where}: no published key; publish one first")
         until = datetime.fromtimestamp((time.time() if now is None else now) + window_seconds, UTC)
-        data[PREVIOUS] = data[CURRENT]
+        if PREVIOUS in data:  # kept for the volume marks it signed, never for anything else
+            data[RETIRED_PREFIX + _kid(data[PREVIOUS])] = data[PREVIOUS]
+            retired = sorted(k for k in data if str(k).startswith(RETIRED_PREFIX))
+            for name in retired[: max(len(retired) - MAX_RETIRED, 0)]:
+                del data[name]
         data[PREVIOUS_UNTIL] = _b64(until.strftime("%Y-%m-%dT%H:%M:%SZ").encode())
         data[CURRENT] = data.pop(NEXT)
         await self.client.replace(SECRETS, {**secret, "data": data})

@@ -384,8 +384,9 @@ def _old_marks(
     old = _old_application(request)
     if old is not None and old.recorded is not None:
         digest = state.values_digest(old.kind, old.spec)
-        if verifies(state.keys, old.key, digest, old.recorded, uid=_uid(request.old_object)):
-            return old.recorded.marks  # a dry run's marks too: a mark only ever raises
+        uid = _uid(request.old_object)
+        if verifies(state.keys, old.key, digest, old.recorded, uid=uid, marks_only=True):
+            return old.recorded.marks  # a dry run's, a retired key's: a mark only ever raises
     kept = state.record(app.key)
     if kept is not None and kept.marks:
         return kept.marks

@@ -131,9 +131,12 @@ class RecordKeys:
     current: bytes
     previous: tuple[bytes, ...] = ()
     published: tuple[bytes, ...] = ()
+    # Keys whose window has ended: what they signed counts for its volume marks only (a mark
+    # only ever raises the charge of the object carrying it), never for a charge or a factor.
+    retired: tuple[bytes, ...] = ()
 
     def __post_init__(self) -> None:
-        for key in (self.current, *self.previous, *self.published):
+        for key in (self.current, *self.previous, *self.published, *self.retired):
             if len(key) < MIN_KEY_BYTES:
                 raise ValueError(f"a record key needs at least {MIN_KEY_BYTES} bytes")
 
@@ -149,7 +152,13 @@ class RecordKeys:
         return None
 
     def knows(self, kid: str) -> bool:
-        return self.key_for(kid) is not None
+        return self.key_for(kid) is not None or self._retired_for(kid) is not None
+
+    def _retired_for(self, kid: str) -> bytes | None:
+        for key in self.retired:
+            if key_id(key) == kid:
+                return key
+        return None
 
     @classmethod
     def generate(cls) -> RecordKeys:
@@ -279,12 +288,14 @@ def verifies(
     record: RecordedCharge,
     *,
     uid: str = "",
+    marks_only: bool = False,
 ) -> bool:
     """Whether ``record`` was signed by one of ``keys`` for exactly this object and values.
 
     ``uid`` is the object's uid where known: a record bound to another uid (an earlier object
     of the same name) does not verify. Dry-run records verify here (their high marks may still
-    count, see the state); :func:`believed` is the test for everything else.
+    count, see the state); :func:`believed` is the test for everything else. With
+    ``marks_only`` a retired key verifies too: for the record's volume marks, nothing else.
     """
     if not record.mac.startswith(MAC_PREFIX) or record.values != values:
         return False
@@ -293,6 +304,8 @@ def verifies(
     if not record.kid:
         return _verifies_v1(keys, app, values, record)
     key = keys.key_for(record.kid)
+    if key is None and marks_only:
+        key = keys._retired_for(record.kid)
     if key is None:
         return False
     expected = mac(

@@ -255,9 +255,10 @@ class ReservationState:
             record = AppRecord(namespace, declared, sys.intern(recorded.digest), problem=problem)
         else:
             if recorded is None:
-                # No record counts, but a dry run's may still say what the volumes grew to
-                # (cozystack-api stores dry runs): marks only ever raise a charge.
-                held = hold(charge, self._dry_marks(app), self._released(app.kind))
+                # No record counts, but one the webhook signed may still say what the volumes
+                # grew to (a dry run's: cozystack-api stores dry runs; one signed with a retired
+                # key): marks only ever raise a charge.
+                held = hold(charge, self._signed_marks(app), self._released(app.kind))
                 marks = held.marks
                 declared = dict(held.charge.resources)
                 record = AppRecord(namespace, declared, sys.intern(charge.digest))
@@ -276,12 +277,13 @@ class ReservationState:
         record.marks = dict(marks) or None
         return record, problem
 
-    def _dry_marks(self, app: Application) -> Mapping[str, Decimal]:
-        """The volume marks of a record a dry run minted for exactly this object and values."""
-        if app.recorded is None or not app.recorded.dry or not app.recorded.marks:
+    def _signed_marks(self, app: Application) -> Mapping[str, Decimal]:
+        """The volume marks of a record the webhook signed for exactly this object and values,
+        believed or not (a dry run's, one signed with a retired key)."""
+        if app.recorded is None or not app.recorded.marks:
             return {}
         digest = self.values_digest(app.kind, app.spec)
-        if verifies(self.keys, app.key, digest, app.recorded, uid=app.uid):
+        if verifies(self.keys, app.key, digest, app.recorded, uid=app.uid, marks_only=True):
             return app.recorded.marks
         return {}
 
