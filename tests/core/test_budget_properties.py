@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import os
 import copy
 import json
 from collections.abc import Mapping
@@ -117,6 +116,7 @@ def platform() -> Platform:
     builder.add(DISK_DEFINITION, source=__file__)
     return builder.build()
 
+
 # tenant-root holds tenant a; a holds b and d; b holds c. Applications may live in any of them.
 TENANTS = {"a": "tenant-root", "b": "tenant-a", "c": "tenant-a-b", "d": "tenant-a"}
 NAMESPACES = ["tenant-root", "tenant-a", "tenant-a-b", "tenant-a-b-c", "tenant-a-d"]
@@ -161,8 +161,9 @@ class TenantMoves(RuleBasedStateMachine):
         self.stored: dict[Key, dict[str, Any]] = {}  # what the API server holds, by key
         self.factors: dict[Key, dict[str, Decimal]] = {}  # the factors the platform set
         self.claims: dict[Key, dict[int, Decimal]] = {}  # a Disk's claims: unit -> largest size
-        # Every record the webhook ever wrote, dry runs included, with the object it was for.
-        self.minted: list[tuple[Key, str]] = []
+        # Every record the webhook ever wrote, dry runs included, with the object and the
+        # values it was for.
+        self.minted: list[tuple[Key, Any, str]] = []
         self.rotations = 0
         self.uids = 0
         self.before = self.recount()
@@ -220,8 +221,8 @@ class TenantMoves(RuleBasedStateMachine):
             patched = self.admit(0, parse_review(body), policy, mutating=True)
             request_body["object"] = _patched(request_body["object"], patched)
             text = _record(request_body["object"])
-            if text is not None and (key, text) not in self.minted:
-                self.minted.append((key, text))
+            if text is not None and all(text != t for _, _, t in self.minted):
+                self.minted.append((key, copy.deepcopy(spec), text))
         request = parse_review(body)
         self.before = self.recount()
         if calls[VALIDATING]:
@@ -242,9 +243,7 @@ class TenantMoves(RuleBasedStateMachine):
                     claims[unit] = max(claims.get(unit, Decimal(0)), size)
         return decision
 
-    def admit(
-        self, replica: int, request: Any, policy: Policy, *, mutating: bool
-    ) -> Decision:
+    def admit(self, replica: int, request: Any, policy: Policy, *, mutating: bool) -> Decision:
         """One replica decides through the server's own Admission (its key re-read included)."""
         self.state.keys = self.replica_keys[replica]
 
@@ -371,16 +370,20 @@ class TenantMoves(RuleBasedStateMachine):
     def factor_targets(self) -> list[Key]:
         return sorted(self.stored)
 
-    @rule(data=st.data(), value=FACTORS)
-    def platform_sets_a_factor(self, data: st.DataObject, value: str | None) -> None:
-        """An admin sets, steps or removes a factor on a Tenant or an application."""
+    @rule(data=st.data(), value=FACTORS, resize=st.booleans())
+    def platform_sets_a_factor(self, data: st.DataObject, value: str | None, resize: bool) -> None:
+        """An admin sets, steps or removes a factor on a Tenant or an application, by itself
+        (``kubectl annotate``) or together with a resize."""
         if not self.stored:
             return
         key = data.draw(st.sampled_from(self.factor_targets()))
         obj = self.stored[key]
         annotations = {OVERCOMMIT_ANNOTATION: value} if value is not None else {}
         stored_text = (obj["metadata"].get("annotations") or {}).get(OVERCOMMIT_ANNOTATION)
-        decision = self.write(*key, obj["spec"], annotations=annotations, who=ADMIN)
+        spec = obj["spec"]
+        if resize and key[0] != TENANT_KIND:
+            spec = data.draw(disks if key[0] == "Disk" else sizes)
+        decision = self.write(*key, spec, annotations=annotations, who=ADMIN)
         if decision.allowed and stored_text != value:  # sending it back unchanged sets nothing
             if value is None:
                 self.factors.pop(key, None)
@@ -456,20 +459,23 @@ class TenantMoves(RuleBasedStateMachine):
     def delete_a_disk(self, namespace: str, name: str) -> None:
         self.write("Disk", namespace, name, None)
 
-    @rule(data=st.data(), with_spec=st.booleans())
-    def replay_a_record_the_webhook_once_wrote(self, data: st.DataObject, with_spec: bool) -> None:
+    @rule(data=st.data(), values_first=st.booleans())
+    def replay_a_record_the_webhook_once_wrote(
+        self, data: st.DataObject, values_first: bool
+    ) -> None:
         """Any record ever minted (an earlier version's, a dry run's, a deleted object's of the
-        same name, another object's) put back by an annotation-only update, or with a resize."""
+        same name, another object's) put back by an annotation-only update; first, if asked,
+        an ordinary write brings the values back to the ones the record was minted for."""
         if not self.stored or not self.minted:
             return
         key = data.draw(st.sampled_from(self.factor_targets()))
-        same = [text for k, text in self.minted if k == key]  # this name's, deleted ones too
-        text = data.draw(st.sampled_from(same or [text for _, text in self.minted]))
+        same = [m for m in self.minted if m[0] == key]  # this name's, deleted ones' too
+        _, spec, text = data.draw(st.sampled_from(same or self.minted))
+        going_back = values_first and same and self.stored[key]["spec"] != spec
+        if going_back and not self.write(*key, spec).allowed:
+            return
         obj = self.stored[key]
-        spec = obj["spec"]
-        if with_spec and key[0] != TENANT_KIND:
-            spec = data.draw(disks if key[0] == "Disk" else sizes)
-        self.write(*key, spec, annotations=self.notes(key, {CHARGE_ANNOTATION: text}))
+        self.write(*key, obj["spec"], annotations=self.notes(key, {CHARGE_ANNOTATION: text}))
 
     @rule(data=st.data(), value=FACTORS)
     def plant_a_factor_then_an_admin_resizes_carrying_it(
@@ -653,7 +659,7 @@ def _patched(obj: dict[str, Any], decision: Decision) -> dict[str, Any]:
 
 
 TenantMoves.TestCase.settings = settings(
-    max_examples=int(os.environ.get("BUDGET_EXAMPLES", "150")),
+    max_examples=150,
     stateful_step_count=40,  # 150 x 40: 6,000 operations per run
     derandomize=True,
     database=None,
