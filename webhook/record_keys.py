@@ -275,6 +275,7 @@ class RecordKeySecret:
             retired = sorted(k for k in data if str(k).startswith(RETIRED_PREFIX))
             for name in retired[: max(len(retired) - MAX_RETIRED, 0)]:
                 del data[name]
+        data[PREVIOUS] = data[CURRENT]
         data[PREVIOUS_UNTIL] = _b64(until.strftime("%Y-%m-%dT%H:%M:%SZ").encode())
         data[CURRENT] = data.pop(NEXT)
         await self.client.replace(SECRETS, {**secret, "data": data})
