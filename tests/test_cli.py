@@ -315,7 +315,7 @@ def test_evaluate_explains_a_volume_held_at_its_high_mark(
 
 # -- the attacks past the budget, through `webhook review` (the validating side alone) --------
 
-ADMIN_USER = {"user": "ops", "groups": ["cozystack-cluster-admin"]}
+ADMIN_USER: dict[str, Any] = {"user": "ops", "groups": ["cozystack-cluster-admin"]}
 OVERCOMMIT = "reservation.cozystack.io/overcommit"
 CHARGE = "reservation.cozystack.io/charge"
 
@@ -408,7 +408,7 @@ def test_review_refuses_a_replayed_record_that_carries_a_revoked_factor(
             scratch,
             Policy(),
         ).patch
-        if "charge" in op["path"]
+        if "charge" in str(op["path"])
     ]
     old_record = str(operation["value"])
     granted["request"]["object"]["metadata"]["annotations"][CHARGE] = old_record
