@@ -162,6 +162,10 @@ def decide(request: AdmissionRequest, state: ReservationState, policy: Policy) -
     mode = policy.mode_for(request.kind)
     if mode == "off":
         return skipped(f"reservation is off for {request.kind}", mode="off", kind=request.kind)
+    if _unchanged(request):
+        # The shipped matchConditions send a label-only update of a decided object here too;
+        # nothing the reservation reads changed, so it is not refused for a pool's sake.
+        return skipped("nothing the reservation reads changed", mode=mode, kind=request.kind)
     if not state.synced:
         return _apply_mode(
             mode,
@@ -188,6 +192,27 @@ def decide(request: AdmissionRequest, state: ReservationState, policy: Policy) -
         )
     decision = _decide_application(request, state, policy)
     return _apply_mode(mode, decision, request)
+
+
+def _unchanged(request: AdmissionRequest) -> bool:
+    """An UPDATE whose spec and ``reservation.cozystack.io/`` annotations are the stored ones."""
+    if request.operation != "UPDATE" or request.object is None or request.old_object is None:
+        return False
+    if request.object.get("spec") != request.old_object.get("spec"):
+        return False
+    return _reservation_annotations(request.object) == _reservation_annotations(
+        request.old_object
+    )
+
+
+def _reservation_annotations(obj: Mapping[str, object]) -> dict[str, object]:
+    metadata = obj.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    if not isinstance(annotations, Mapping):
+        return {}
+    return {
+        str(k): v for k, v in annotations.items() if str(k).startswith("reservation.cozystack.io/")
+    }
 
 
 def _namespace_problem(request: AdmissionRequest) -> str:
