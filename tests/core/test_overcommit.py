@@ -212,6 +212,23 @@ def test_an_admin_factor_out_of_bounds_is_denied_with_the_bound(text: str, bound
     assert bound in decision.message
 
 
+@pytest.mark.parametrize(("kind", "name"), [("Thing", "t"), ("Tenant", "fresh")])
+def test_creating_an_object_with_a_factor_inside_the_bounds_needs_no_steps(
+    kind: str, name: str
+) -> None:
+    """A new object has no old factor to step from: the bounds hold, the steps do not."""
+    current = acme()
+    created = decide(
+        factor_write(kind, name, {}, "memory=1.5", operation="CREATE", who=ADMIN), current, ENFORCE
+    )
+    assert created.allowed, created.message
+    above = decide(
+        factor_write(kind, name, {}, "memory=1.6", operation="CREATE", who=ADMIN), current, ENFORCE
+    )
+    assert not above.allowed
+    assert "above the maximum 1.5" in above.message
+
+
 def walk(current: ReservationState, kind: str, name: str, spec: Any, *values: str) -> Decision:
     """An admin walks a factor up step by step on one object; returns the last decision."""
     old: str | None = None
