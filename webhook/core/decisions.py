@@ -200,9 +200,7 @@ def _unchanged(request: AdmissionRequest) -> bool:
         return False
     if request.object.get("spec") != request.old_object.get("spec"):
         return False
-    return _reservation_annotations(request.object) == _reservation_annotations(
-        request.old_object
-    )
+    return _reservation_annotations(request.object) == _reservation_annotations(request.old_object)
 
 
 def _reservation_annotations(obj: Mapping[str, object]) -> dict[str, object]:
