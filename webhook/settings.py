@@ -63,6 +63,8 @@ class Settings:
     lease_name: str = "reservation-webhook"
     pending_grace_seconds: float = 0.0  # 0: twice the webhook timeout plus five seconds
     watch_read_timeout: float = 90.0
+    # The share of a pool's ledger (MAX_ENTRIES entries) one tenant's unsettled holds may take.
+    ledger_namespace_share: float = 0.1
 
     @property
     def grace_seconds(self) -> float:
@@ -117,6 +119,7 @@ _SPELLINGS: Final = {
     "lease_name": ("WEBHOOK_LEASE_NAME", "leaseName"),
     "pending_grace_seconds": ("WEBHOOK_PENDING_GRACE_SECONDS", "pendingGraceSeconds"),
     "watch_read_timeout": ("WEBHOOK_WATCH_READ_TIMEOUT", "watchReadTimeout"),
+    "ledger_namespace_share": ("WEBHOOK_LEDGER_NAMESPACE_SHARE", "ledgerNamespaceShare"),
 }
 
 
@@ -199,6 +202,11 @@ def _build(raw: Mapping[str, Any]) -> Settings:
             if number <= 0:
                 raise SettingsError(f"{name.replace('_', '-')}: must be positive")
             values[name] = number
+    if "ledger_namespace_share" in raw:
+        share = _number("ledger-namespace-share", raw["ledger_namespace_share"], integer=False)
+        if not 0 < share <= 1:
+            raise SettingsError("ledger-namespace-share: must be above 0 and at most 1")
+        values["ledger_namespace_share"] = share
     if "mode" in raw:
         values["mode"] = _mode("mode", raw["mode"])
     if "mode_for" in raw:
