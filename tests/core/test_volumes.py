@@ -193,3 +193,22 @@ def test_a_volume_charge_never_drops_below_what_the_cluster_may_still_hold(
         floor = sum(claims.values()) if volume == "kept" else biggest * count
         assert held.charge.resources.get("storage", 0) >= floor * GI
         assert len(marks) <= 16
+
+
+def test_piling_up_marks_cannot_push_the_record_past_what_is_believed() -> None:
+    """Hundreds of items, each scaled up and down, would make a record too big to be stored
+    or believed, and with it the marks would go: past 256 marks each item keeps one step and
+    the items that are gone fold into one figure per term (more, never less), and repeated
+    writes do not make the figure grow."""
+    marks: dict[str, Decimal] = {}
+    for size, replicas in (("4Gi", 1), ("1Gi", 3)):  # two steps per item: 600 marks
+        groups = {f"g{i}": {"replicas": replicas, "size": size} for i in range(300)}
+        marks = charge("kept", groups, marks).marks
+    assert len(marks) == 300
+    assert marks["disks:groups.g0#3"] == 4 * GI  # one step: 3 claims at 4Gi (real: 4+1+1)
+    half = {f"g{i}": {"replicas": 1, "size": "1Gi"} for i in range(150)}
+    first = charge("kept", half, marks)
+    again = charge("kept", half, first.marks)
+    assert again.charge.resources["storage"] == first.charge.resources["storage"]
+    # 150 items at 3 x 4Gi each, and 150 gone items whose claims (4Gi + 1Gi + 1Gi) stay.
+    assert first.charge.resources["storage"] >= 150 * 6 * GI + 150 * 6 * GI

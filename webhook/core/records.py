@@ -62,8 +62,9 @@ __all__ = [
 
 MIN_KEY_BYTES: Final = 32
 # Kubernetes caps all of an object's annotations at 256 KiB; a record is well under 1 KiB.
-# A record with many volume marks (one per forEach item) stays far below that.
-MAX_ANNOTATION_CHARS: Final = 65536
+# A record keeps about one volume mark per forEach item once it has many (webhook.core.volumes):
+# bounded by the values' bounds, and in any case by the 256 KiB all annotations may take.
+MAX_ANNOTATION_CHARS: Final = 262144
 MAC_PREFIX: Final = "hmac-sha256:"
 VERSION: Final = "v2"  # v1 records carried no key id, uid, volume marks or dry-run flag
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)

@@ -107,11 +107,40 @@ def hold(charge: Charge, previous: Mapping[str, Decimal], released: Iterable[str
         if total > 0:
             extra += total
             held[base] = (_ZERO, total)
+    if len(marks) > MAX_MARKS:
+        marks = _collapsed(marks, seen)
     if not extra:
         return Held(charge, marks, held)
     resources = dict(charge.resources)
     resources["storage"] = resources.get("storage", _ZERO) + extra
     return Held(replace(charge, resources=resources), marks, held)
+
+
+# The most marks a record keeps before it folds them. Past it (hundreds of forEach items, each
+# scaled up and down), each item's staircase becomes one step (its most units at its largest
+# size: more than its claims hold, never less), and the items that are gone fold into one
+# figure per term, their sum, held as such; the record stays small enough to be believed.
+MAX_MARKS: Final = 256
+
+
+def _collapsed(marks: Mapping[str, Decimal], present: set[str]) -> dict[str, Decimal]:
+    steps: dict[str, dict[int, Decimal]] = {}
+    kept: dict[str, Decimal] = {}
+    for key, value in marks.items():
+        base, sep, below = key.rpartition("#")
+        if sep and below.isdigit():
+            steps.setdefault(base, {})[int(below)] = value
+        else:
+            kept[key] = value  # a released term's unit size: one mark per item already
+    gone: dict[str, Decimal] = {}
+    for base, stair in steps.items():
+        if base in present:
+            kept[f"{base}#{max(stair)}"] = max(stair.values())
+        else:
+            term = base.partition(":")[0]
+            gone[term] = gone.get(term, _ZERO) + _total(stair)
+    kept.update({f"{term}:*#1": total for term, total in gone.items() if total > 0})
+    return kept
 
 
 # A staircase this long covers any history of scalings an application sees in practice; past
