@@ -284,7 +284,15 @@ def _decide_application(
         return errored(403, "Forbidden", "forged-charge", forged)
     old = _old_charge(request, state, app) if request.operation == "UPDATE" else {}
     delta = {k: v for k, v in rl.subtract(priced.reserved, old).items() if v != 0}
-    admitted = Application(app.kind, app.namespace, app.name, app.spec, recorded, app.overcommit)
+    admitted = Application(
+        app.kind,
+        app.namespace,
+        app.name,
+        app.spec,
+        recorded,
+        app.overcommit,
+        uid=_stored_uid(request) or app.uid,
+    )
     facts = _Facts(
         kind=request.kind,
         charge=priced.reserved,
