@@ -118,6 +118,26 @@ def signed(
     return record_annotation(record)
 
 
+def signed_marks(
+    kind: str,
+    namespace: str,
+    name: str,
+    spec: Any,
+    charge: Mapping[str, str],
+    marks: Mapping[str, str],
+    *,
+    keys: RecordKeys = KEYS,
+) -> str:
+    """A record carrying volume high marks, as the webhook writes one after a shrink."""
+    from webhook.core.quantities import parse_quantity
+
+    values = ReservationState(platform(), keys=keys).values_digest(kind, spec)
+    resources = {k: parse_quantity(v) for k, v in charge.items()}
+    held = {k: parse_quantity(v) for k, v in marks.items()}
+    record = sign(keys, (kind, namespace, name), values, resources, "sha256:x", marks=held)
+    return record_annotation(record)
+
+
 def signed_record(
     kind: str, namespace: str, name: str, spec: Any, charge: Mapping[str, Any], digest: str
 ) -> RecordedCharge:

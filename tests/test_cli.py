@@ -282,3 +282,160 @@ def test_review_of_100k_level_nested_json_is_a_clean_error(
     assert out == ""
     assert "nested too deeply" in err
     assert "Traceback" not in err
+
+
+def test_evaluate_explains_a_volume_held_at_its_high_mark(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from tests.builders import signed_marks
+
+    spec = {"storage": "1Gi"}
+    record = signed_marks(
+        "VMDisk", "tenant-acme", "d", spec, {"storage": "100Gi"}, {"disk#1": "100Gi"}
+    )
+    disk = {
+        "apiVersion": "apps.cozystack.io/v1alpha1",
+        "kind": "VMDisk",
+        "metadata": {
+            "name": "d",
+            "namespace": "tenant-acme",
+            "annotations": {"reservation.cozystack.io/charge": record},
+        },
+        "spec": spec,
+    }
+    path = write(tmp_path, "disk.json", disk)
+    state = ["--state", str(FIXTURES / "cozystack")]
+    status, out, _ = run(capsys, "evaluate", *state, "--object", path, "--explain", "-o", "json")
+    assert status == 0
+    explained = json.loads(out)
+    assert explained["charge"] == {"storage": "100Gi"}
+    assert explained["evaluated"] == {"storage": "1Gi"}
+    assert explained["terms"][0]["heldAt"] == "100Gi"
+
+
+# -- the attacks past the budget, through `webhook review` (the validating side alone) --------
+
+ADMIN_USER: dict[str, Any] = {"user": "ops", "groups": ["cozystack-cluster-admin"]}
+OVERCOMMIT = "reservation.cozystack.io/overcommit"
+CHARGE = "reservation.cozystack.io/charge"
+
+
+def test_review_prices_a_shrunk_vm_disk_at_its_high_mark_and_denies_the_refill(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """tenant-acme: storage 500Gi. A 500Gi VMDisk lowered to 1Gi keeps its PVC at 500Gi."""
+    big, small = {"storage": "500Gi"}, {"storage": "1Gi"}
+    files = [
+        write(tmp_path, "a.json", review("VMDisk", "tenant-acme", "d1", big)),
+        write(
+            tmp_path,
+            "b.json",
+            review("VMDisk", "tenant-acme", "d1", small, operation="UPDATE", old_spec=big),
+        ),
+        write(tmp_path, "c.json", review("VMDisk", "tenant-acme", "d2", {"storage": "499Gi"})),
+    ]
+    _, out, _ = run(capsys, "review", *STATE, *files)
+    created, shrunk, refill = responses(out)
+    assert created["allowed"]
+    assert shrunk["allowed"]
+    assert json.loads(shrunk["auditAnnotations"]["charge"]) == {"storage": "500Gi"}
+    assert not refill["allowed"]
+
+
+def test_review_never_makes_a_planted_factor_real_when_an_admin_resize_carries_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    micro, large = {"instanceType": "u1.micro"}, {"instanceType": "u1.large"}
+    planted = {OVERCOMMIT: "memory=1.1"}
+    files = [
+        write(tmp_path, "a.json", review("VMInstance", "tenant-acme", "vm", micro)),
+        write(
+            tmp_path,
+            "b.json",
+            review(
+                "VMInstance",
+                "tenant-acme",
+                "vm",
+                large,
+                operation="UPDATE",
+                old_spec=micro,
+                annotations=planted,
+                old_annotations=planted,
+                **ADMIN_USER,
+            ),
+        ),
+    ]
+    _, out, _ = run(capsys, "review", *STATE, *files)
+    _, resized = responses(out)
+    assert resized["allowed"]
+    assert json.loads(resized["auditAnnotations"]["charge"]) == {"cpu": "2", "memory": "8Gi"}
+    assert "overcommit" not in resized["auditAnnotations"]
+
+
+def test_review_refuses_a_replayed_record_that_carries_a_revoked_factor(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The record an admin's factor was signed into, put back after the factor was removed."""
+    from tests.builders import request as build
+    from webhook.core.decisions import Policy, mutate
+    from webhook.core.records import RecordKeys
+    from webhook.state.manifests import load_state
+
+    key = tmp_path / "record.key"
+    key.write_text("r" * 40 + "\n")
+    large = {"instanceType": "u1.large"}
+    granted = review(
+        "VMInstance",
+        "tenant-acme",
+        "vm",
+        large,
+        annotations={OVERCOMMIT: "memory=1.1"},
+        **ADMIN_USER,
+    )
+    # What the mutating webhook signed for that write (it holds the same key).
+    scratch = load_state(STATE[1::2], keys=RecordKeys(b"r" * 40))
+    (operation,) = [
+        op
+        for op in mutate(
+            build(
+                "VMInstance",
+                "tenant-acme",
+                "vm",
+                large,
+                annotations={OVERCOMMIT: "memory=1.1"},
+                **ADMIN_USER,
+            ),
+            scratch,
+            Policy(),
+        ).patch
+        if "charge" in str(op["path"])
+    ]
+    old_record = str(operation["value"])
+    granted["request"]["object"]["metadata"]["annotations"][CHARGE] = old_record
+    revoked = review(
+        "VMInstance",
+        "tenant-acme",
+        "vm",
+        large,
+        operation="UPDATE",
+        old_spec=large,
+        old_annotations={OVERCOMMIT: "memory=1.1", CHARGE: old_record},
+        **ADMIN_USER,
+    )
+    replayed = review(
+        "VMInstance",
+        "tenant-acme",
+        "vm",
+        large,
+        operation="UPDATE",
+        old_spec=large,
+        annotations={CHARGE: old_record},
+    )
+    files = [write(tmp_path, f"{i}.json", b) for i, b in enumerate([granted, revoked, replayed])]
+    _, out, _ = run(capsys, "review", *STATE, "--record-key-file", str(key), *files)
+    first, second, replay = responses(out)
+    assert first["allowed"], first
+    assert second["allowed"], second
+    assert not replay["allowed"]
+    assert replay["status"]["code"] == 403
+    assert "only the record of this very write" in replay["status"]["message"]

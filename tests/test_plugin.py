@@ -266,3 +266,39 @@ async def test_guard_against_a_cluster_reads_the_namespaces_quotas_and_fails_on_
     assert row["short"] == {"requests.memory": "438Mi"}
     assert row["smallestFactor"] == "1.03"
     assert not [r for r in server.requests if "tenant-other" in r.path]
+
+
+def test_explain_shows_a_volume_held_at_its_high_mark(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A VMDisk lowered from 100Gi to 1Gi: its record keeps the 100Gi mark, and explain says
+    the storage is held there, and why."""
+    from tests.builders import signed_marks
+
+    spec = {"storage": "1Gi"}
+    disk = {
+        "apiVersion": "apps.cozystack.io/v1alpha1",
+        "kind": "VMDisk",
+        "metadata": {
+            "name": "data",
+            "namespace": "tenant-acme",
+            "annotations": {
+                "reservation.cozystack.io/charge": signed_marks(
+                    "VMDisk", "tenant-acme", "data", spec, {"storage": "100Gi"}, {"disk#1": "100Gi"}
+                )
+            },
+        },
+        "spec": spec,
+    }
+    (tmp_path / "disk.yaml").write_text(yaml.safe_dump(disk))
+    state = ["--state", str(FIXTURES / "cozystack"), "--state", str(tmp_path)]
+    status, out, _ = run(capsys, "explain", "vmdisk/data", "-n", "tenant-acme", *state)
+    assert status == 0
+    assert "VMDisk reserves storage=100Gi" in out
+    assert "storage held at its high mark 100Gi" in out
+    assert "its values alone say storage=1Gi" in out
+    status, out, _ = run(
+        capsys, "explain", "vmdisk/data", "-n", "tenant-acme", "-o", "json", *state
+    )
+    term = json.loads(out)["terms"][0]
+    assert (term["volume"], term["heldAt"]) == ("kept", "100Gi")

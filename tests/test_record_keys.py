@@ -83,3 +83,90 @@ async def test_an_unusable_secret_is_logged_and_not_used(tmp_path: Path) -> None
             stop = asyncio.Event()
             stop.set()
             assert await RecordKeySecret(client, namespace=NAMESPACE).bootstrap(stop) is None
+
+
+def _secret(**data: bytes) -> dict[str, object]:
+    return {"data": {k.replace("_", "-"): base64.b64encode(v).decode() for k, v in data.items()}}
+
+
+def test_a_previous_key_is_accepted_until_its_window_ends_then_counts_for_marks_only() -> None:
+    from webhook.record_keys import keys_from_secret
+
+    secret = _secret(current=b"c" * 32, previous=b"p" * 32, previous_until=b"2026-12-01T10:00:00Z")
+    during = keys_from_secret(secret, "s", now=1_764_579_600.0)  # 2025: long before
+    assert during.previous == (b"p" * 32,)
+    after = keys_from_secret(secret, "s", now=1_900_000_000.0)
+    assert after.previous == ()
+    assert after.retired == (b"p" * 32,)
+
+
+def test_a_previous_key_without_a_window_gets_the_default_one_from_first_sight() -> None:
+    from webhook.record_keys import DEFAULT_WINDOW_SECONDS, keys_from_secret
+
+    seen: dict[bytes, float] = {}
+    secret = _secret(current=b"c" * 32, previous=b"p" * 32)
+    assert keys_from_secret(secret, "s", now=1000.0, first_seen=seen).previous == (b"p" * 32,)
+    later = 1000.0 + DEFAULT_WINDOW_SECONDS + 1
+    assert keys_from_secret(secret, "s", now=later, first_seen=seen).previous == ()
+
+
+def test_a_published_key_verifies_and_never_signs() -> None:
+    from webhook.core.records import sign
+    from webhook.record_keys import keys_from_secret
+
+    keys = keys_from_secret(_secret(current=b"c" * 32, next=b"n" * 32), "s")
+    assert keys.published == (b"n" * 32,)
+    record = sign(keys, ("Thing", "ns", "t"), "sha256:v", {}, "sha256:d")
+    assert record.kid == keys.current_id
+    assert keys.knows(RecordKeys(b"n" * 32).current_id)
+
+
+def test_a_window_that_is_not_a_time_is_refused_naming_the_field() -> None:
+    from webhook.record_keys import keys_from_secret
+
+    secret = _secret(current=b"c" * 32, previous=b"p" * 32, previous_until=b"soon")
+    with pytest.raises(RecordKeyError, match="previous-until is not an RFC 3339 time"):
+        keys_from_secret(secret, "s")
+
+
+async def test_publish_then_promote_rotates_and_retires_the_key_before(tmp_path: Path) -> None:
+    async with cluster(tmp_path, load=False) as (server, kubeconfig), kube_client(kubeconfig) as c:
+        secret = RecordKeySecret(c, namespace=NAMESPACE)
+        first = await secret.bootstrap(asyncio.Event())
+        assert first is not None
+        published = await secret.publish()
+        assert await secret.publish() == published  # publishing twice keeps the one published
+        keys = await secret.read()
+        assert keys is not None
+        assert keys.current == first.current
+        assert keys.knows(published)
+        assert await secret.promote() == published
+        keys = await secret.read()
+        assert keys is not None
+        assert keys.current_id == published
+        assert keys.previous == (first.current,)
+        await secret.publish()
+        await secret.promote(window_seconds=-1)  # the window is over at once
+        keys = await secret.read()
+        assert keys is not None
+        assert keys.previous == ()
+        # Both keys before it now count for the volume marks they signed, and nothing else.
+        assert first.current in keys.retired
+        assert len(keys.retired) == 2
+        with pytest.raises(RecordKeyError, match="no published key"):
+            await secret.promote()
+        del server
+
+
+async def test_an_unknown_key_id_is_reread_at_most_once_a_second(tmp_path: Path) -> None:
+    async with cluster(tmp_path, load=False) as (server, kubeconfig), kube_client(kubeconfig) as c:
+        secret = RecordKeySecret(c, namespace=NAMESPACE)
+        keys = await secret.bootstrap(asyncio.Event())
+        assert keys is not None
+        before = len(server.requests)
+        results = await asyncio.gather(*(secret.reread_for("f" * 16, keys) for _ in range(20)))
+        reads = [r for r in server.requests[before:] if r[0] == "GET"]
+        assert len(reads) == 1  # twenty requests meeting one unknown id: one read
+        assert results == [None] * 20  # nothing new in the Secret
+        assert await secret.reread_for(keys.current_id, keys) is None  # known: no read
+        assert len([r for r in server.requests[before:] if r[0] == "GET"]) == 1

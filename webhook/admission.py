@@ -9,14 +9,17 @@ the API server would have stored, so a sequence of requests accumulates.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
+from webhook.core.applications import CHARGE_ANNOTATION
 from webhook.core.decisions import WARNING_LIMIT, Decision, Policy, decide, errored, mutate
 from webhook.core.guard import QuotaBook, guard_warning
+from webhook.core.records import parse_recorded_charge
 from webhook.core.reviews import AdmissionRequest, parse_review, review_response
 from webhook.core.room import RoomBook, room_warning
 from webhook.core.state import ReservationState
@@ -34,6 +37,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+# How long a request waits for the record keys to be re-read when it carries a record signed
+# with a key this replica does not know (a rotation another replica has already seen).
+KEY_REREAD_SECONDS: Final = 2.0
 
 
 @dataclass(frozen=True)
@@ -69,18 +76,21 @@ class Admission:
         reserver: Reserver | None = None,
         quotas: QuotaBook | None = None,
         room: RoomBook | None = None,
+        refresh_keys: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self._state = state if callable(state) else (lambda: state)
         self.policy = policy
         self.reserver = reserver
         self.quotas = quotas
         self.room = room
+        self.refresh_keys = refresh_keys
 
     @property
     def state(self) -> ReservationState:
         return self._state()
 
     async def validate(self, request: AdmissionRequest) -> Decision:
+        await self.know_keys(request)
         if self.reserver is not None:
             decision = existing(request, self.state, self.policy) or await self.reserver.admit(
                 request, self.policy
@@ -94,7 +104,30 @@ class Admission:
         return decision
 
     async def mutate(self, request: AdmissionRequest) -> Decision:
+        await self.know_keys(request)
         return mutate(request, self.state, self.policy)
+
+    async def know_keys(self, request: AdmissionRequest) -> None:
+        """Before deciding: if a record on the request names a key this replica does not know,
+        re-read the keys (bounded), so a rotation another replica saw first refuses nothing."""
+        if self.refresh_keys is None:
+            return
+        keys = self.state.keys
+        for obj in (request.object, request.old_object):
+            record = parse_recorded_charge(_charge_annotation(obj))
+            if record is not None and record.kid and not keys.knows(record.kid):
+                try:
+                    async with asyncio.timeout(KEY_REREAD_SECONDS):
+                        await self.refresh_keys(record.kid)
+                except TimeoutError:
+                    log.warning("record keys not re-read in time", extra={"uid": request.uid})
+                return
+
+
+def _charge_annotation(obj: Mapping[str, Any] | None) -> object:
+    metadata = obj.get("metadata") if obj is not None else None
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    return annotations.get(CHARGE_ANNOTATION) if isinstance(annotations, Mapping) else None
 
 
 def admit(

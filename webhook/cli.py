@@ -552,6 +552,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
         platform = load_platform([platform_dir()])
     namespace = args.namespace
+    marks = None
     if args.object:
         document = _read_document(args.object)
         written = document.get("kind")
@@ -567,6 +568,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         metadata = document.get("metadata")
         if not namespace and isinstance(metadata, Mapping):
             namespace = str(metadata.get("namespace") or "")
+        marks = _record_marks(metadata)
     else:
         if not args.kind:
             raise CommandError("--values needs --kind KIND, e.g. --kind VMInstance")
@@ -591,7 +593,11 @@ def _evaluate(args: argparse.Namespace) -> int:
         else:
             print("\n".join(f"{k}: {v}" for k, v in sorted(charge.as_strings().items())))
         return 0
-    explained = explain_charge(charge, written=spec, defaulted=found.defaulted(spec))
+    contract = found.contract
+    released = [t.name for t in contract.terms if t.volume == "released"] if contract else []
+    explained = explain_charge(
+        charge, written=spec, defaulted=found.defaulted(spec), marks=marks, released=released
+    )
     output = args.output or ("table" if sys.stdout.isatty() else "json")
     if output == "table":
         print(render_explanation(explained))
@@ -600,6 +606,17 @@ def _evaluate(args: argparse.Namespace) -> int:
     else:
         print(json.dumps(explained))
     return 0
+
+
+def _record_marks(metadata: object) -> Any:
+    """The volume high marks the object's charge record carries (read, not verified: evaluate
+    shows what they hold; admission believes only marks the webhook signed)."""
+    from webhook.core.applications import CHARGE_ANNOTATION, parse_recorded_charge
+
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    text = annotations.get(CHARGE_ANNOTATION) if isinstance(annotations, Mapping) else None
+    record = parse_recorded_charge(text)
+    return record.marks if record is not None else None
 
 
 def _contract_schema(args: argparse.Namespace) -> int:

@@ -254,11 +254,18 @@ def _explain(args: argparse.Namespace) -> int:
         # Without the tenants above, the factor is the one recorded on the object, if any.
         state = ReservationState(platform)
     charge = kind.charge(app.spec, platform.catalog, namespace=args.namespace)
+    released = (
+        [t.name for t in kind.contract.terms if t.volume == "released"] if kind.contract else []
+    )
     explained = explain_charge(
         charge,
         written=app.spec,
         defaulted=kind.defaulted(app.spec),
         overcommit=explain_factor(state, app, charge),
+        # The volume marks the object's record carries (read, not verified: explain shows;
+        # admission decides with verified marks only).
+        marks=app.recorded.marks if app.recorded is not None else None,
+        released=released,
     )
     recorded = (
         {

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any, Final
 
@@ -26,6 +26,7 @@ from webhook.core.overcommit import apply_factors, format_factors
 from webhook.core.quantities import format_quantity, parse_quantity
 from webhook.core.state import ReservationState
 from webhook.core.tenants import TENANT_KIND, ancestors
+from webhook.core.volumes import hold, mark_key
 
 __all__ = [
     "FAIL_ON",
@@ -326,14 +327,19 @@ def explain_charge(
     written: object = None,
     defaulted: object = None,
     overcommit: dict[str, Any] | None = None,
+    marks: Mapping[str, Decimal] | None = None,
+    released: Iterable[str] = (),
 ) -> dict[str, Any]:
     """A charge term by term: which path, which instance type or preset, which count.
 
     Given the values as ``written`` and as ``defaulted`` by the schema, it also lists the
-    defaults the tenant did not write, and marks a term whose source is one of them.
+    defaults the tenant did not write, and marks a term whose source is one of them. Given the
+    volume ``marks`` of the object's record, a volume term the marks hold above what its values
+    say shows ``heldAt`` (a persistent volume never shrinks), and the charge is the held one.
     """
     defaults = schema_defaults(written, defaulted) if defaulted is not None else {}
     default_names = {v for v in defaults.values() if isinstance(v, str)}
+    held = hold(charge, marks or {}, released)
     terms = []
     for term in charge.terms:
         entry: dict[str, Any] = {"term": term.term}
@@ -346,11 +352,23 @@ def explain_charge(
             if used:
                 entry["schemaDefaults"] = used
         entry["resources"] = rl.to_strings(term.resources)
+        if term.volume:
+            entry["volume"] = term.volume
+            kept = held.held.get(mark_key(term))
+            if kept is not None:
+                entry["heldAt"] = format_quantity(kept[1])
         terms.append(entry)
+    gone = {k: v for k, v in held.held.items() if k not in {mark_key(t) for t in charge.terms}}
     return {
         **({"overcommit": overcommit} if overcommit else {}),
         "kind": charge.kind,
-        "charge": charge.as_strings(),
+        "charge": rl.to_strings(held.charge.resources),
+        **({"evaluated": charge.as_strings()} if held.held else {}),
+        **(
+            {"heldVolumes": {k: format_quantity(v[1]) for k, v in sorted(gone.items())}}
+            if gone
+            else {}
+        ),
         "digest": charge.digest,
         "contractDigest": charge.contract_digest,
         **({"exempt": charge.exempt_reason} if charge.exempt_reason else {}),
@@ -399,21 +417,25 @@ def render_explanation(
         source = term.get("source", "-")
         if term.get("schemaDefaults"):
             source += f" ({', '.join(term['schemaDefaults'])}: schema default, not written)"
-        rows.append(
-            (
-                term["term"],
-                term.get("path", "-"),
-                term["count"],
-                source,
-                _pairs(term["resources"], human=human) or "-",
-            )
-        )
+        reserves = _pairs(term["resources"], human=human) or "-"
+        if term.get("heldAt"):
+            reserves += f"; storage held at its high mark {term['heldAt']}"
+        rows.append((term["term"], term.get("path", "-"), term["count"], source, reserves))
     charge = _pairs(explained["charge"], human=human) or "nothing"
     lines = [f"{explained['kind']} reserves {charge}"]
     if explained.get("exempt"):
         lines.append(f"exempt: {explained['exempt']}")
     else:
         lines += ["", *_table(rows)]
+    if explained.get("evaluated"):
+        lines += [
+            "",
+            f"its values alone say {_pairs(explained['evaluated'], human=human) or 'nothing'}: "
+            "a persistent volume never shrinks and removed replicas keep theirs, so volumes are "
+            "held at their high mark until the application is deleted",
+        ]
+        for where, size in (explained.get("heldVolumes") or {}).items():
+            lines.append(f"  {where}: {size} (its replicas or item are gone, its volumes are not)")
     if explained.get("defaults"):
         lines += ["", "Not written, so the schema's defaults were used:"]
         lines += [f"  {k}: {json.dumps(v)}" for k, v in explained["defaults"].items()]

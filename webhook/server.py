@@ -182,7 +182,26 @@ class LiveServices:
             self.record_keys_read = time.time()
         if keys is not None and keys != self.live.keys:
             self.live.use_keys(keys)
-            log.info("record keys reloaded", extra={"fields": {"previous": len(keys.previous)}})
+            log.info(
+                "record keys reloaded",
+                extra={
+                    "fields": {
+                        "current": keys.current_id,
+                        "published": len(keys.published),
+                        "previous": len(keys.previous),
+                    }
+                },
+            )
+
+    async def refresh_record_keys(self, kid: str) -> None:
+        """A request carries a record signed with key ``kid``, unknown here: re-read at once."""
+        keys = await self.record_keys.reread_for(kid, self.live.keys)
+        if keys is not None:
+            self.live.use_keys(keys)
+
+    async def reload_record_keys(self) -> None:
+        """Re-read the record keys now (what each round of duties does)."""
+        await self._record_keys()
 
     async def _reports(self, stop: asyncio.Event) -> None:
         """The leader's policy reports, in a loop of their own: however many reports a round
@@ -276,6 +295,7 @@ class WebhookServer:
                 reserver=services.ledger,
                 quotas=services.quotas.book,
                 room=services.room.book if services.room is not None else None,
+                refresh_keys=services.refresh_record_keys,
             )
         elif state is not None:
             self.admission = Admission(state, settings.policy, quotas=quotas)

@@ -29,6 +29,21 @@ the factor the platform set (its own, else its nearest tenant's), and the state'
 be exactly the platform's: nothing a tenant does changes a factor. A platform factor change may
 leave a pool over budget (allowed, reported), so its growth is not the tenant's doing either.
 
+The API server is modelled as it calls the webhooks: each webhook is offered a write only when
+the shipped ``matchConditions`` of ``deploy/base/webhooks.yaml`` say so (evaluated with a CEL
+library), so a write they skip is stored undecided. Two replicas decide: the mutating side on
+one, the validating side on the other, each with the record keys it last read; a key rotation
+publishes a new key to the Secret and only the mutating replica re-reads at once (the other
+re-reads when it meets a record signed with a key it does not know, through the same
+:class:`webhook.admission.Admission` the server runs). More attacks: annotation-only updates
+that set, change or remove a factor or a record; the replay of any record the webhook ever
+minted (earlier versions, dry runs, deleted objects of the same name) onto any object; a factor
+planted with no webhook in the way and later sent back unchanged by an admin's resize; volume
+shrinks and scale-downs of ``Disk`` applications (``replicas`` x ``size``, persistent volumes a
+StatefulSet keeps). The recount charges each ``Disk`` what the cluster holds: every claim any
+replica ever had, at the largest size it had. And an ordinary write (no annotation touched) is
+never refused as a forged record.
+
 Counts are keys: every stored application charges 1 of its kind's
 ``count/<plural>.apps.cozystack.io`` (a Tenant in its parent's namespace), budgets may limit
 ``count/things.apps.cozystack.io`` and ``count/tenants.apps.cozystack.io``, and a sub-tenant is
@@ -36,29 +51,35 @@ created and removed as the sequence goes: the recount counts every stored object
 holds more applications or sub-tenants than its count budget allows.
 
 Extending it: an operation is a ``@rule`` that builds a request with :meth:`TenantMoves.write`
-(which takes ``annotations`` for the new object and ``old_annotations`` for the stored one),
-so an attack on the charge annotation (forge, copy, strip) is a rule that passes different
+(which takes ``annotations`` for the new object; the stored one's are the old object's), so an
+attack on the charge annotation (forge, copy, strip) is a rule that passes different
 annotations; the invariants run after every rule unchanged. Seeds are derandomized, so a CI
 failure reproduces locally; hypothesis prints the failing sequence of operations.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import copy
 import json
 from collections.abc import Mapping
 from decimal import Decimal
+from functools import cache
 from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from tests.builders import ADMIN, platform, review
-from webhook.admission import apply_admitted
+from tests.attacks import offered
+from tests.builders import ADMIN, FIXTURES, THING_DEFINITION, review
+from webhook.admission import Admission
 from webhook.core.applications import CHARGE_ANNOTATION, application_from_object
-from webhook.core.decisions import Decision, Policy, decide, mutate
+from webhook.core.decisions import Decision, Policy
 from webhook.core.overcommit import OVERCOMMIT_ANNOTATION, apply_factors, parse_factors
+from webhook.core.platform import Platform, PlatformBuilder
+from webhook.core.records import MIN_KEY_BYTES, RecordKeys, parse_recorded_charge
 from webhook.core.reviews import parse_review
 from webhook.core.state import ReservationState
 from webhook.core.tenants import (
@@ -68,6 +89,39 @@ from webhook.core.tenants import (
     parent_namespace,
     parse_budget,
 )
+from webhook.defaults import default_contracts, default_presets
+from webhook.state.manifests import read_manifests
+
+# A test kind whose storage is persistent volumes a StatefulSet keeps: replicas x size.
+DISK_DEFINITION: dict[str, Any] = {
+    "apiVersion": "cozystack.io/v1alpha1",
+    "kind": "ApplicationDefinition",
+    "metadata": {"name": "disk"},
+    "spec": {
+        "application": {"kind": "Disk", "plural": "disks", "openAPISchema": "{}"},
+        "reservation": {
+            "terms": [
+                {
+                    "name": "claims",
+                    "count": {"path": "$.replicas", "default": 1},
+                    "storage": {"path": "$.size", "default": 0},
+                    "volume": "kept",
+                }
+            ]
+        },
+    },
+}
+
+
+@cache
+def platform() -> Platform:
+    builder = PlatformBuilder(default_contracts(), default_presets())
+    for manifest in read_manifests([FIXTURES / "cozystack"]):
+        builder.add(manifest.body, source=manifest.source)
+    builder.add(THING_DEFINITION, source="tests/builders.py")
+    builder.add(DISK_DEFINITION, source=__file__)
+    return builder.build()
+
 
 # tenant-root holds tenant a; a holds b and d; b holds c. Applications may live in any of them.
 # Tenant e (in tenant-a-d) comes and goes.
@@ -77,7 +131,8 @@ NAMESPACES = ["tenant-root", "tenant-a", "tenant-a-b", "tenant-a-b-c", "tenant-a
 NAMES = ["x", "y", "z"]
 THINGS = "count/things.apps.cozystack.io"
 SUBTENANTS = "count/tenants.apps.cozystack.io"
-KEYS = ("cpu", "memory", THINGS, SUBTENANTS)
+DISKS = "count/disks.apps.cozystack.io"
+KEYS = ("cpu", "memory", "storage", THINGS, SUBTENANTS, DISKS)
 
 # Few, colliding sizes: budgets are filled, lowered and refilled within a few steps.
 cpu = st.sampled_from(["0", "1", "2", "4"])
@@ -95,10 +150,16 @@ forgeries = st.builds(
     sizes,
     st.sampled_from(["", "hmac-sha256:00", "x"]),
 )
+storage = st.sampled_from(["0", "1Gi", "4Gi", "8Gi"])
+disks = st.fixed_dictionaries(
+    {"replicas": st.sampled_from([0, 1, 2, 3]), "size": st.sampled_from(["0", "1Gi", "2Gi", "4Gi"])}
+)
 counts = st.sampled_from(["0", "1", "2", "3"])
 budgets = st.fixed_dictionaries(
-    {}, optional={"cpu": cpu, "memory": memory, THINGS: counts, SUBTENANTS: counts}
+    {},
+    optional={"cpu": cpu, "memory": memory, "storage": storage, THINGS: counts, SUBTENANTS: counts},
 )
+MUTATING, VALIDATING = "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"
 
 Key = tuple[str, str, str]  # kind, namespace, name
 
@@ -106,10 +167,20 @@ Key = tuple[str, str, str]  # kind, namespace, name
 class TenantMoves(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.state = ReservationState(platform())
+        self.secret = RecordKeys(b"k" * MIN_KEY_BYTES)  # what the key Secret holds
+        self.state = ReservationState(platform(), keys=self.secret)
+        # Two replicas on one state: /mutate on the first, /validate on the second, each with
+        # the keys it last read (the second re-reads on meeting an unknown key id).
+        self.replica_keys = [self.secret, self.secret]
         self.policy = Policy()
         self.stored: dict[Key, dict[str, Any]] = {}  # what the API server holds, by key
         self.factors: dict[Key, dict[str, Decimal]] = {}  # the factors the platform set
+        self.claims: dict[Key, dict[int, Decimal]] = {}  # a Disk's claims: unit -> largest size
+        # Every record the webhook ever wrote, dry runs included, with the object and the
+        # values it was for.
+        self.minted: list[tuple[Key, Any, str]] = []
+        self.rotations = 0
+        self.uids = 0
         self.before = self.recount()
 
     # -- the API server ----------------------------------------------------------------------
@@ -123,22 +194,21 @@ class TenantMoves(RuleBasedStateMachine):
         *,
         dry_run: bool = False,
         annotations: Mapping[str, str] | None = None,
-        old_annotations: Mapping[str, str] | None = None,
         policy: Policy | None = None,
         who: Mapping[str, Any] | None = None,
     ) -> Decision:
-        """CREATE, UPDATE (when stored) or DELETE (``spec is None``), mutated then validated."""
+        """CREATE, UPDATE (when stored) or DELETE (``spec is None``) as the API server sends
+        it: offered to each webhook as the shipped matchConditions say, mutated, validated,
+        stored. ``annotations`` replaces the stored object's (default: they are carried)."""
         policy = policy or self.policy
         key = (kind, namespace, name)
         old = self.stored.get(key)
         if spec is None and old is None:
             return Decision(allowed=False, outcome="skipped")
         operation = "DELETE" if spec is None else "UPDATE" if old is not None else "CREATE"
-        if old_annotations is None and old is not None:
-            old_annotations = old["metadata"].get("annotations")
-        kept = (old_annotations or {}).get(OVERCOMMIT_ANNOTATION)
-        if annotations is None and kept is not None:
-            annotations = {OVERCOMMIT_ANNOTATION: kept}  # a patch keeps the platform's factor
+        old_annotations = old["metadata"].get("annotations") if old is not None else None
+        if annotations is None:
+            annotations = old_annotations  # an edit of the stored object carries them
         body = review(
             kind,
             namespace,
@@ -148,25 +218,70 @@ class TenantMoves(RuleBasedStateMachine):
             old_spec=old["spec"] if old is not None else None,
             dry_run=dry_run,
             annotations=annotations,
-            old_annotations=old_annotations,
             **(who or {}),
         )
-        if body["request"]["object"] is not None:
-            patched = mutate(parse_review(body), self.state, policy)
-            body["request"]["object"] = _patched(body["request"]["object"], patched)
+        request_body = body["request"]
+        if old is not None:  # the stored object, as the API server read it
+            request_body["oldObject"] = copy.deepcopy(old)
+            if request_body["object"] is not None:
+                request_body["object"]["metadata"]["uid"] = old["metadata"]["uid"]
+        if spec is None:
+            decision = self.validate(parse_review(body), policy)
+            self.before = self.recount()
+            if decision.allowed:
+                self.forget(key)
+            return decision
+        calls = offered(request_body)
+        if calls[MUTATING]:
+            patched = self.admit(0, parse_review(body), policy, mutating=True)
+            request_body["object"] = _patched(request_body["object"], patched)
+            text = _record(request_body["object"])
+            if text is not None and all(text != t for _, _, t in self.minted):
+                self.minted.append((key, copy.deepcopy(spec), text))
         request = parse_review(body)
         self.before = self.recount()
-        decision = decide(request, self.state, policy)
-        apply_admitted(self.state, request, decision)
+        if calls[VALIDATING]:
+            decision = self.admit(1, request, policy, mutating=False)
+        else:  # skipped by the matchConditions: stored undecided
+            decision = Decision(allowed=True, outcome="skipped")
         if decision.allowed and not dry_run:
-            if spec is None:
-                del self.stored[key]
-                self.factors.pop(key, None)
-            else:
-                self.stored[key] = body["request"]["object"]
-                if decision.admitted is None:  # off mode: the state sees it as a watch would
-                    self.state.observe(_application(kind, namespace, self.stored[key]))
+            obj = request_body["object"]
+            if old is None:
+                self.uids += 1
+                obj["metadata"]["uid"] = f"uid-{self.uids}"
+            self.stored[key] = obj
+            self.state.observe(_application(kind, namespace, obj))  # as the watch shows it
+            if kind == "Disk":
+                count, size = _disk(spec)
+                claims = self.claims.setdefault(key, {})
+                for unit in range(count):
+                    claims[unit] = max(claims.get(unit, Decimal(0)), size)
         return decision
+
+    def admit(self, replica: int, request: Any, policy: Policy, *, mutating: bool) -> Decision:
+        """One replica decides through the server's own Admission (its key re-read included)."""
+        self.state.keys = self.replica_keys[replica]
+
+        async def reread(kid: str) -> None:
+            self.replica_keys[replica] = self.secret
+            self.state.keys = self.secret
+
+        admission = Admission(self.state, policy, refresh_keys=reread)
+        try:
+            if mutating:
+                return asyncio.run(admission.mutate(request))
+            return asyncio.run(admission.validate(request))
+        finally:
+            self.state.keys = self.replica_keys[0]
+
+    def validate(self, request: Any, policy: Policy) -> Decision:
+        return self.admit(1, request, policy, mutating=False)
+
+    def forget(self, key: Key) -> None:
+        del self.stored[key]
+        self.factors.pop(key, None)
+        self.claims.pop(key, None)
+        self.state.forget(key)
 
     def vouched(self, key: Key, previous: dict[str, Any] | None) -> None:
         """After a write no webhook checked: the platform's factor for ``key`` survives only
@@ -176,7 +291,8 @@ class TenantMoves(RuleBasedStateMachine):
             self.factors.pop(key, None)
             return
         same = now["spec"] == previous["spec"] and _record(now) == _record(previous)
-        if not same:
+        record = parse_recorded_charge(_record(now))
+        if not same or record is None or not _accepted(self.secret, record.kid):
             self.factors.pop(key, None)
 
     def unchecked(self) -> None:
@@ -202,7 +318,8 @@ class TenantMoves(RuleBasedStateMachine):
     def create_grow_or_shrink(
         self, namespace: str, name: str, size: dict[str, str], dry_run: bool
     ) -> None:
-        self.write("Thing", namespace, name, size, dry_run=dry_run)
+        decision = self.write("Thing", namespace, name, size, dry_run=dry_run)
+        assert decision.reason != "forged-charge", decision.message  # an ordinary write
 
     @rule(namespace=st.sampled_from(NAMESPACES), name=st.sampled_from(NAMES))
     def delete(self, namespace: str, name: str) -> None:
@@ -217,7 +334,8 @@ class TenantMoves(RuleBasedStateMachine):
     def forge_through_the_webhook(
         self, namespace: str, name: str, size: dict[str, str], forged: str
     ) -> None:
-        self.write("Thing", namespace, name, size, annotations={CHARGE_ANNOTATION: forged})
+        notes = self.notes(("Thing", namespace, name), {CHARGE_ANNOTATION: forged})
+        self.write("Thing", namespace, name, size, annotations=notes)
 
     @rule(
         namespace=st.sampled_from(NAMESPACES),
@@ -257,7 +375,9 @@ class TenantMoves(RuleBasedStateMachine):
         copied = (stored or {}).get("metadata", {}).get("annotations") or {}
         if CHARGE_ANNOTATION not in copied:
             return
-        annotations = {CHARGE_ANNOTATION: copied[CHARGE_ANNOTATION]}
+        annotations = self.notes(
+            ("Thing", namespace, destination), {CHARGE_ANNOTATION: copied[CHARGE_ANNOTATION]}
+        )
         if through_webhook:
             self.write("Thing", namespace, destination, size, annotations=annotations)
         else:
@@ -267,16 +387,21 @@ class TenantMoves(RuleBasedStateMachine):
     def factor_targets(self) -> list[Key]:
         return sorted(self.stored)
 
-    @rule(data=st.data(), value=FACTORS)
-    def platform_sets_a_factor(self, data: st.DataObject, value: str | None) -> None:
-        """An admin sets, steps or removes a factor on a Tenant or an application."""
+    @rule(data=st.data(), value=FACTORS, resize=st.booleans())
+    def platform_sets_a_factor(self, data: st.DataObject, value: str | None, resize: bool) -> None:
+        """An admin sets, steps or removes a factor on a Tenant or an application, by itself
+        (``kubectl annotate``) or together with a resize."""
         if not self.stored:
             return
         key = data.draw(st.sampled_from(self.factor_targets()))
         obj = self.stored[key]
         annotations = {OVERCOMMIT_ANNOTATION: value} if value is not None else {}
-        decision = self.write(*key, obj["spec"], annotations=annotations, who=ADMIN)
-        if decision.allowed:
+        stored_text = (obj["metadata"].get("annotations") or {}).get(OVERCOMMIT_ANNOTATION)
+        spec = obj["spec"]
+        if resize and key[0] != TENANT_KIND:
+            spec = data.draw(disks if key[0] == "Disk" else sizes)
+        decision = self.write(*key, spec, annotations=annotations, who=ADMIN)
+        if decision.allowed and stored_text != value:  # sending it back unchanged sets nothing
             if value is None:
                 self.factors.pop(key, None)
             else:
@@ -293,10 +418,14 @@ class TenantMoves(RuleBasedStateMachine):
         now = (obj["metadata"].get("annotations") or {}).get(OVERCOMMIT_ANNOTATION)
         if value == now:
             return
-        annotations = {OVERCOMMIT_ANNOTATION: value} if value is not None else {}
-        decision = self.write(*key, obj["spec"], annotations=annotations)
-        assert not decision.allowed
-        assert decision.reason == "overcommit-forbidden"
+        notes = self.notes(key, {OVERCOMMIT_ANNOTATION: value})
+        decision = self.write(*key, obj["spec"], annotations=notes)
+        vouched = self.factors.get(key)
+        if (parse_factors(value) if value is not None else None) == vouched:
+            assert decision.allowed  # it states the factor the record vouches for: no change
+            return
+        assert not decision.allowed, "an annotation-only factor change went undecided"
+        assert decision.reason in ("overcommit-forbidden", "invalid")
 
     @rule(
         namespace=st.sampled_from(NAMESPACES),
@@ -315,7 +444,92 @@ class TenantMoves(RuleBasedStateMachine):
     def strip_the_annotation(self, namespace: str, name: str) -> None:
         stored = self.stored.get(("Thing", namespace, name))
         if stored is not None:
-            self.write("Thing", namespace, name, stored["spec"], annotations={})
+            notes = self.notes(("Thing", namespace, name), {CHARGE_ANNOTATION: None})
+            decision = self.write("Thing", namespace, name, stored["spec"], annotations=notes)
+            assert decision.allowed
+
+    def notes(self, key: Key, changes: Mapping[str, str | None]) -> dict[str, str]:
+        """The stored object's annotations with ``changes`` (``None`` removes one)."""
+        stored = self.stored.get(key)
+        notes = dict((stored or {}).get("metadata", {}).get("annotations") or {})
+        for name, value in changes.items():
+            if value is None:
+                notes.pop(name, None)
+            else:
+                notes[name] = value
+        return notes
+
+    @rule(
+        namespace=st.sampled_from(NAMESPACES),
+        name=st.sampled_from(NAMES),
+        disk=disks,
+        dry_run=st.booleans(),
+    )
+    def resize_or_scale_a_disk(
+        self, namespace: str, name: str, disk: dict[str, Any], dry_run: bool
+    ) -> None:
+        """Create, grow, shrink or scale down a Disk: its claims stay, at their largest."""
+        decision = self.write("Disk", namespace, name, disk, dry_run=dry_run)
+        assert decision.reason != "forged-charge", decision.message
+
+    @rule(namespace=st.sampled_from(NAMESPACES), name=st.sampled_from(NAMES))
+    def delete_a_disk(self, namespace: str, name: str) -> None:
+        self.write("Disk", namespace, name, None)
+
+    @rule(data=st.data(), values_first=st.booleans())
+    def replay_a_record_the_webhook_once_wrote(
+        self, data: st.DataObject, values_first: bool
+    ) -> None:
+        """Any record ever minted (an earlier version's, a dry run's, a deleted object's of the
+        same name, another object's) put back by an annotation-only update; first, if asked,
+        an ordinary write brings the values back to the ones the record was minted for."""
+        if not self.stored or not self.minted:
+            return
+        key = data.draw(st.sampled_from(self.factor_targets()))
+        same = [m for m in self.minted if m[0] == key]  # this name's, deleted ones' too
+        _, spec, text = data.draw(st.sampled_from(same or self.minted))
+        going_back = values_first and same and self.stored[key]["spec"] != spec
+        if going_back and not self.write(*key, spec).allowed:
+            return
+        obj = self.stored[key]
+        self.write(*key, obj["spec"], annotations=self.notes(key, {CHARGE_ANNOTATION: text}))
+
+    @rule(data=st.data(), value=FACTORS)
+    def plant_a_factor_then_an_admin_resizes_carrying_it(
+        self, data: st.DataObject, value: str | None
+    ) -> None:
+        """A factor stored with no webhook in the way, then an admin's resize that sends the
+        stored annotations back unchanged: it is not the admin setting a factor."""
+        things = [k for k in self.factor_targets() if k[0] in ("Thing", "Disk")]
+        if not things or value is None:
+            return
+        key = data.draw(st.sampled_from(things))
+        obj = copy.deepcopy(self.stored[key])
+        obj["metadata"]["annotations"] = self.notes(key, {OVERCOMMIT_ANNOTATION: value})
+        self.stored[key] = obj  # planted (off mode, webhook down): the record is unchanged
+        self.state.observe(_application(key[0], key[1], obj))
+        spec = data.draw(disks if key[0] == "Disk" else sizes)
+        self.write(*key, spec, who=ADMIN)  # checked like any resize: it sets no factor
+
+    @rule(publish_first=st.booleans())
+    def rotate_the_record_key(self, publish_first: bool) -> None:
+        """A new key: published first (every replica reads it) or not; then it signs, and only
+        the mutating replica has re-read: the validating one meets the new key id first."""
+        old = self.secret
+        self.rotations += 1
+        new = b"rotated-key-%04d-" % self.rotations + b"x" * MIN_KEY_BYTES
+        if publish_first:
+            self.secret = RecordKeys(old.current, old.previous, (new,), old.retired)
+            self.replica_keys = [self.secret, self.secret]
+        self.secret = RecordKeys(new, (old.current,), (), (*old.previous, *old.retired))
+        self.replica_keys[0] = self.secret
+
+    @rule()
+    def the_rotation_window_ends(self) -> None:
+        """Previous keys are retired: what they signed keeps only its volume marks."""
+        old = self.secret
+        self.secret = RecordKeys(old.current, (), old.published, (*old.previous, *old.retired))
+        self.replica_keys = [self.secret, self.secret]
 
     def store_unchecked(
         self, kind: str, namespace: str, name: str, spec: Any, annotations: Mapping[str, str]
@@ -328,6 +542,11 @@ class TenantMoves(RuleBasedStateMachine):
             "spec": spec,
         }
         previous = self.stored.get((kind, namespace, name))
+        if previous is not None:
+            obj["metadata"]["uid"] = previous["metadata"]["uid"]
+        else:
+            self.uids += 1
+            obj["metadata"]["uid"] = f"uid-{self.uids}"
         self.stored[(kind, namespace, name)] = obj
         self.vouched((kind, namespace, name), previous)
         self.state.observe(_application(kind, namespace, obj))
@@ -360,12 +579,15 @@ class TenantMoves(RuleBasedStateMachine):
                 values = platform().kinds[TENANT_KIND].defaulted(obj["spec"])
                 budget[owned_namespace(namespace, name)] = parse_budget(values)
                 continue
-            declared = platform().charge(kind, obj["spec"], namespace=namespace).resources
+            declared = dict(platform().charge(kind, obj["spec"], namespace=namespace).resources)
+            if kind == "Disk":  # what the cluster holds: every claim, at its largest size
+                held = sum(self.claims.get((kind, namespace, name), {}).values(), Decimal(0))
+                declared = {"storage": held} if held else {}
             charge = apply_factors(declared, self.effective((kind, namespace, name)))
             for key, value in charge.items():
                 own[namespace][key] = own[namespace].get(key, Decimal(0)) + value
         for kind, namespace, _ in self.stored:  # existence: 1 per object of its kind's count
-            key = {TENANT_KIND: SUBTENANTS, "Thing": THINGS}[kind]
+            key = {TENANT_KIND: SUBTENANTS, "Thing": THINGS, "Disk": DISKS}[kind]
             own[namespace][key] = own[namespace].get(key, Decimal(0)) + 1
         usage: dict[str, dict[str, Decimal]] = {}
         for namespace in sorted(NAMESPACES, key=_depth, reverse=True):  # children first
@@ -429,6 +651,17 @@ def _depth(namespace: str) -> int:
 
 def _record(obj: dict[str, Any]) -> Any:
     return (obj["metadata"].get("annotations") or {}).get(CHARGE_ANNOTATION)
+
+
+def _accepted(keys: RecordKeys, kid: str) -> bool:
+    """Whether a record signed with key ``kid`` still counts (not only for its marks)."""
+    return keys.key_for(kid) is not None or not kid
+
+
+def _disk(spec: Any) -> tuple[int, Decimal]:
+    replicas = spec.get("replicas", 1) if isinstance(spec, Mapping) else 1
+    size = platform().charge("Disk", {"replicas": 1, "size": spec.get("size", "0")}).resources
+    return int(replicas), size.get("storage", Decimal(0))
 
 
 def _application(kind: str, namespace: str, obj: dict[str, Any]) -> Any:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tests.builders import ADMIN, request, state, tenant, thing
+from webhook.admission import apply_admitted
 from webhook.core.applications import Application
 from webhook.core.decisions import Decision, Policy, decide
 from webhook.core.overcommit import (
@@ -153,6 +154,10 @@ def test_a_tenant_user_setting_changing_or_removing_a_factor_is_denied_naming_wh
     current = state({"tenant-acme": {"memory": "16Gi"}, "tenant-acme-dev": None})
     name = "t" if kind == "Thing" else "dev"
     namespace, spec = "tenant-acme", dict[str, str]()
+    if new is None:  # removing: the platform set the factor first, so the record vouches for it
+        first = "UPDATE" if kind == "Tenant" else "CREATE"
+        granted = factor_write(kind, name, spec, old, None, operation=first, who=ADMIN)
+        apply_admitted(current, granted, decide(granted, current, ENFORCE))
     decision = decide(
         factor_write(kind, name, spec, new, old, namespace=namespace, operation=operation),
         current,
@@ -205,6 +210,23 @@ def test_an_admin_factor_out_of_bounds_is_denied_with_the_bound(text: str, bound
     )
     assert not decision.allowed
     assert bound in decision.message
+
+
+@pytest.mark.parametrize(("kind", "name"), [("Thing", "t"), ("Tenant", "fresh")])
+def test_creating_an_object_with_a_factor_inside_the_bounds_needs_no_steps(
+    kind: str, name: str
+) -> None:
+    """A new object has no old factor to step from: the bounds hold, the steps do not."""
+    current = acme()
+    created = decide(
+        factor_write(kind, name, {}, "memory=1.5", operation="CREATE", who=ADMIN), current, ENFORCE
+    )
+    assert created.allowed, created.message
+    above = decide(
+        factor_write(kind, name, {}, "memory=1.6", operation="CREATE", who=ADMIN), current, ENFORCE
+    )
+    assert not above.allowed
+    assert "above the maximum 1.5" in above.message
 
 
 def walk(current: ReservationState, kind: str, name: str, spec: Any, *values: str) -> Decision:

@@ -278,11 +278,25 @@ def test_charge_planted_with_an_unevaluable_spec_in_warn_mode_is_removed_and_blo
     ).allowed
 
 
-def test_a_signed_record_for_the_values_as_they_stand_survives_off_mode() -> None:
+def test_in_off_mode_only_the_stored_record_carried_unchanged_survives() -> None:
     current = state({"tenant-acme": {"memory": "64Gi"}})
     text = signed("VMInstance", "tenant-acme", "vm", BIG, {"memory": "32Gi"}, "sha256:x")
-    review = request("VMInstance", "tenant-acme", "vm", BIG, annotations={CHARGE_ANNOTATION: text})
-    assert patch_of(mutate(review, current, OFF)) == []
+    notes = {CHARGE_ANNOTATION: text}
+    carried = request(
+        "VMInstance",
+        "tenant-acme",
+        "vm",
+        BIG,
+        operation="UPDATE",
+        old_spec=BIG,
+        annotations=notes,
+        old_annotations=notes,
+    )
+    assert patch_of(mutate(carried, current, OFF)) == []
+    # The same record on a CREATE (a deleted object's, recreated under its name) is removed.
+    review = request("VMInstance", "tenant-acme", "vm", BIG, annotations=notes)
+    (operation,) = patch_of(mutate(review, current, OFF))
+    assert operation["op"] == "remove"
 
 
 def test_mutate_removes_a_planted_annotation_from_an_object_without_a_name_yet() -> None:
@@ -352,6 +366,44 @@ def test_nothing_a_tenant_writes_lowers_a_count_or_raises_an_update_credit(
         fresh,
         ENFORCE,
     )
+    if decision.outcome == "skipped":  # nothing the reservation reads changed: nothing moves
+        assert size == old_size
+        assert decision.delta is None
+        return
     assert decision.delta is not None
     credited = size * GI - decision.delta.get("memory", Decimal(0))
     assert credited <= old_size * GI  # never credited more than the old values evaluate to
+
+
+def test_a_label_only_update_of_an_object_that_no_longer_evaluates_is_not_refused() -> None:
+    """Every update of an annotated object reaches the webhooks now; one that changes neither
+    the spec nor a reservation annotation (a label) must not be refused because the values do
+    not evaluate any more, or because a pool is over budget."""
+    current = state({"tenant-acme": {"memory": "1Gi"}})
+    broken = {"instanceType": "u9.gone"}
+    notes = {CHARGE_ANNOTATION: forged({"memory": "1Gi"}), "note": "x"}
+    labelled = request(
+        "VMInstance",
+        "tenant-acme",
+        "vm",
+        broken,
+        operation="UPDATE",
+        old_spec=broken,
+        annotations={**notes, "note": "y"},
+        old_annotations=notes,
+    )
+    decision = decide(labelled, current, ENFORCE)
+    assert decision.allowed
+    assert decision.outcome == "skipped"
+    # A spec change, or any change to a reservation annotation, is decided (and here denied).
+    replayed = request(
+        "VMInstance",
+        "tenant-acme",
+        "vm",
+        broken,
+        operation="UPDATE",
+        old_spec=broken,
+        annotations={**notes, CHARGE_ANNOTATION: forged({"memory": "0"})},
+        old_annotations=notes,
+    )
+    assert not decide(replayed, current, ENFORCE).allowed

@@ -44,7 +44,7 @@ def test_a_recorded_charge_stays_authoritative_and_drift_is_visible() -> None:
 def test_the_charge_annotation_round_trips_and_garbage_is_ignored() -> None:
     text = signed("Thing", "tenant-acme", "t", {}, {"memory": "2Gi", "cpu": "500m"}, "sha256:x")
     body = json.loads(text)
-    assert list(body) == ["charge", "digest", "values", "mac"]
+    assert list(body) == ["charge", "digest", "values", "kid", "mac"]
     assert body["charge"] == {"cpu": "500m", "memory": "2Gi"}
     record = parse_recorded_charge(text)
     assert record is not None

@@ -603,13 +603,19 @@ CHARGED: Final = {CHARGE: '{"charge":{"cpu":"1"}}', "note": "x"}
         pytest.param(review("UPDATE", VM, ..., VM, ...), False, False, id="no-annotations-no-op"),
         pytest.param(review("UPDATE", VM, {}, VM, {}), False, False, id="empty-annotations-no-op"),
         pytest.param(
-            review("UPDATE", VM, CHARGED, VM, CHARGED), False, False, id="charge-carried-over"
+            review("UPDATE", VM, {"note": "y"}, VM, {"note": "x"}),
+            False,
+            False,
+            id="an-unrelated-annotation-of-an-undecided-object-changes",
+        ),
+        pytest.param(
+            review("UPDATE", VM, CHARGED, VM, CHARGED), True, True, id="charge-carried-over"
         ),
         pytest.param(
             review("UPDATE", VM, {**CHARGED, "note": "y"}, VM, CHARGED),
-            False,
-            False,
-            id="another-annotation-changes",
+            True,
+            True,
+            id="another-annotation-changes-on-a-decided-object",
         ),
         pytest.param(review("UPDATE", ..., ..., ..., ...), False, False, id="no-spec-either-side"),
         pytest.param(review("UPDATE", VM, ..., ..., ...), True, True, id="a-spec-appears"),
@@ -617,15 +623,15 @@ CHARGED: Final = {CHARGE: '{"charge":{"cpu":"1"}}', "note": "x"}
         pytest.param(review("UPDATE", {}, ..., ..., ...), True, True, id="empty-is-not-absent"),
         pytest.param(
             review("UPDATE", VM, {CHARGE: "forged"}, VM, CHARGED),
-            False,
+            True,
             True,
             id="the-charge-changes",
         ),
         pytest.param(
-            review("UPDATE", VM, {CHARGE: ""}, VM, ...), False, True, id="an-empty-charge-appears"
+            review("UPDATE", VM, {CHARGE: ""}, VM, ...), True, True, id="an-empty-charge-appears"
         ),
         pytest.param(
-            review("UPDATE", VM, {"note": "x"}, VM, CHARGED), False, True, id="the-charge-goes"
+            review("UPDATE", VM, {"note": "x"}, VM, CHARGED), True, True, id="the-charge-goes"
         ),
     ],
 )
@@ -635,13 +641,49 @@ def test_match_conditions_call_the_webhooks_only_when_there_is_something_to_deci
     """The matchConditions, evaluated by a CEL implementation (the `cel` package, not the API
     server's cel-go): they skip no-op UPDATEs, and never read an absent field (an evaluation
     error would refuse the request, since failurePolicy is Fail)."""
-    called = {
+    assert called(default, variables) == {
+        "MutatingWebhookConfiguration": mutating,
+        "ValidatingWebhookConfiguration": validating,
+    }
+
+
+def called(default: list[Manifest], variables: dict[str, Any]) -> dict[str, bool]:
+    return {
         kind: all(cel.evaluate(c["expression"], variables) for c in webhook["matchConditions"])
         for kind, webhook in webhooks(default)
     }
-    assert called == {
-        "MutatingWebhookConfiguration": mutating,
-        "ValidatingWebhookConfiguration": validating,
+
+
+RESERVATION_ANNOTATIONS: Final = {
+    CHARGE: '{"charge":{"memory":"1Gi"},"digest":"sha256:0","mac":"x"}',
+    "reservation.cozystack.io/overcommit": "memory=1.1",
+    "reservation.cozystack.io/anything-else": "x",
+}
+
+
+@pytest.mark.parametrize("key", sorted(RESERVATION_ANNOTATIONS))
+@pytest.mark.parametrize(
+    ("new", "old"),
+    [
+        pytest.param("value", ..., id="set"),
+        pytest.param("value", "other", id="change"),
+        pytest.param("copied", "copied", id="copy-or-carry"),
+        pytest.param(..., "value", id="remove"),
+    ],
+)
+@pytest.mark.parametrize("others", [{}, {"note": "x"}], ids=["alone", "beside-another"])
+def test_an_annotation_only_update_touching_a_reservation_annotation_reaches_both_webhooks(
+    default: list[Manifest], key: str, new: Any, old: Any, others: dict[str, str]
+) -> None:
+    """A planted factor or a replayed record in an UPDATE that changes nothing else: today's
+    conditions must not let either webhook miss it (an undecided factor becomes real)."""
+    value = {"value": RESERVATION_ANNOTATIONS[key], "other": "memory=1.2", "copied": "y"}
+    annotations = {**others, **({key: value[new]} if new is not ... else {})}
+    old_annotations = {**others, **({key: value[old]} if old is not ... else {})}
+    variables = review("UPDATE", VM, annotations, VM, old_annotations)
+    assert called(default, variables) == {
+        "MutatingWebhookConfiguration": True,
+        "ValidatingWebhookConfiguration": True,
     }
 
 

@@ -53,6 +53,7 @@ class Application:
     recorded: RecordedCharge | None = None
     overcommit: str | None = None  # the overcommit annotation as written (believed if vouched)
     version: int = 0  # metadata.resourceVersion when stored (0: not known)
+    uid: str = ""  # metadata.uid when stored ("" not known); a record bound to another is void
 
     @property
     def key(self) -> AppKey:
@@ -82,7 +83,13 @@ def application_from_object(obj: Mapping[str, Any]) -> Application:
         recorded,
         overcommit if isinstance(overcommit, str) else None,
         version=resource_version(metadata.get("resourceVersion")),
+        uid=_uid(metadata),
     )
+
+
+def _uid(metadata: Mapping[str, Any]) -> str:
+    uid = metadata.get("uid")
+    return uid if isinstance(uid, str) and 0 < len(uid) <= 128 else ""
 
 
 def resource_version(value: object) -> int:
@@ -122,6 +129,7 @@ def application_from_helmrelease(release: Mapping[str, Any]) -> Application | No
         values,
         recorded,
         overcommit if isinstance(overcommit, str) else None,
+        uid=_uid(metadata),  # cozystack-api gives the application its HelmRelease's uid
     )
 
 

@@ -186,6 +186,10 @@ _DEFINITIONS: dict[str, Any] = {
             "count": {"$ref": "#/$defs/count"},
             "size": {"$ref": "#/$defs/size"},
             "storage": {"$ref": "#/$defs/quantity"},
+            # The term's storage is persistent volumes: "kept" when removed units keep theirs
+            # (a StatefulSet's default), "released" when they are deleted with the unit. Either
+            # way a volume never shrinks: see webhook.core.volumes.
+            "volume": {"enum": ["kept", "released"]},
             "devices": _PATH,
             "objects": {
                 "type": "object",

@@ -199,6 +199,7 @@ class Term:
     storage: QuantityExpr | None = None
     devices: ValuePath | None = None
     objects: tuple[tuple[str, CountExpr], ...] = ()
+    volume: str = ""  # "kept" | "released": the storage is persistent volumes
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,7 +257,19 @@ def compile_contract(kind: str, spec: object, *, source: str) -> Contract:
 
 
 def contract_digest(spec: Mapping[str, Any]) -> str:
-    """``sha256:<16 hex>`` of the contract's canonical JSON: equal contracts, equal digests."""
+    """``sha256:<16 hex>`` of the contract's canonical JSON: equal contracts, equal digests.
+
+    A term's ``volume`` marker is left out: it does not change what any values evaluate to,
+    only how a charge is held across writes (the marks the record keeps), so marking a term as
+    a volume does not show every application of the kind as drifted.
+    """
+    terms = spec.get("terms")
+    if isinstance(terms, list):
+        unmarked = [
+            {k: v for k, v in t.items() if k != "volume"} if isinstance(t, Mapping) else t
+            for t in terms
+        ]
+        spec = {**spec, "terms": unmarked}
     canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"), default=str)
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -296,6 +309,7 @@ class _Compiler:
                 (key, self.expression(value, f"{where}.objects.{key}", integer=True))
                 for key, value in (data.get("objects") or {}).items()
             ),
+            volume=str(data.get("volume", "")),
         )
 
     def conditions(self, data: object, where: str) -> tuple[Condition, ...]:

@@ -52,6 +52,7 @@ from webhook.core.pools import Node
 from webhook.core.quantities import format_quantity, parse_quantity
 from webhook.core.records import (
     RecordedCharge,
+    believed,
     parse_recorded_charge,
     record_annotation,
     sign,
@@ -61,6 +62,7 @@ from webhook.core.reviews import AdmissionRequest, Response
 from webhook.core.state import ReservationState
 from webhook.core.tenants import TENANT_KIND, TENANT_NAME, owned_namespace, parse_budget
 from webhook.core.unknown_keys import unknown_key_warnings
+from webhook.core.volumes import RELEASED, Held, hold
 
 Factors = dict[str, Decimal]
 
@@ -165,6 +167,10 @@ def decide(request: AdmissionRequest, state: ReservationState, policy: Policy) -
     mode = policy.mode_for(request.kind)
     if mode == "off":
         return skipped(f"reservation is off for {request.kind}", mode="off", kind=request.kind)
+    if _unchanged(request):
+        # The shipped matchConditions send a label-only update of a decided object here too;
+        # nothing the reservation reads changed, so it is not refused for a pool's sake.
+        return skipped("nothing the reservation reads changed", mode=mode, kind=request.kind)
     if not state.synced:
         return _apply_mode(
             mode,
@@ -196,6 +202,25 @@ def decide(request: AdmissionRequest, state: ReservationState, policy: Policy) -
         # keep them as keys it already had. A bad key is refused first, in every mode.
         decision = _screen_budget_keys(request, state) or decision
     return _apply_mode("enforce" if decision.reason == BAD_BUDGET_KEY else mode, decision, request)
+
+
+def _unchanged(request: AdmissionRequest) -> bool:
+    """An UPDATE whose spec and ``reservation.cozystack.io/`` annotations are the stored ones."""
+    if request.operation != "UPDATE" or request.object is None or request.old_object is None:
+        return False
+    if request.object.get("spec") != request.old_object.get("spec"):
+        return False
+    return _reservation_annotations(request.object) == _reservation_annotations(request.old_object)
+
+
+def _reservation_annotations(obj: Mapping[str, object]) -> dict[str, object]:
+    metadata = obj.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    if not isinstance(annotations, Mapping):
+        return {}
+    return {
+        str(k): v for k, v in annotations.items() if str(k).startswith("reservation.cozystack.io/")
+    }
 
 
 def _namespace_problem(request: AdmissionRequest) -> str:
@@ -251,18 +276,28 @@ def _decide_application(
             "spec", f"{request.kind}: the values cannot be evaluated ({type(exc).__name__})"
         )
     values = prepared.digest  # what state.values_digest gives, without a second encoding
-    forged = _forged_annotation(request, state, app, values)
-    if forged:
-        return errored(403, "Forbidden", "forged-charge", forged)
+    held = _held(request, state, app, charge)
+    charge = held.charge
     factor = _factor_change(request, state, policy.overcommit, deny=True)
     if isinstance(factor, Decision):
         return factor
     own, changed = factor
     priced = _priced(request, state, charge.resources, own)
+    recorded = _signed(request, state, app, values, charge, priced, own, held.marks)
+    forged = _record_problem(request, state, app, values, recorded)
+    if forged:
+        return errored(403, "Forbidden", "forged-charge", forged)
     old = _old_charge(request, state, app) if request.operation == "UPDATE" else {}
     delta = {k: v for k, v in rl.subtract(priced.reserved, old).items() if v != 0}
-    recorded = _signed(state, app, values, charge, priced, own)
-    admitted = Application(app.kind, app.namespace, app.name, app.spec, recorded, app.overcommit)
+    admitted = Application(
+        app.kind,
+        app.namespace,
+        app.name,
+        app.spec,
+        recorded,
+        app.overcommit,
+        uid=_stored_uid(request) or app.uid,
+    )
     facts = _Facts(
         kind=request.kind,
         charge=priced.reserved,
@@ -273,6 +308,7 @@ def _decide_application(
         factor=priced.label,
     )
     facts.warnings.extend(unknown_key_warnings(request.kind, app.spec, kind.schema))
+    facts.warnings.extend(_held_warnings(held))
     contribution = dict(delta)
     # A CREATE also adds the application itself: 1 of its kind's count key. Its charge and
     # record stay sizes only (an UPDATE neither adds nor removes an application).
@@ -329,15 +365,19 @@ def _priced(
 
 
 def _signed(
+    request: AdmissionRequest,
     state: ReservationState,
     app: Application,
     values: str,
     charge: Charge,
     priced: _Priced,
     own: Factors | None,
+    marks: Mapping[str, Decimal],
 ) -> RecordedCharge:
     """The record both sides write and expect: the mutating side signs exactly what the
-    validating side will recompute, so neither can drift from the other."""
+    validating side will recompute, so neither can drift from the other. It is bound to what
+    the tenant cannot choose: the stored object's uid (on UPDATE, from the old object the API
+    server read; a CREATE has none yet) and whether this is a dry run."""
     return sign(
         state.keys,
         app.key,
@@ -348,7 +388,74 @@ def _signed(
         charge.resources,
         own,
         priced.source,
+        uid=_stored_uid(request),
+        marks=marks,
+        dry=request.dry_run,
     )
+
+
+def _stored_uid(request: AdmissionRequest) -> str:
+    """The stored object's uid: the old object's on UPDATE (the API server read it), else ""."""
+    if request.operation != "UPDATE":
+        return ""
+    return _uid(request.old_object)
+
+
+def _uid(obj: Mapping[str, object] | None) -> str:
+    metadata = obj.get("metadata") if obj is not None else None
+    uid = metadata.get("uid") if isinstance(metadata, Mapping) else None
+    return uid if isinstance(uid, str) and 0 < len(uid) <= 128 else ""
+
+
+def _held(
+    request: AdmissionRequest, state: ReservationState, app: Application, charge: Charge
+) -> Held:
+    """The charge with its persistent volumes at their high marks (:mod:`webhook.core.volumes`).
+
+    The previous marks are the stored object's: from its record when that verifies for the old
+    object (both webhooks read the same old object, so both compute the same marks), else what
+    this state keeps for it, else the old object's own evaluation. A CREATE starts afresh.
+    """
+    kind = state.platform.kind(request.kind)
+    contract = kind.contract if kind is not None else None
+    released = [t.name for t in contract.terms if t.volume == RELEASED] if contract else []
+    if request.operation != "UPDATE":
+        return hold(charge, {}, released)
+    return hold(charge, _old_marks(request, state, app), released)
+
+
+def _old_marks(
+    request: AdmissionRequest, state: ReservationState, app: Application
+) -> Mapping[str, Decimal]:
+    old = _old_application(request)
+    if old is not None and old.recorded is not None:
+        digest = state.values_digest(old.kind, old.spec)
+        uid = _uid(request.old_object)
+        if verifies(state.keys, old.key, digest, old.recorded, uid=uid, marks_only=True):
+            return old.recorded.marks  # a dry run's, a retired key's: a mark only ever raises
+    kept = state.record(app.key)
+    if kept is not None and kept.marks:
+        return kept.marks
+    if old is None:
+        return {}
+    try:
+        evaluated = state.platform.charge(request.kind, old.spec, namespace=request.namespace)
+    except UNEVALUABLE:
+        return {}
+    return hold(evaluated, {}).marks
+
+
+def _held_warnings(held: Held) -> list[str]:
+    if not held.held:
+        return []
+    parts = ", ".join(
+        f"{key} at {format_quantity(charged)} (values say {format_quantity(now)})"
+        for key, (now, charged) in sorted(held.held.items())[:3]
+    )
+    return [
+        f"storage held at its high mark: {parts}; a persistent volume never shrinks and "
+        "removed replicas keep theirs; deleting the application releases it"
+    ]
 
 
 def _factor_change(
@@ -356,21 +463,25 @@ def _factor_change(
 ) -> tuple[Factors | None, bool] | Decision:
     """The object's own factor once admitted, and whether this request changes it.
 
-    Only the platform (``rules.admins``, from ``userInfo``) sets, changes or removes a factor,
-    within the bounds and at most one step from the old effective factor; what it writes is the
-    factor from then on. Anyone else's request must leave the annotation as it was: the old
-    factor then stands if the state believes it (a factor planted without the webhook never
-    is). With ``deny=False`` (the mutating side) a refused change keeps the old factor.
+    A factor counts only by decision: the stored object's factor is what its record vouches
+    for, and only the platform (``rules.admins``, from ``userInfo``) changes it, by changing
+    the annotation in this very request, within the bounds and (on UPDATE) at most one step
+    from the old vouched factor. An annotation sent back as the stored object has it changes
+    nothing, whoever sends it, so a factor planted without the webhook never becomes real by
+    being carried along; nor does one the mutating side rewrote to the vouched factor. A new
+    object has no old factor: its factor needs the bounds, not the steps. With ``deny=False``
+    (the mutating side) a refused change keeps the old factor.
     """
     new_text = _overcommit(request.object)
     old_text = _overcommit(request.old_object) if request.operation == "UPDATE" else None
-    old_app = _old_application(request)
-    old_own = state.believed_own(old_app) if old_app is not None else None
+    old_own = _vouched_own(request, state)
     path = f"metadata.annotations[{OVERCOMMIT_ANNOTATION}]"
+    if new_text == old_text or _says(new_text, old_own):
+        return old_own, False
     if not rules.may_set(request.user, request.groups):
-        if new_text == old_text or not deny:
+        if not deny:
             return old_own, False
-        if old_text is None:
+        if old_text is None and old_own is None:
             verb, fix = "setting", "remove the annotation"
         elif new_text is None:
             verb, fix = "removing", "keep the annotation as it is"
@@ -390,12 +501,39 @@ def _factor_change(
     if new == old_own:
         return old_own, False
     inherited, _ = state.factors_for(request.namespace, None)
-    before = old_own if old_own is not None else inherited
     after = new if new is not None else inherited
-    why = rules.check(before, after)
+    if request.operation == "UPDATE":
+        before = old_own if old_own is not None else inherited
+        why = rules.check(before, after)
+    else:
+        why = rules.check(after, after)  # bounds only: a new object steps from nothing
     if why:
         return invalid(path, f"{path}: {why}") if deny else (old_own, False)
     return new, True
+
+
+def _vouched_own(request: AdmissionRequest, state: ReservationState) -> Factors | None:
+    """The stored object's own factor, as its record vouches for it: the old object's record
+    when it is believed (both webhooks read the same one), else what this state believes."""
+    old = _old_application(request)
+    if old is None:
+        return None
+    if old.recorded is not None and request.kind != TENANT_KIND:
+        digest = state.values_digest(old.kind, old.spec)
+        uid = _uid(request.old_object)
+        if believed(state.keys, old.key, digest, old.recorded, uid=uid):
+            return dict(old.recorded.own) if old.recorded.own is not None else None
+    return state.believed_own(old)
+
+
+def _says(text: str | None, factors: Factors | None) -> bool:
+    """Whether an annotation states exactly ``factors`` (absent for none)."""
+    if text is None or factors is None:
+        return text is None and factors is None
+    try:
+        return parse_factors(text) == factors
+    except OvercommitError:
+        return False
 
 
 def _overcommit(obj: Mapping[str, object] | None) -> str | None:
@@ -576,24 +714,41 @@ def _old_budget_keys(request: AdmissionRequest) -> list[str]:
     return [str(key) for key in quotas] if isinstance(quotas, Mapping) else []
 
 
-def _forged_annotation(
-    request: AdmissionRequest, state: ReservationState, app: Application, values: str
+def _record_problem(
+    request: AdmissionRequest,
+    state: ReservationState,
+    app: Application,
+    values: str,
+    computed: RecordedCharge,
 ) -> str:
     """Why the object's charge annotation cannot stand, or ``""``.
 
-    The annotation is ours: the mutating webhook replaces it with a record it signs. One that
-    does not verify for this object and these values (forged, copied from another object, left
-    over from other values) is refused; the mutating side would have replaced it.
+    The annotation is ours: the mutating webhook replaces it with the record it computes for
+    the request. Only two records count: on UPDATE the stored object's own record, unchanged
+    (it must still verify for these values), and the one computed for this very request (same
+    content; any key this replica accepts may have signed it, so replicas mid-rotation agree).
+    Anything else (forged, copied from another object or a deleted one of the same name, an
+    earlier record of this object, one minted by a dry run) is refused; the mutating side would
+    have replaced it.
     """
     claimed = _annotation(request.object)
     if claimed is None:
         return ""
     record = parse_recorded_charge(claimed)
-    if record is not None and verifies(state.keys, app.key, values, record):
-        return ""
+    uid = _uid(request.object) or _stored_uid(request)
+    if record is not None and verifies(state.keys, app.key, values, record, uid=uid):
+        if record.content() == computed.content():
+            return ""
+        if (
+            request.operation == "UPDATE"
+            and claimed == _annotation(request.old_object)
+            and not record.dry
+        ):
+            return ""
     return (
         f"metadata.annotations[{CHARGE_ANNOTATION}]: this annotation is written by the "
-        "reservation webhook only; remove it and the recomputed charge is recorded"
+        "reservation webhook only, and only the record of this very write (or the stored one, "
+        "unchanged) counts; remove it and the recomputed charge is recorded"
     )
 
 
@@ -829,11 +984,15 @@ def _figures(
 def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -> Decision:
     """The mutating side: record the object's charge on it, signed, idempotently.
 
-    It never denies; the validating side decides. Whatever the mode, a charge annotation the
-    webhook did not sign for this object and these values never survives it: it is replaced by
-    the signed record of the current charge, or removed when there is none to write (mode
-    ``off``, or values that cannot be evaluated: validation then decides). A second call on an
-    object that already carries the right record patches nothing.
+    It never denies; the validating side decides. Whatever the mode, only two charge records
+    survive it: the stored object's own record carried unchanged (an UPDATE whose values it
+    still verifies for), and the record computed for this request, which replaces anything else
+    (forged, copied, replayed, minted by a dry run); with no record to write (mode ``off``,
+    values that cannot be evaluated: validation then decides) anything else is removed. A
+    factor annotation carried from the stored object that its record does not vouch for is
+    removed (or set back to the vouched factor); a change in this request is left for the
+    validating side to decide. A second call on an object that already carries the right
+    record patches nothing.
     """
     if request.operation not in ("CREATE", "UPDATE") or request.object is None:
         return skipped(f"{request.operation} needs no reservation")
@@ -856,7 +1015,6 @@ def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -
         values = prepared.digest
     else:
         values = state.values_digest(request.kind, app.spec) if app is not None else ""
-    value: str | None = None
     charge = None
     if app is not None and prepared is not None and policy.mode_for(request.kind) != "off":
         try:
@@ -865,22 +1023,35 @@ def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -
             )
         except UNEVALUABLE:
             charge = None
-    if app is not None and charge is not None:
+    operations: list[dict[str, object]] = []
+    own: Factors | None = None
+    if app is not None:
         factor = _factor_change(request, state, policy.overcommit, deny=False)
         own = factor[0] if isinstance(factor, tuple) else None
+        fixed = _factor_fix(request, own)
+        if fixed is not None:
+            operations.append(fixed)
+    value: str | None = None
+    kept = _kept(request, state, app, values)
+    if app is not None and charge is not None:
+        held = _held(request, state, app, charge)
+        charge = held.charge
         priced = _priced(request, state, charge.resources, own)
-        record = _signed(state, app, values, charge, priced, own)
+        record = _signed(request, state, app, values, charge, priced, own, held.marks)
         value = record_annotation(record)
-        if claimed == value:
-            return skipped("charge already recorded", kind=request.kind)
-        operation = _set_annotation(request.object, value)
-    else:
-        if claimed is None:
-            return skipped("no reservation recorded", kind=request.kind)
-        parsed = parse_recorded_charge(claimed)
-        if app is not None and parsed is not None and verifies(state.keys, app.key, values, parsed):
-            return skipped("signed record kept", kind=request.kind)
-        operation = {"op": "remove", "path": f"/metadata/annotations/{_POINTER_KEY}"}
+        parsed = parse_recorded_charge(claimed) if claimed is not None else None
+        same = (
+            parsed is not None
+            and parsed.content() == record.content()
+            and verifies(state.keys, app.key, values, parsed, uid=_stored_uid(request))
+        )
+        if not same:
+            operations.append(_set_annotation(request.object, value))
+    elif claimed is not None and not kept:
+        operations.append({"op": "remove", "path": f"/metadata/annotations/{_POINTER_KEY}"})
+    if not operations:
+        reason = "charge already recorded" if value is not None else "no reservation recorded"
+        return skipped("signed record kept" if kept else reason, kind=request.kind)
     return Decision(
         allowed=True,
         outcome="allowed",
@@ -888,17 +1059,52 @@ def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -
         kind=request.kind,
         charge=charge.resources if charge is not None else None,
         digest=charge.digest if charge is not None else "",
-        patch=(operation,),
+        patch=tuple(operations),
     )
 
 
+def _kept(
+    request: AdmissionRequest, state: ReservationState, app: Application | None, values: str
+) -> bool:
+    """Whether the object carries the stored object's own record, unchanged and still valid
+    for these values (the only record other than a fresh one that may stay)."""
+    claimed = _annotation(request.object)
+    if app is None or claimed is None or request.operation != "UPDATE":
+        return False
+    if claimed != _annotation(request.old_object):
+        return False
+    record = parse_recorded_charge(claimed)
+    return (
+        record is not None
+        and not record.dry
+        and verifies(state.keys, app.key, values, record, uid=_stored_uid(request))
+    )
+
+
+def _factor_fix(request: AdmissionRequest, own: Factors | None) -> dict[str, object] | None:
+    """The patch that makes a factor annotation carried from the stored object say what its
+    record vouches for (removed when nothing is vouched), or ``None``: it already does, or this
+    request changes it (the validating side decides that)."""
+    text = _overcommit(request.object)
+    old_text = _overcommit(request.old_object) if request.operation == "UPDATE" else None
+    if request.object is None or text != old_text or _says(text, own):
+        return None
+    if own is None:
+        return {"op": "remove", "path": f"/metadata/annotations/{_OVERCOMMIT_POINTER}"}
+    return _set_annotation(request.object, format_factors(own), key=OVERCOMMIT_ANNOTATION)
+
+
 _POINTER_KEY: Final = CHARGE_ANNOTATION.replace("~", "~0").replace("/", "~1")
+_OVERCOMMIT_POINTER: Final = OVERCOMMIT_ANNOTATION.replace("~", "~0").replace("/", "~1")
 
 
-def _set_annotation(obj: Mapping[str, object], value: str) -> dict[str, object]:
-    """The JSONPatch operation that sets the charge annotation to ``value``."""
+def _set_annotation(
+    obj: Mapping[str, object], value: str, *, key: str = CHARGE_ANNOTATION
+) -> dict[str, object]:
+    """The JSONPatch operation that sets annotation ``key`` to ``value``."""
     metadata = obj.get("metadata")
     annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    pointer = key.replace("~", "~0").replace("/", "~1")
     if isinstance(annotations, Mapping):
-        return {"op": "add", "path": f"/metadata/annotations/{_POINTER_KEY}", "value": value}
-    return {"op": "add", "path": "/metadata/annotations", "value": {CHARGE_ANNOTATION: value}}
+        return {"op": "add", "path": f"/metadata/annotations/{pointer}", "value": value}
+    return {"op": "add", "path": "/metadata/annotations", "value": {key: value}}

@@ -76,6 +76,8 @@ class TermCharge:
     count: Decimal
     source: str
     resources: Mapping[str, Decimal]
+    volume: str = ""  # "kept" | "released" when the term's storage is persistent volumes
+    storage: Decimal = Decimal(0)  # the storage of one unit
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,7 +276,15 @@ class _Run:
                 unit = rl.add(
                     unit, {key: self.required(expression, scope, integer=True, where=key)}
                 )
-            yield TermCharge(term.name, scope.prefix, count, source, rl.scale(unit, count))
+            yield TermCharge(
+                term.name,
+                scope.prefix,
+                count,
+                source,
+                rl.scale(unit, count),
+                term.volume,
+                unit.get("storage", Decimal(0)),
+            )
 
     def holds(self, condition: Condition, scope: _Scope) -> bool:
         value = self.lookup(condition.path, scope)

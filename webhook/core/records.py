@@ -4,19 +4,25 @@ The charge annotation is authoritative for pool usage and is the "old charge" of
 value a tenant could write would be a discount on its own budget. The webhook therefore signs
 what it records with a key only it holds (HMAC-SHA256), over everything the figure depends on:
 
-    kind, namespace, name, the digest of the (defaulted) values it charged, the charge,
-    the charge digest (contract and catalog entries used), the overcommit factor applied, what
-    was committed (declared) before the factor, and the object's own factor annotation.
+    the id of the key, kind, namespace, name, the object's uid (once the API server has given
+    it one: every record written on an UPDATE), the digest of the (defaulted) values it charged,
+    the charge, the charge digest (contract and catalog entries used), the overcommit factor
+    applied, what was committed (declared) before the factor, the object's own factor, the high
+    marks of its persistent volumes, and whether it was computed for a dry run.
 
-A record is believed only when its MAC verifies under a key the webhook holds *and* its values
-digest matches the object's values as they stand. Anything else (forged, copied from another
-object, left over from an older spec, signed with a retired key) is ignored and the object is
-evaluated as it stands. Hence the invariant: **the pool counts, for every object, either the
-current evaluation of its values or a charge the webhook itself computed for exactly these
-values of exactly this object**; nothing a tenant writes selects a third figure.
+A record is believed only when its MAC verifies under the key its id names *and* its values
+digest matches the object's values as they stand *and* it was not minted by a dry run *and* its
+uid, when it has one, is the object's. Anything else (forged, copied from another object or
+from a deleted one of the same name, left over from an older spec, signed with a retired key)
+is ignored and the object is evaluated as it stands. Which record an UPDATE may carry is
+narrower still, and decided by :mod:`webhook.core.decisions`: the stored object's own record,
+unchanged, or the one computed for this very request (:meth:`RecordedCharge.content`).
 
-Keys rotate by adding a new current key and keeping the old one as a previous key for a while:
-records signed with a previous key keep verifying; every write re-signs with the current key.
+Keys carry an id (a fingerprint of the key, :func:`key_id`), so a replica that meets a record
+signed with a key it does not know can tell, and re-read the key Secret before it refuses.
+:class:`RecordKeys` holds the key that signs, keys published ahead of a rotation (accepted,
+never used to sign) and previous keys (accepted until the adapter drops them at the end of
+their window); see :mod:`webhook.record_keys` for the procedure.
 
 Pure: the key is passed in; generating one uses ``secrets`` and nothing else.
 """
@@ -41,8 +47,10 @@ __all__ = [
     "MIN_KEY_BYTES",
     "RecordKeys",
     "RecordedCharge",
+    "believed",
     "canonical_sha256",
     "digest_text",
+    "key_id",
     "mac",
     "parse_recorded_charge",
     "record_annotation",
@@ -54,9 +62,11 @@ __all__ = [
 
 MIN_KEY_BYTES: Final = 32
 # Kubernetes caps all of an object's annotations at 256 KiB; a record is well under 1 KiB.
-MAX_ANNOTATION_CHARS: Final = 4096
+# A record keeps about one volume mark per forEach item once it has many (webhook.core.volumes):
+# bounded by the values' bounds, and in any case by the 256 KiB all annotations may take.
+MAX_ANNOTATION_CHARS: Final = 262144
 MAC_PREFIX: Final = "hmac-sha256:"
-VERSION: Final = "v1"
+VERSION: Final = "v2"  # v1 records carried no key id, uid, volume marks or dry-run flag
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
 _EMPTY: Mapping[str, Decimal] = MappingProxyType({})
@@ -81,24 +91,75 @@ class RecordedCharge:
     committed: Mapping[str, Decimal] = field(default_factory=lambda: _EMPTY)
     own: Mapping[str, Decimal] | None = None
     source: str = ""  # where ``factor`` came from: "application" or a tenant's namespace
+    kid: str = ""  # the id of the key that signed it
+    uid: str = ""  # the object's uid when the record was computed ("" on CREATE)
+    marks: Mapping[str, Decimal] = field(default_factory=lambda: _EMPTY)  # volume high marks
+    dry: bool = False  # computed for a dry run: never believed
 
     @property
     def declared(self) -> Mapping[str, Decimal]:
         """What was committed before any factor."""
         return self.committed or self.resources
 
+    def content(self) -> tuple[object, ...]:
+        """Everything the record says, without who signed it (key id and MAC): two replicas
+        holding different keys during a rotation compute records of equal content."""
+        return (
+            self.values,
+            rl.to_strings(self.resources),
+            self.digest,
+            rl.to_strings(self.factor),
+            rl.to_strings(self.committed),
+            None if self.own is None else rl.to_strings(self.own),
+            self.source,
+            self.uid,
+            rl.to_strings(self.marks),
+            self.dry,
+        )
+
+
+def key_id(key: bytes) -> str:
+    """A key's id: 16 hex digits of a SHA-256 over it (a fingerprint, not the key: finding a
+    key from it is as hard as breaking SHA-256), the same on every replica and in every file."""
+    return hashlib.sha256(b"reservation-record-key\x00" + key).hexdigest()[:16]
+
 
 @dataclass(frozen=True, slots=True)
 class RecordKeys:
-    """The key records are signed with, and retired keys still accepted when verifying."""
+    """The key records are signed with, keys published ahead of a rotation (accepted, never
+    signing) and retired keys still accepted when verifying."""
 
     current: bytes
     previous: tuple[bytes, ...] = ()
+    published: tuple[bytes, ...] = ()
+    # Keys whose window has ended: what they signed counts for its volume marks only (a mark
+    # only ever raises the charge of the object carrying it), never for a charge or a factor.
+    retired: tuple[bytes, ...] = ()
 
     def __post_init__(self) -> None:
-        for key in (self.current, *self.previous):
+        for key in (self.current, *self.previous, *self.published, *self.retired):
             if len(key) < MIN_KEY_BYTES:
                 raise ValueError(f"a record key needs at least {MIN_KEY_BYTES} bytes")
+
+    @property
+    def current_id(self) -> str:
+        return key_id(self.current)
+
+    def key_for(self, kid: str) -> bytes | None:
+        """The accepted key with id ``kid``, or ``None``."""
+        for key in (self.current, *self.published, *self.previous):
+            if key_id(key) == kid:
+                return key
+        return None
+
+    def knows(self, kid: str) -> bool:
+        return self.key_for(kid) is not None or self._retired_for(kid) is not None
+
+    def _retired_for(self, kid: str) -> bytes | None:
+        for key in self.retired:
+            if key_id(key) == kid:
+                return key
+        return None
 
     @classmethod
     def generate(cls) -> RecordKeys:
@@ -140,12 +201,20 @@ def mac(
     committed: Mapping[str, Decimal] = _EMPTY,
     own: Mapping[str, Decimal] | None = None,
     source: str = "",
+    *,
+    uid: str = "",
+    marks: Mapping[str, Decimal] = _EMPTY,
+    dry: bool = False,
 ) -> str:
     """The MAC of one record under ``key``: ``hmac-sha256:<hex>``."""
     kind, namespace, name = app
     message = _CANONICAL.encode(
         [
             VERSION,
+            key_id(key),
+            uid,
+            rl.to_strings(marks),
+            dry,
             kind,
             namespace,
             name,
@@ -171,6 +240,10 @@ def sign(
     committed: Mapping[str, Decimal] = _EMPTY,
     own: Mapping[str, Decimal] | None = None,
     source: str = "",
+    *,
+    uid: str = "",
+    marks: Mapping[str, Decimal] = _EMPTY,
+    dry: bool = False,
 ) -> RecordedCharge:
     """The record of ``charge`` for this object and values, signed with the current key.
 
@@ -179,33 +252,122 @@ def sign(
     committed = dict(committed) if dict(committed) != dict(charge) else {}
     own = dict(own) if own is not None else None
     source = source if factor else ""
-    signature = mac(keys.current, app, values, charge, digest, factor, committed, own, source)
+    signature = mac(
+        keys.current,
+        app,
+        values,
+        charge,
+        digest,
+        factor,
+        committed,
+        own,
+        source,
+        uid=uid,
+        marks=marks,
+        dry=dry,
+    )
     return RecordedCharge(
-        dict(charge), digest, values, signature, dict(factor), committed, own, source
+        dict(charge),
+        digest,
+        values,
+        signature,
+        dict(factor),
+        committed,
+        own,
+        source,
+        keys.current_id,
+        uid,
+        dict(marks),
+        dry,
     )
 
 
 def verifies(
-    keys: RecordKeys, app: tuple[str, str, str], values: str, record: RecordedCharge
+    keys: RecordKeys,
+    app: tuple[str, str, str],
+    values: str,
+    record: RecordedCharge,
+    *,
+    uid: str = "",
+    marks_only: bool = False,
 ) -> bool:
-    """Whether ``record`` was signed by one of ``keys`` for exactly this object and values."""
+    """Whether ``record`` was signed by one of ``keys`` for exactly this object and values.
+
+    ``uid`` is the object's uid where known: a record bound to another uid (an earlier object
+    of the same name) does not verify. Dry-run records verify here (their high marks may still
+    count, see the state); :func:`believed` is the test for everything else. With
+    ``marks_only`` a retired key verifies too: for the record's volume marks, nothing else.
+    """
     if not record.mac.startswith(MAC_PREFIX) or record.values != values:
         return False
-    for key in (keys.current, *keys.previous):
-        expected = mac(
-            key,
-            app,
+    if uid and record.uid and record.uid != uid:
+        return False
+    if not record.kid:
+        return _verifies_v1(keys, app, values, record)
+    key = keys.key_for(record.kid)
+    if key is None and marks_only:
+        key = keys._retired_for(record.kid)
+    if key is None:
+        return False
+    expected = mac(
+        key,
+        app,
+        values,
+        record.resources,
+        record.digest,
+        record.factor,
+        record.committed,
+        record.own,
+        record.source,
+        uid=record.uid,
+        marks=record.marks,
+        dry=record.dry,
+    )
+    return hmac.compare_digest(expected, record.mac)
+
+
+def _verifies_v1(
+    keys: RecordKeys, app: tuple[str, str, str], values: str, record: RecordedCharge
+) -> bool:
+    """A record an earlier version wrote (no key id, uid, marks or dry-run flag): it verifies
+    under any key held, so audit logs from before an upgrade still verify, and a stored object
+    keeps its record until it is next written (every decided write replaces it with a v2
+    record). Those never carry a uid, marks or the dry-run flag."""
+    if record.uid or record.marks or record.dry:
+        return False
+    kind, namespace, name = app
+    message = _CANONICAL.encode(
+        [
+            "v1",
+            kind,
+            namespace,
+            name,
             values,
-            record.resources,
+            rl.to_strings(record.resources),
             record.digest,
-            record.factor,
-            record.committed,
-            record.own,
+            rl.to_strings(record.factor),
+            rl.to_strings(record.committed),
+            None if record.own is None else rl.to_strings(record.own),
             record.source,
-        )
+        ]
+    )
+    for key in (keys.current, *keys.published, *keys.previous):
+        expected = MAC_PREFIX + hmac.new(key, message.encode(), hashlib.sha256).hexdigest()
         if hmac.compare_digest(expected, record.mac):
             return True
     return False
+
+
+def believed(
+    keys: RecordKeys,
+    app: tuple[str, str, str],
+    values: str,
+    record: RecordedCharge,
+    *,
+    uid: str = "",
+) -> bool:
+    """Whether ``record`` counts for this object: it verifies and no dry run minted it."""
+    return not record.dry and verifies(keys, app, values, record, uid=uid)
 
 
 def signed_annotation(
@@ -229,7 +391,14 @@ def record_annotation(record: RecordedCharge) -> str:
         body["source"] = record.source
     if record.own is not None:
         body["own"] = rl.to_strings(record.own)
+    if record.marks:
+        body["marks"] = rl.to_strings(record.marks)
+    if record.uid:
+        body["uid"] = record.uid
+    if record.dry:
+        body["dry"] = True
     body["values"] = record.values
+    body["kid"] = record.kid
     body["mac"] = record.mac
     return _COMPACT.encode(body)
 
@@ -246,23 +415,30 @@ def parse_recorded_charge(text: object) -> RecordedCharge | None:
         values, signature = body.get("values", ""), body.get("mac", "")
         factor, committed = body.get("factor") or {}, body.get("committed") or {}
         own, source = body.get("own"), body.get("source", "")
+        kid, uid, marks = body.get("kid", ""), body.get("uid", ""), body.get("marks") or {}
+        dry = body.get("dry", False)
         if not (
             isinstance(charge, Mapping)
             and isinstance(factor, Mapping)
             and isinstance(committed, Mapping)
+            and isinstance(marks, Mapping)
             and (own is None or isinstance(own, Mapping))
-            and all(isinstance(v, str) for v in (digest, values, signature, source))
+            and isinstance(dry, bool)
+            and all(isinstance(v, str) for v in (digest, values, signature, source, kid, uid))
         ):
             return None
         resources = {str(k): parse_quantity(v) for k, v in charge.items()}
         factors = {str(k): parse_quantity(v) for k, v in factor.items()}
         declared = {str(k): parse_quantity(v) for k, v in committed.items()}
         owned = {str(k): parse_quantity(v) for k, v in own.items()} if own is not None else None
+        held = {str(k): parse_quantity(v) for k, v in marks.items()}
     except (ValueError, KeyError, TypeError, ArithmeticError, RecursionError, QuantityError):
         return None
-    amounts = [*resources.values(), *declared.values()]
+    amounts = [*resources.values(), *declared.values(), *held.values()]
     if any(v < 0 for v in amounts) or any(
         v <= 0 for v in [*factors.values(), *(owned or {}).values()]
     ):
         return None
-    return RecordedCharge(resources, digest, values, signature, factors, declared, owned, source)
+    return RecordedCharge(
+        resources, digest, values, signature, factors, declared, owned, source, kid, uid, held, dry
+    )

@@ -40,8 +40,15 @@ from webhook.core.overcommit import apply_factors
 from webhook.core.pending import Hold, PendingCharges
 from webhook.core.platform import Platform, Values
 from webhook.core.pools import TenantTree
-from webhook.core.records import RecordedCharge, RecordKeys, values_digest, verifies
+from webhook.core.records import (
+    RecordedCharge,
+    RecordKeys,
+    believed,
+    values_digest,
+    verifies,
+)
 from webhook.core.tenants import TENANT_KIND, ancestors, owned_namespace, parse_budget
+from webhook.core.volumes import RELEASED, hold
 
 __all__ = ["AppRecord", "ReservationState", "recount"]
 
@@ -61,6 +68,7 @@ class AppRecord:
     factors: dict[str, Decimal] | None = None  # the factor applied, when there is one
     factor_source: str = ""  # "application", or the namespace of the tenant that set it
     version: int = 0  # the stored object's resourceVersion, when the source has one
+    marks: dict[str, Decimal] | None = None  # its persistent volumes' high marks, when any
 
     @property
     def drifted(self) -> bool:
@@ -261,6 +269,7 @@ class ReservationState:
         own = self._own(app, recorded) if app.kind != TENANT_KIND else None
         factors, source = self.factors_for(namespace, own)
         problem = ""
+        marks: Mapping[str, Decimal] = recorded.marks if recorded is not None else {}
         try:
             if prepared is None:
                 assert failure is not None  # set whenever prepared is not
@@ -274,7 +283,12 @@ class ReservationState:
             record = AppRecord(namespace, declared, sys.intern(recorded.digest), problem=problem)
         else:
             if recorded is None:
-                declared = dict(charge.resources)
+                # No record counts, but one the webhook signed may still say what the volumes
+                # grew to (a dry run's: cozystack-api stores dry runs; one signed with a retired
+                # key): marks only ever raise a charge.
+                held = hold(charge, self._signed_marks(app), self._released(app.kind))
+                marks = held.marks
+                declared = dict(held.charge.resources)
                 record = AppRecord(namespace, declared, sys.intern(charge.digest))
             else:
                 declared = dict(recorded.declared)
@@ -288,7 +302,23 @@ class ReservationState:
         record.own = own
         record.factors = dict(factors) or None
         record.factor_source = source
+        record.marks = dict(marks) or None
         return record, problem
+
+    def _signed_marks(self, app: Application) -> Mapping[str, Decimal]:
+        """The volume marks of a record the webhook signed for exactly this object and values,
+        believed or not (a dry run's, one signed with a retired key)."""
+        if app.recorded is None or not app.recorded.marks:
+            return {}
+        digest = self.values_digest(app.kind, app.spec)
+        if verifies(self.keys, app.key, digest, app.recorded, uid=app.uid, marks_only=True):
+            return app.recorded.marks
+        return {}
+
+    def _released(self, kind: str) -> list[str]:
+        found = self.platform.kind(kind)
+        contract = found.contract if found is not None else None
+        return [t.name for t in contract.terms if t.volume == RELEASED] if contract else []
 
     def factors_for(
         self, namespace: str, own: Mapping[str, Decimal] | None
@@ -380,14 +410,16 @@ class ReservationState:
         return values_digest(values)
 
     def trusted(self, app: Application, *, digest: str | None = None) -> RecordedCharge | None:
-        """``app``'s recorded charge if it verifies for this object and its values, else None.
+        """``app``'s recorded charge if it counts for this object (signed for it and its values,
+        bound to no other uid, not minted by a dry run), else None.
 
         ``digest`` is :meth:`values_digest` of ``app``'s values when the caller has it."""
         if app.recorded is None:
             return None
         if digest is None:
             digest = self.values_digest(app.kind, app.spec)
-        return app.recorded if verifies(self.keys, app.key, digest, app.recorded) else None
+        ok = believed(self.keys, app.key, digest, app.recorded, uid=app.uid)
+        return app.recorded if ok else None
 
     def _shows(self, hold: Hold) -> bool:
         """Whether the state shows ``hold``'s application as admitted, newer than the admission

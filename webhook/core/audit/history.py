@@ -74,8 +74,12 @@ class History:
         """Whether the API server called, or should have called, the webhook for ``write``.
 
         Not for a DELETE, a request RBAC refused, or one refused before admission (schema,
-        conflict); nor for an UPDATE that leaves the spec as stored, which the shipped
-        ``matchConditions`` skip.
+        conflict); nor for an UPDATE that leaves the spec and every ``reservation.cozystack.io/``
+        annotation but the charge record as stored (the shipped ``matchConditions`` skip some of
+        those, and earlier ones skipped all of them; the others are decided and change nothing;
+        the charge record is the webhook's own, and its changes are checked apart). A write
+        that sets, changes or removes an overcommit factor unseen is a bypass: earlier
+        configurations let one through that way.
         """
         if write.verb == "delete" or write.rbac_forbidden:
             return False
@@ -90,6 +94,7 @@ class History:
             and old is not None
             and stored is not None
             and old.get("spec") == stored.get("spec")
+            and _reservation_annotations(old) == _reservation_annotations(stored)
         )
 
     def rebuild(self, write: AuditWrite) -> Rebuilt:
@@ -230,3 +235,16 @@ def merge_patch(target: object, patch: object) -> object:
         else:
             result[key] = merge_patch(result.get(key), value)
     return result
+
+
+def _reservation_annotations(obj: Mapping[str, Any]) -> dict[str, object]:
+    """``obj``'s ``reservation.cozystack.io/`` annotations."""
+    metadata = obj.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    if not isinstance(annotations, Mapping):
+        return {}
+    return {
+        str(k): v
+        for k, v in annotations.items()
+        if str(k).startswith("reservation.cozystack.io/") and k != CHARGE_ANNOTATION
+    }

@@ -32,6 +32,7 @@ from webhook.core.audit.summary import LIST_CAP
 from webhook.core.decisions import Policy, decide
 from webhook.core.errors import EvaluationError
 from webhook.core.records import RecordKeys, verifies
+from webhook.core.volumes import RELEASED, hold
 
 __all__ = ["Verifier"]
 
@@ -114,6 +115,11 @@ class Verifier:
         if charge.digest != digest:
             self._unverifiable(write, f"priced by contract {digest}; today's is {charge.digest}")
             return
+        if on_object is not None and on_object.marks:  # volumes held at their high marks
+            found = self.history.state.platform.kind(kind)
+            contract = found.contract if found is not None else None
+            released = [t.name for t in contract.terms if t.volume == RELEASED] if contract else []
+            charge = hold(charge, on_object.marks, released).charge
         if rl.to_strings(charge.resources) != audit_charge:
             self._finding(
                 write,
