@@ -49,3 +49,11 @@ def test_overcommit_rules_from_flags_and_environment() -> None:
 def test_bad_overcommit_settings_are_refused_by_name(flags: dict[str, object], why: str) -> None:
     with pytest.raises(SettingsError, match=why):
         load_settings(flags, environ={})
+
+
+def test_dry_runs_are_held_unless_the_operator_turns_it_off() -> None:
+    assert load_settings({}, environ={}).dry_run_holds is True
+    assert load_settings({"dry_run_holds": "off"}, environ={}).dry_run_holds is False
+    assert load_settings({}, environ={"WEBHOOK_DRY_RUN_HOLDS": "false"}).dry_run_holds is False
+    with pytest.raises(SettingsError, match="dry-run-holds: 'maybe' is not on or off"):
+        load_settings({"dry_run_holds": "maybe"}, environ={})

@@ -80,6 +80,7 @@ class LiveServices:
                 replica=settings.replica,
                 grace_seconds=settings.grace_seconds,
                 read_timeout=settings.watch_read_timeout,
+                dry_run_holds=settings.dry_run_holds,
             ),
         )
         self.live.required["ledger (tenantreservations)"] = lambda: self.ledger.synced

@@ -355,3 +355,19 @@ def test_nothing_a_tenant_writes_lowers_a_count_or_raises_an_update_credit(
     assert decision.delta is not None
     credited = size * GI - decision.delta.get("memory", Decimal(0))
     assert credited <= old_size * GI  # never credited more than the old values evaluate to
+
+
+def test_a_dry_run_mints_no_record_a_server_ignoring_dry_runs_would_store() -> None:
+    current = state({"tenant-acme": {"memory": "64Gi"}})
+    review = request("VMInstance", "tenant-acme", "vm", BIG, dry_run=True)
+    decision = mutate(review, current, ENFORCE)
+    assert patch_of(decision) == [], "no signed record on what the server may store"
+    assert decision.message == "dry run: nothing recorded"
+
+
+def test_a_dry_run_still_loses_a_planted_record() -> None:
+    current = state({"tenant-acme": {"memory": "64Gi"}})
+    planted = {CHARGE_ANNOTATION: forged({"memory": "1Gi"})}
+    review = request("VMInstance", "tenant-acme", "vm", BIG, dry_run=True, annotations=planted)
+    (operation,) = patch_of(mutate(review, current, ENFORCE))
+    assert operation["op"] == "remove"

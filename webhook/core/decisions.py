@@ -63,12 +63,23 @@ from webhook.core.unknown_keys import unknown_key_warnings
 
 Factors = dict[str, Decimal]
 
-__all__ = ["MODES", "Decision", "Mode", "Policy", "decide", "errored", "mutate"]
+__all__ = [
+    "DRY_RUN_NOTE",
+    "MODES",
+    "Decision",
+    "Mode",
+    "Policy",
+    "decide",
+    "errored",
+    "held_dry_run",
+    "mutate",
+]
 
 
 # The API server truncates warnings over 256 characters and drops them past 4096 in total
 # (k8s.io/apiserver/pkg/warning); we aim for 120 so kubectl prints each on one line.
 WARNING_TARGET: Final = 120
+DRY_RUN_NOTE: Final = "dry run: nothing was reserved"
 WARNING_LIMIT: Final = 256
 _ZERO = Decimal(0)
 
@@ -602,7 +613,7 @@ def _apply_mode(mode: Mode, decision: Decision, request: AdmissionRequest) -> De
         allowed, outcome = True, "warned"
         warnings = (_fit(f"would be denied: {decision.message}"), *warnings)
     if request.dry_run and allowed:
-        warnings = (*warnings, "dry run: nothing was reserved")
+        warnings = (*warnings, DRY_RUN_NOTE)
     audit = _audit(decision, outcome=outcome, mode=mode, allowed=allowed)
     if outcome == "warned":
         audit["would-deny"] = decision.message
@@ -679,6 +690,23 @@ def _usage_warning(
 
 
 # -- named constructors ------------------------------------------------------------------------
+
+
+def held_dry_run(decision: Decision, seconds: float) -> Decision:
+    """An allowed dry run the ledger held as a write: say so instead of "nothing was reserved".
+
+    An API server that ignores ``dryRun`` stores the object all the same (cozystack-api does),
+    so the charge is held until the object is seen or ``seconds`` pass; the next write of the
+    same object takes the hold over rather than adding to it.
+    """
+    note = (
+        f"dry run: held like a write for up to {seconds:g}s (the API server may store it); "
+        "the same write for real replaces the hold"
+    )
+    warnings = tuple(note if w == DRY_RUN_NOTE else w for w in decision.warnings)
+    if note not in warnings:
+        warnings = (*warnings, note)
+    return replace(decision, warnings=warnings, audit={**decision.audit, "dry-run": "held"})
 
 
 def skipped(message: str, *, mode: Mode = "enforce", kind: str = "") -> Decision:
@@ -774,7 +802,9 @@ def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -
     webhook did not sign for this object and these values never survives it: it is replaced by
     the signed record of the current charge, or removed when there is none to write (mode
     ``off``, or values that cannot be evaluated: validation then decides). A second call on an
-    object that already carries the right record patches nothing.
+    object that already carries the right record patches nothing. A dry run is signed nothing
+    (an API server that ignores ``dryRun`` would store a record no write earned); it only loses
+    a record the webhook would not believe.
     """
     if request.operation not in ("CREATE", "UPDATE") or request.object is None:
         return skipped(f"{request.operation} needs no reservation")
@@ -806,7 +836,7 @@ def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -
             )
         except UNEVALUABLE:
             charge = None
-    if app is not None and charge is not None:
+    if app is not None and charge is not None and not request.dry_run:
         factor = _factor_change(request, state, policy.overcommit, deny=False)
         own = factor[0] if isinstance(factor, tuple) else None
         priced = _priced(request, state, charge.resources, own)
@@ -817,7 +847,8 @@ def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -
         operation = _set_annotation(request.object, value)
     else:
         if claimed is None:
-            return skipped("no reservation recorded", kind=request.kind)
+            nothing = "dry run: nothing recorded" if request.dry_run else "no reservation recorded"
+            return skipped(nothing, kind=request.kind)
         parsed = parse_recorded_charge(claimed)
         if app is not None and parsed is not None and verifies(state.keys, app.key, values, parsed):
             return skipped("signed record kept", kind=request.kind)
