@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.builders import FIXTURES, ROOT, free_port
+from tests.builders import FIXTURES, ROOT, free_port, review
 
 # ../shared beside the project (a checkout in a worktree folder may have it one level higher).
 SHARED = next(
@@ -360,7 +360,40 @@ class CozystackAPI:
                 "spec": spec,
             }
         )
+        self.wait_pool(namespace if quota else "")
         return namespace
+
+    def wait_pool(self, namespace: str, timeout: float = 30) -> None:
+        """Until every replica charges ``namespace`` to its own pool (its watch of Tenants,
+        through the aggregation layer, has delivered the Tenant): asked with an UPDATE that
+        changes nothing, which holds nothing."""
+        if not namespace or not self.replicas:
+            return
+        body = review(
+            "VMInstance",
+            namespace,
+            "probe",
+            {"instanceType": "u1.micro"},
+            operation="UPDATE",
+            old_spec={"instanceType": "u1.micro"},
+            uid="probe",
+        )
+        context = ssl.create_default_context(cafile=str(self.certs / "ca.crt"))
+        deadline = time.monotonic() + timeout
+        for _, port, _ in self.replicas:
+            while True:
+                request = urllib.request.Request(
+                    f"https://127.0.0.1:{port}/validate",
+                    data=json.dumps(body).encode(),
+                    headers={"Content-Type": "application/json"},
+                )
+                with urllib.request.urlopen(request, context=context, timeout=5) as answer:
+                    response = json.loads(answer.read())["response"]
+                if (response.get("auditAnnotations") or {}).get("pool") == namespace:
+                    break
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"replica on {port} never saw pool {namespace}")
+                time.sleep(0.1)
 
     def ancestors(self, namespace: str) -> list[str]:
         found = self.get("namespace", namespace)
@@ -378,13 +411,24 @@ def vm(name: str, namespace: str, instance_type: str = "u1.micro") -> dict[str, 
     }
 
 
+def request_name(factory: pytest.TempPathFactory) -> str:
+    return factory.mktemp("cozystack-api").name
+
+
 @pytest.fixture(scope="module")
 def cozystack_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CozystackAPI]:
     """cozystack-api and kube-apiserver with the webhook's objects from deploy/ (no replicas)."""
     absent = _absent()
     if absent:
         pytest.skip(absent)
-    env = CozystackAPI(tmp_path_factory.mktemp("cozystack-api"))
+    # COZYSTACK_API_TEST_DIR keeps the logs (replicas', cozystack-api's) where pytest's
+    # temporary directories would be rotated away.
+    keep = os.environ.get("COZYSTACK_API_TEST_DIR")
+    base = Path(keep) / request_name(tmp_path_factory) if keep else None
+    if base is not None:
+        shutil.rmtree(base, ignore_errors=True)
+        base.mkdir(parents=True)
+    env = CozystackAPI(base or tmp_path_factory.mktemp("cozystack-api"))
     try:
         env.start()
         env.install()

@@ -164,6 +164,12 @@ class Reflector:
                 break
             params = {**self.params, "limit": str(PAGE_SIZE), "continue": token}
         self.resource_version = str(metadata.get("resourceVersion") or "")
+        if self.resource_version == "0":
+            # cozystack-api lists a kind with no objects at resourceVersion "0" (the largest of
+            # its HelmReleases', of none), and its watch from "0" sends one bookmark and then
+            # never an event. From "1" it sends every object newer than that (all of them: no
+            # object is at 1) and then every change.
+            self.resource_version = "1"
         self.on_replace(items)
         self.listed = True
         self.list_error = ""
