@@ -282,7 +282,7 @@ class CozystackAPI:
                     "POD_NAME": f"replica-{index}",
                     "WEBHOOK_CERTS": "cert-manager",  # the pair in --cert-dir, caBundle ours
                     "WEBHOOK_MODE": "enforce",
-                    "WEBHOOK_LOG_LEVEL": "WARNING",
+                    "WEBHOOK_LOG_LEVEL": os.environ.get("WEBHOOK_LOG_LEVEL", "WARNING"),
                     **env,
                 },
                 stdout=out,
@@ -363,10 +363,13 @@ class CozystackAPI:
         self.wait_pool(namespace if quota else "")
         return namespace
 
-    def wait_pool(self, namespace: str, timeout: float = 30) -> None:
+    def wait_pool(
+        self, namespace: str, timeout: float = 30, *, reserved: dict[str, str] | None = None
+    ) -> None:
         """Until every replica charges ``namespace`` to its own pool (its watch of Tenants,
-        through the aggregation layer, has delivered the Tenant): asked with an UPDATE that
-        changes nothing, which holds nothing."""
+        through the aggregation layer, has delivered the Tenant) and, given ``reserved``, counts
+        that much reserved there: asked with an UPDATE that changes nothing, which holds
+        nothing (its ``reserved-after`` is the pool's usage as the replica counts it)."""
         if not namespace or not self.replicas:
             return
         body = review(
@@ -389,7 +392,11 @@ class CozystackAPI:
                 )
                 with urllib.request.urlopen(request, context=context, timeout=5) as answer:
                     response = json.loads(answer.read())["response"]
-                if (response.get("auditAnnotations") or {}).get("pool") == namespace:
+                audit = response.get("auditAnnotations") or {}
+                counted = json.loads(audit.get("reserved-after") or "{}")
+                if audit.get("pool") == namespace and (
+                    reserved is None or all(counted.get(k) == v for k, v in reserved.items())
+                ):
                     break
                 if time.monotonic() > deadline:
                     raise AssertionError(f"replica on {port} never saw pool {namespace}")
