@@ -542,6 +542,21 @@ async def test_repeated_previews_across_two_pools_never_hold_past_the_budget() -
     assert len(cluster.entries("tenant-acme-dev")) == 2
 
 
+async def test_an_entry_claiming_to_replace_a_real_hold_does_not_release_it() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "2Gi"}})
+    b = Replica(cluster, "b", {POOL: {"memory": "2Gi"}})
+    assert (await a.admit(create("x", "2Gi"))).allowed
+    b.deliver()
+    obj = cluster.objects[POOL]  # a ledger object rewritten by anyone but the webhook
+    (real,) = obj["status"]["pending"]
+    obj["status"]["pending"] = [{**real, "id": "other", "replaces": ["uid-x"]}]
+    obj["status"]["released"] = {"Thing": 1}
+    obj["metadata"]["resourceVersion"] = str(cluster.bump())
+    b.deliver()
+    assert len(b.state.pending) == 2, "x leaves as departed, counted until the state catches up"
+
+
 async def test_a_preview_never_replaces_a_real_hold() -> None:
     cluster = Cluster()
     a = Replica(cluster, "a", {POOL: {"memory": "5Gi"}})

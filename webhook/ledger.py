@@ -269,10 +269,14 @@ class Ledger:
                 answers: list[tuple[_Waiter, Decision]] = []
                 added: list[Obj] = []
                 replaced: set[str] = set()  # previews the write drops, absorbed by a later write
+                # Only previews can be replaced: looked up among these, not every entry, so a
+                # batch costs O(entries + previews x batch), not O(entries x batch).
+                listed = [e for e in kept if e.get("dryRun") is True]
+                fresh: list[Obj] = []  # previews this batch adds
                 for waiter in batch:
                     if waiter.future.done():
                         continue  # the caller is gone: hold nothing for it
-                    previews = _previews(waiter.request, [*kept, *added], replaced)
+                    previews = _previews(waiter.request, [*listed, *fresh], replaced)
                     floor = self._absorb(pool, previews, added, pending)
                     decision = decide(waiter.request, state, waiter.policy)
                     if decision.allowed and decision.charged_pools:
@@ -293,9 +297,13 @@ class Ledger:
                             else:
                                 hold = _hold_of(entry, decision, pool)
                                 replaced.update(previews)
-                                added[:] = [e for e in added if e["id"] not in previews]
+                                if previews:
+                                    added[:] = [e for e in added if e["id"] not in previews]
+                                    fresh[:] = [e for e in fresh if e["id"] not in previews]
                                 pending.adjust(pool, hold.increase)
                                 added.append(entry)
+                                if hold.preview:
+                                    fresh.append(entry)
                                 self._parsed.setdefault(pool, {})[entry["id"]] = (entry, hold)
                                 floor = {}
                     pending.adjust(pool, floor)  # not absorbed: the previews count again
