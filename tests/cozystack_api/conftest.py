@@ -399,7 +399,9 @@ class CozystackAPI:
                 ):
                     break
                 if time.monotonic() > deadline:
-                    raise AssertionError(f"replica on {port} never saw pool {namespace}")
+                    raise AssertionError(
+                        f"replica on {port} never saw pool {namespace}: {response}"[:2000]
+                    )
                 time.sleep(0.1)
 
     def ancestors(self, namespace: str) -> list[str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -26,12 +27,24 @@ from tests.cozystack_api.test_e2e import create, user
 pytestmark = pytest.mark.cozystack_api
 
 POLICY = ROOT / "deploy" / "cozystack-api-audit" / "policy.yaml"
+RECORD_KEY = secrets.token_hex(32).encode()
 
 
 @pytest.fixture(scope="module")
 def env(cozystack_api: CozystackAPI) -> CozystackAPI:
     cozystack_api.tenant("aud", {"memory": "4Gi"})  # before the replicas: see test_e2e
+    # The record key, given as text (a key the server generates is 32 raw bytes, which a
+    # --record-key-file, one key per line, cannot always hold).
+    cozystack_api.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "reservation-webhook-records", "namespace": "cozy-reservation"},
+            "data": {"current": base64.b64encode(RECORD_KEY).decode()},
+        }
+    )
     cozystack_api.start_replicas(2)
+    cozystack_api.wait_pool("tenant-aud", 120)  # see test_e2e: the first watches lag
     cozystack_api.point_webhooks(cozystack_api.entry_port)
     return cozystack_api
 
@@ -164,8 +177,7 @@ def test_summary_replay_and_verify_agree_with_what_kubectl_was_answered(
     assert pool["peak"]["memory"] == "4Gi"
     assert pool["firstOverflow"] is None
 
-    secret = env.get("secret", "-n", "cozy-reservation", "reservation-webhook-records")
     keys = tmp_path / "record-keys"
-    keys.write_bytes(base64.b64decode(secret["data"]["current"]) + b"\n")
+    keys.write_bytes(RECORD_KEY + b"\n")
     status, verified = webhook("verify", str(log), *state, "--record-key-file", str(keys))
     assert (status, verified["findings"]) == (0, [])

@@ -20,6 +20,8 @@ def env(cozystack_api: CozystackAPI) -> CozystackAPI:
     cozystack_api.tenant("drya", {"memory": "4Gi"})
     cozystack_api.tenant("dryb", {"memory": "4Gi"})
     cozystack_api.start_replicas(2)
+    for namespace in ("tenant-drya", "tenant-dryb"):  # the first watches lag (see test_e2e)
+        cozystack_api.wait_pool(namespace, 120)
     return cozystack_api
 
 

@@ -52,6 +52,8 @@ def env(cozystack_api: CozystackAPI) -> CozystackAPI:
     for name, quota in TENANTS.items():
         cozystack_api.tenant(name, quota)
     cozystack_api.start_replicas(2)
+    for name in TENANTS:  # the replicas' first lists and watches through cozystack-api lag
+        cozystack_api.wait_pool(f"tenant-{name}", 120)
     cozystack_api.point_webhooks(cozystack_api.entry_port)
     return cozystack_api
 
