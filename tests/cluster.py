@@ -62,6 +62,7 @@ def register(server: EmulatedAPIServer, *, unserved: Collection[str] = ()) -> No
         "TenantReservation",
         status=True,
     )
+    server.resource("openreports.io", "v1alpha1", "reports", "Report")
     for manifest in platform_manifests():
         if manifest["kind"] == "ApplicationDefinition":
             application = manifest["spec"]["application"]

@@ -279,3 +279,22 @@ def test_a_reader_that_closes_the_pipe_stops_the_output_quietly(
     assert "BrokenPipe" not in done.stderr
     assert done.stderr == ""
     assert done.returncode == 141  # what a shell shows for kubectl cut off the same way
+
+
+def test_serve_on_a_port_in_use_logs_no_shutdown_and_ends_with_the_error(
+    tmp_path: Path, busy_port: int
+) -> None:
+    """At the default log level the startup lines come first; a server that never served logs
+    no shutdown, and the reason is the last line on the screen."""
+    certs = tmp_path / "certs"
+    generate(certs, dns_names=["localhost"], ip_addresses=["127.0.0.1"])
+    listen = ["--listen", f"127.0.0.1:{busy_port}"]
+    done = run(tmp_path, "webhook", "serve", *STATE, "--cert-dir", str(certs), *listen)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 2, done.stderr
+    *logged, last = done.stderr.strip().splitlines()
+    assert f"cannot listen on 127.0.0.1:{busy_port}" in last, done.stderr
+    messages = [json.loads(line)["message"] for line in logged]
+    assert messages[0] == "modes", messages
+    assert "shutting down" not in messages, messages
+    assert "stopped" not in messages, messages

@@ -44,3 +44,46 @@ async def test_a_pool_status_writer_that_raises_does_not_stop_the_other_duties(
     assert rounds >= 3  # it ran again on every round
     assert services.failures["pool-status"] >= 3
     assert counted[:3] == ["pool-status"] * 3
+
+
+async def test_a_tenant_slowing_the_policy_reports_never_delays_the_pool_statuses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Tenants may edit their reports so that every round rewrites them: however long the
+    reports take, the leader's pool statuses and the expiry of pending charges go on."""
+    monkeypatch.setenv("WEBHOOK_CERTS", "cert-manager")
+    configuration = k8s_client.Configuration()
+    configuration.host = "https://127.0.0.1:9"
+    services = LiveServices(KubeClient(configuration), Settings(namespace="cozy-reservation"))
+    services.ledger.settings = dataclasses.replace(services.ledger.settings, reconcile_seconds=0.01)
+    monkeypatch.setattr(type(services.elector), "is_leader", property(lambda self: True))
+    monkeypatch.setattr(type(services.live), "synced", property(lambda self: True))
+    statuses = 0
+    reports_started = asyncio.Event()
+
+    async def pool_status() -> int:
+        nonlocal statuses
+        statuses += 1
+        return 0
+
+    async def slow_reports(writer: object) -> None:
+        reports_started.set()
+        await asyncio.sleep(30)  # a round of many slow writes
+
+    monkeypatch.setattr(services.ledger, "reconcile", pool_status)
+    monkeypatch.setattr(services, "_policy_reports", slow_reports)
+    stop = asyncio.Event()
+    tasks = [
+        asyncio.create_task(services._duties(stop)),
+        asyncio.create_task(services._reports(stop)),
+    ]
+    async with asyncio.timeout(10):
+        await reports_started.wait()
+        before = statuses
+        while statuses < before + 5:
+            await asyncio.sleep(0.01)
+    stop.set()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await services.client.close()

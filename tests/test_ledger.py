@@ -119,6 +119,9 @@ class Replica:
     def observed_version(self, kind: str) -> int:
         return self.seen
 
+    def confirm(self, kind: str, revision: int) -> None:
+        return None  # the test delivers every watch by hand
+
     def observe(self, app: Application) -> None:
         self.state.observe(app)
         self.seen = max(self.seen, app.version)
@@ -384,6 +387,23 @@ async def test_a_request_that_fails_on_the_second_pool_leaves_nothing_in_the_fir
     assert (await a.ledger.admit(across("vm", uid="req-2"), POLICY)).allowed
 
 
+async def test_a_tenant_past_its_share_through_requests_charging_two_pools_is_refused_alone() -> (
+    None
+):
+    cluster = Cluster()
+    pools = {"tenant-acme": {"memory": "500Gi"}, "tenant-acme-dev": {"cpu": "500"}}
+    a = Replica(cluster, "a", {**pools, "tenant-acme-ops": None})  # the default share: 100
+    answers = [await a.ledger.admit(across(f"vm{i}", uid=f"r{i}"), POLICY) for i in range(101)]
+    assert all(d.allowed for d in answers[:100])
+    refused = answers[-1]
+    assert (refused.code, refused.reason) == (429, "ledger-share"), refused.message
+    assert "tenant-acme-dev already has 100" in refused.message
+    for pool in ("tenant-acme", "tenant-acme-dev"):  # nothing of the refused request stays
+        assert "r100" not in [e["id"] for e in cluster.entries(pool)]
+    other = await a.admit(create("db", "1Gi", namespace="tenant-acme-ops", uid="ops"))
+    assert other.allowed, "another tenant of the pool is not refused"
+
+
 # ---------------------------------------------------------------------------------------------
 # Who can be held at all
 
@@ -633,9 +653,46 @@ async def test_concurrent_admissions_are_decided_together_and_written_in_few_wri
     assert cluster.writes <= 3
 
 
+THINGS = "count/things.apps.cozystack.io"
+
+
+async def test_a_burst_at_a_counts_edge_admits_exactly_the_remaining_number() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {THINGS: "20"}})
+    for i in range(3):  # three things already stored: 17 left
+        a.observe(thing(cluster, f"old{i}", "0"))
+    answers = await asyncio.gather(*(a.admit(create(f"vm{i}", "0")) for i in range(200)))
+    assert sum(d.allowed for d in answers) == 17
+    refused = [d for d in answers if not d.allowed]
+    assert {d.reason for d in refused} == {"exceeded"}
+    assert f"requested: {THINGS}=1, used: {THINGS}=20, limited: {THINGS}=20" in refused[0].message
+    assert len(cluster.entries()) == 17
+
+
+async def test_two_replicas_bursting_at_a_counts_edge_admit_exactly_the_remaining_number() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {THINGS: "20"}})
+    b = Replica(cluster, "b", {POOL: {THINGS: "20"}})
+    for i in range(5):  # five things stored, seen by both: 15 left
+        stored = thing(cluster, f"old{i}", "0")
+        a.observe(stored)
+        b.observe(stored)
+
+    async def through(replica: Replica, i: int) -> Decision:
+        if i % 7 == 0 and POOL in cluster.objects:  # the pool's watch delivers mid-burst
+            replica.deliver()
+        return await replica.admit(create(f"vm{i}", "0"))
+
+    answers = await asyncio.gather(*(through(a if i % 2 else b, i) for i in range(200)))
+    assert sum(d.allowed for d in answers) == 15
+    assert {d.reason for d in answers if not d.allowed} <= {"exceeded", "conflict"}
+    assert len(cluster.entries()) == 15
+
+
 async def test_a_full_ledger_answers_try_again_and_never_writes_past_its_bound() -> None:
     cluster = Cluster()
-    a = Replica(cluster, "a", {POOL: {"memory": "100000Gi"}})
+    # One tenant may take the whole ledger here, so that its own bound is what is met.
+    a = Replica(cluster, "a", {POOL: {"memory": "100000Gi"}}, namespace_share=1.0)
     answers = await asyncio.gather(
         *(a.admit(create(f"vm{i}", "1Gi")) for i in range(MAX_ENTRIES + 50))
     )

@@ -416,6 +416,7 @@ async def test_every_api_call_the_webhook_makes_is_granted_by_its_rbac(
         calls = {rbac_call(r.method, r.path, dict(r.query)) for r in server.requests}
     assert ("reservation.cozystack.io", "tenantreservations/status", "update") in calls
     assert ("coordination.k8s.io", "leases", "update") in calls
+    assert ("openreports.io", "reports", "create") in calls
     assert calls <= set(EXPECTED_API_CALLS), calls - set(EXPECTED_API_CALLS)
 
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,7 @@ import yaml
 
 from tests.apiserver.server import EmulatedAPIServer
 from tests.builders import FIXTURES
+from tests.capacity import hostile_mixed_cluster
 from webhook.cli import main
 
 SEED = str(FIXTURES / "capacity" / "seed-snapshot.yaml")
@@ -157,3 +161,52 @@ async def test_without_a_snapshot_it_reads_the_cluster(
     plan = json.loads(capsys.readouterr().out)
     assert status == 0
     assert len(plan["moves"]) == 1
+
+
+def hostile_snapshot_file(tmp_path: Path) -> str:
+    path = tmp_path / "snapshot.yaml"
+    items = hostile_mixed_cluster()
+    path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items}))
+    return str(path)
+
+
+def test_a_vm_short_of_memory_and_cpu_among_mixed_vms_gets_its_answer_in_bounded_time(
+    tmp_path: Path,
+) -> None:
+    # 8 nodes x 70 mixed VMs, --max-moves 5: this searched for minutes before every candidate
+    # weighed was counted; now the default bound answers in seconds, saying what it searched.
+    snapshot = hostile_snapshot_file(tmp_path)
+    argv = ["--snapshot", snapshot, "--for", "tenant-evil/pending", "--max-moves", "5"]
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "webhook", "plan", *argv, "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert time.monotonic() - started < 60
+    plan = json.loads(done.stdout)
+    assert plan["feasible"] is False
+    assert plan["reason"].startswith(
+        "no plan within the bound: stopped at its bound of 1000000 candidates; "
+        "no plan of 4 moves or fewer exists"
+    )
+
+
+def test_plan_seconds_ends_the_search_in_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    snapshot = hostile_snapshot_file(tmp_path)
+    argv = ["--snapshot", snapshot, "--for", "tenant-evil/pending", "--max-moves", "5"]
+    started = time.monotonic()
+    status, out, _ = run(
+        capsys, "plan", *argv, "--max-candidates", "1000000000", "--plan-seconds", "0.5"
+    )
+    assert status == 1
+    assert time.monotonic() - started < 10
+    assert "no plan: no plan within the bound: stopped at the time limit after considering" in out
+    status, _, err = run(capsys, "plan", *argv, "--max-candidates", "0")
+    assert status == 2
+    assert "--max-candidates must be at least 1" in err

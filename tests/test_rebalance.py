@@ -9,11 +9,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.apiserver.server import EmulatedAPIServer
 from tests.builders import FIXTURES
-from webhook.core.rebalancing import OPT_IN_ANNOTATION, Goal, find_goals
+from tests.capacity import hostile_mixed_cluster, node_object, vm_objects
+from webhook.core.rebalancing import Goal, fair_order, find_goals, tenant_of
 from webhook.kube.client import KubeClient
 from webhook.rebalance import Rebalancer, RebalanceSettings
 
@@ -148,72 +150,13 @@ async def test_a_failed_migration_stops_the_plan_and_says_so(tmp_path: Path) -> 
 
 def two_move_cluster() -> list[Obj]:
     """a holds x and y (8Gi each); the 20Gi VM needs both gone; b and c take one each."""
-
-    def node(name: str, gib: int) -> Obj:
-        labels = {"kubernetes.io/hostname": name, "kubevirt.io/schedulable": "true"}
-        return {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {"name": name, "labels": labels},
-            "status": {"allocatable": {"memory": f"{gib}Gi", "cpu": "16", "pods": "110"}},
-        }
-
-    def vm(name: str, gib: int, where: str | None) -> list[Obj]:
-        pod: Obj = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": f"virt-launcher-{name}",
-                "namespace": "t",
-                "labels": {"kubevirt.io": "virt-launcher", "vm.kubevirt.io/name": name},
-            },
-            "spec": {
-                "nodeSelector": {"kubevirt.io/schedulable": "true"},
-                "containers": [
-                    {"name": "compute", "resources": {"requests": {"memory": f"{gib}Gi"}}}
-                ],
-            },
-            "status": {"phase": "Running"},
-        }
-        vmi: Obj = {
-            "apiVersion": "kubevirt.io/v1",
-            "kind": "VirtualMachineInstance",
-            "metadata": {
-                "name": name,
-                "namespace": "t",
-                "annotations": {OPT_IN_ANNOTATION: "true"},
-            },
-            "spec": {"domain": {"resources": {"requests": {"memory": f"{gib}Gi"}}}},
-            "status": {
-                "phase": "Running",
-                "conditions": [{"type": "LiveMigratable", "status": "True"}],
-            },
-        }
-        if where:
-            pod["spec"]["nodeName"] = where
-            vmi["status"]["nodeName"] = where
-        else:
-            vmi["status"]["phase"] = "Scheduling"
-            pod["status"] = {
-                "phase": "Pending",
-                "conditions": [
-                    {
-                        "type": "PodScheduled",
-                        "status": "False",
-                        "reason": "Unschedulable",
-                        "message": "0/3 nodes are available: 3 Insufficient memory.",
-                    }
-                ],
-            }
-        return [pod, vmi]
-
     return [
-        node("a", 24),
-        node("b", 10),
-        node("c", 10),
-        *vm("x", 8, "a"),
-        *vm("y", 8, "a"),
-        *vm("big", 20, None),
+        node_object("a", 24 * 1024, 16_000),
+        node_object("b", 10 * 1024, 16_000),
+        node_object("c", 10 * 1024, 16_000),
+        *vm_objects("t", "x", 8 * 1024, 0, "a"),
+        *vm_objects("t", "y", 8 * 1024, 0, "a"),
+        *vm_objects("t", "big", 20 * 1024, 0, None),
     ]
 
 
@@ -305,3 +248,156 @@ async def test_every_call_it_makes_is_granted_by_its_role(tmp_path: Path) -> Non
             made.add((group, rest[0], verb))
         assert made
         assert made <= CALLS, made - CALLS
+
+
+async def test_a_slow_goal_neither_holds_the_event_loop_nor_delays_other_goals(
+    tmp_path: Path,
+) -> None:
+    # tenant-evil's pending VM (the older goal) needs memory and cpu freed among mixed VMs: its
+    # search runs to its deadline. tenant-good's needs two moves found at once.
+    objects = hostile_mixed_cluster()
+    objects += [
+        node_object("a", 24 * 1024, 1000),
+        node_object("b", 10 * 1024, 1000),
+        node_object("c", 10 * 1024, 1000),
+        *vm_objects("tenant-good", "x", 8 * 1024, 0, "a"),
+        *vm_objects("tenant-good", "y", 8 * 1024, 0, "a"),
+        *vm_objects("tenant-good", "big", 20 * 1024, 0, None),
+    ]
+    objects[-1]["metadata"]["creationTimestamp"] = "2026-11-30T01:00:00Z"
+    async with cluster(tmp_path, objects) as (api, client, _kubevirt):
+        rebalancer = Rebalancer(
+            client,
+            settings(max_moves=5, max_candidates=10**9, plan_seconds=2.0, planners=2),
+        )
+        gaps: list[float] = []
+
+        async def tick() -> None:
+            loop = asyncio.get_running_loop()
+            last = loop.time()
+            while True:
+                await asyncio.sleep(0.01)
+                now = loop.time()
+                gaps.append(now - last)
+                last = now
+
+        ticker = asyncio.create_task(tick())
+        try:
+            outcomes = await rebalancer.round()
+        finally:
+            ticker.cancel()
+            rebalancer.close()
+        assert outcomes == [
+            (Goal("place", "tenant-good/big"), "planned"),
+            (Goal("place", "tenant-evil/pending"), "over-bound"),
+        ]
+        # The loop kept serving while the slow goal was planned (a GIL switch is 5 ms).
+        assert max(gaps) < 1.5, max(gaps)
+        slow = [e for e in api.objects("", "events") if e["involvedObject"]["name"] == "pending"]
+        assert slow[0]["reason"] == "MakeRoomNoPlan"
+        assert slow[0]["message"].startswith(
+            "no plan within the bound: stopped at the time limit after considering "
+        )
+        assert counter(rebalancer, "reservation_rebalance_plans_total", outcome="over-bound") == 1
+
+
+async def test_one_tenants_pending_vms_cannot_migrate_others_beyond_its_share(
+    tmp_path: Path,
+) -> None:
+    async with cluster(tmp_path, two_move_cluster()) as (api, client, kubevirt):
+        rebalancer = Rebalancer(client, settings(apply=True, tenant_migrations=1))
+        try:
+            assert await rebalancer.round() == [(Goal("place", "t/big"), "limited")]
+        finally:
+            rebalancer.close()
+        assert kubevirt.seen == []
+        assert api.objects(KUBEVIRT, "virtualmachineinstancemigrations") == []
+        limited = [e for e in api.objects("", "events") if e["reason"] == "MakeRoomLimited"]
+        assert limited[0]["type"] == "Warning"
+        assert limited[0]["message"] == (
+            "waiting: the pending VMs of t caused 0 live migrations in the last 3600s "
+            "(at most 1); this plan needs 2"
+        )
+        assert counter(rebalancer, "reservation_rebalance_plans_total", outcome="limited") == 1
+
+
+async def test_a_tenants_share_counts_its_sub_tenants_and_refills_after_the_period(
+    tmp_path: Path,
+) -> None:
+    now = [0.0]
+    objects = seed_objects()
+    async with cluster(tmp_path, objects) as (_api, client, kubevirt):
+        rebalancer = Rebalancer(
+            client,
+            settings(apply=True, tenant_migrations=1, tenant_period=100.0),
+            clock=lambda: now[0],
+        )
+        try:
+            assert await rebalancer.round() == [(Goal("place", LLAMA), "done")]
+            assert len(kubevirt.seen) == 1
+            # A sub-tenant's pending VM draws on the same share as its top-level tenant.
+            sub = Goal("place", "tenant-demo-dev/other")
+            assert "caused 1 live migrations" in rebalancer._over_tenant_limit(sub, 1)
+            assert rebalancer._over_tenant_limit(Goal("place", "tenant-else/vm"), 1) == ""
+            now[0] = 100.5
+            assert rebalancer._over_tenant_limit(sub, 1) == ""
+        finally:
+            rebalancer.close()
+
+
+def test_one_tenants_many_pending_vms_do_not_queue_ahead_of_another_tenants() -> None:
+    goals = [
+        Goal("place", "tenant-a/1"),
+        Goal("place", "tenant-a-dev/2"),
+        Goal("place", "tenant-a/3"),
+        Goal("place", "tenant-b/1"),
+        Goal("drain", "node-1"),
+    ]
+    assert fair_order(goals) == [
+        Goal("place", "tenant-a/1"),
+        Goal("place", "tenant-b/1"),
+        Goal("place", "tenant-a-dev/2"),
+        Goal("place", "tenant-a/3"),
+        Goal("drain", "node-1"),
+    ]
+    assert [tenant_of(n) for n in ("tenant-a-b-c", "tenant-root", "default", "tenant-")] == [
+        "tenant-a",
+        "tenant-root",
+        "default",
+        "tenant-",
+    ]
+
+
+def test_a_hundred_pending_vms_of_one_tenant_cost_a_round_only_its_share_of_goals() -> None:
+    many = [Goal("place", f"tenant-a/vm-{i}") for i in range(100)]
+    goals = [*many, Goal("place", "tenant-b/one"), Goal("drain", "node-1")]
+    first = fair_order(goals, per_tenant=2, turn=0)
+    assert first == [many[0], Goal("place", "tenant-b/one"), many[1], Goal("drain", "node-1")]
+    # Round after round, every one of them gets its turn, and tenant-b's goal every round.
+    planned = set()
+    for turn in range(50):
+        chosen = fair_order(goals, per_tenant=2, turn=turn)
+        assert Goal("place", "tenant-b/one") in chosen
+        assert len(chosen) == 4
+        planned.update(chosen)
+    assert set(many) <= planned
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        ["--max-candidates", "0"],
+        ["--plan-seconds", "nan"],
+        ["--planners", "0"],
+        ["--tenant-migrations", "-1"],
+        ["--tenant-period", "nan"],
+        ["--tenant-goals", "0"],
+    ],
+)
+def test_bounds_that_would_not_bound_are_refused_at_start(
+    flag: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from webhook.cli import main
+
+    assert main(["rebalance", "--kubeconfig", "/nonexistent", *flag]) == 2
+    assert flag[0] in capsys.readouterr().err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 
@@ -57,3 +58,22 @@ def test_dry_runs_are_held_unless_the_operator_turns_it_off() -> None:
     assert load_settings({}, environ={"WEBHOOK_DRY_RUN_HOLDS": "false"}).dry_run_holds is False
     with pytest.raises(SettingsError, match="dry-run-holds: 'maybe' is not on or off"):
         load_settings({"dry_run_holds": "maybe"}, environ={})
+
+
+def test_a_tenants_share_of_a_pools_ledger_from_flag_environment_and_file(
+    tmp_path: Path,
+) -> None:
+    assert load_settings({}, environ={}).ledger_namespace_share == 0.1
+    flag = load_settings({"ledger_namespace_share": "0.25"}, environ={})
+    assert flag.ledger_namespace_share == 0.25
+    env = load_settings({}, environ={"WEBHOOK_LEDGER_NAMESPACE_SHARE": "0.05"})
+    assert env.ledger_namespace_share == 0.05
+    config = tmp_path / "settings.yaml"
+    config.write_text("ledgerNamespaceShare: 0.5\n")
+    assert load_settings({"config": str(config)}, environ={}).ledger_namespace_share == 0.5
+
+
+@pytest.mark.parametrize("value", ["0", "-0.1", "1.5", "half"])
+def test_a_share_outside_zero_to_one_is_refused_by_name(value: str) -> None:
+    with pytest.raises(SettingsError, match="ledger-namespace-share"):
+        load_settings({"ledger_namespace_share": value}, environ={})

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from webhook.core.decisions import Decision, Policy, decide, errored, mutate
+from webhook.core.decisions import WARNING_LIMIT, Decision, Policy, decide, errored, mutate
 from webhook.core.guard import QuotaBook, guard_warning
 from webhook.core.reviews import AdmissionRequest, parse_review, review_response
 from webhook.core.room import RoomBook, room_warning
@@ -27,6 +27,7 @@ __all__ = [
     "admit",
     "apply_admitted",
     "conflict",
+    "existing",
     "internal_error",
     "with_guard_warning",
     "with_room_warning",
@@ -81,7 +82,9 @@ class Admission:
 
     async def validate(self, request: AdmissionRequest) -> Decision:
         if self.reserver is not None:
-            decision = await self.reserver.admit(request, self.policy)
+            decision = existing(request, self.state, self.policy) or await self.reserver.admit(
+                request, self.policy
+            )
             decision = with_guard_warning(decision, request, self.state, self.quotas)
             return with_room_warning(decision, request, self.room)
         decision = conflict(request, self.state) or decide(request, self.state, self.policy)
@@ -127,6 +130,70 @@ def conflict(request: AdmissionRequest, state: ReservationState) -> Decision | N
         f"{request.kind} {request.name} already exists in {request.namespace}; "
         "nothing was changed (update it instead)",
     )
+
+
+def existing(request: AdmissionRequest, state: ReservationState, policy: Policy) -> Decision | None:
+    """On a live cluster: a CREATE of a name the state already holds is refused before
+    anything is held for it.
+
+    The API server calls admission webhooks before its storage refuses a duplicate name with
+    AlreadyExists (``genericregistry.Store.Create`` runs ``createValidation`` first), so an
+    admitted CREATE of an existing name would hold its charge in the pool's ledger for the
+    whole grace period with nothing ever stored. In ``warn`` the write is let through
+    unheld, with the warning (the API server refuses it anyway); ``off`` looks at nothing.
+    """
+    if request.operation != "CREATE":
+        return None
+    mode = policy.mode_for(request.kind)
+    if mode == "off" or not state.synced:
+        return None
+    clash = conflict(request, state) or _same_release(request, state)
+    if clash is None:
+        return None
+    message = f"tenant reservations: {clash.message}; if it was just deleted, try again"
+    audit = {"decision": "denied", "mode": mode, "reason": clash.reason, "message": message}
+    if mode == "warn":
+        warning = f"would be denied: {message}"
+        audit = {**audit, "decision": "warned", "would-deny": message}
+        del audit["message"]
+        return Decision(
+            allowed=True,
+            outcome="warned",
+            reason=clash.reason,
+            message=message,
+            warnings=(warning[:WARNING_LIMIT],),
+            audit=audit,
+            mode=mode,
+            kind=request.kind,
+        )
+    return replace(clash, message=message, audit=audit, mode=mode, kind=request.kind)
+
+
+def _same_release(request: AdmissionRequest, state: ReservationState) -> Decision | None:
+    """A CREATE that cozystack-api would store under the HelmRelease name of an application
+    of another kind (release prefix + name: Kubernetes ``nodes-x`` and KubernetesNodes ``x``
+    are both ``kubernetes-nodes-x``; a kind with no prefix meets every other), which its
+    storage refuses as AlreadyExists after admission. One lookup per kind."""
+    platform = state.platform
+    kind = platform.kind(request.kind)
+    if kind is None or not request.name:
+        return None
+    release = kind.release_prefix + request.name
+    for other in platform.kinds.values():
+        prefix = other.release_prefix
+        if other.kind == request.kind or not release.startswith(prefix):
+            continue
+        key = (other.kind, request.namespace, release[len(prefix) :])
+        if key[2] and (state.record(key) is not None or key in state.unknown()):
+            return errored(
+                409,
+                "AlreadyExists",
+                "already-exists",
+                f"{request.kind} {request.name} would be stored as HelmRelease {release} in "
+                f"{request.namespace}, which {other.kind} {key[2]} already is; nothing was "
+                "changed (choose another name)",
+            )
+    return None
 
 
 def with_guard_warning(

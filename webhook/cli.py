@@ -110,7 +110,7 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument(
         "-n", "--namespace", default="", help="only the pool this namespace is in, and below"
     )
-    add_output(report, ("table", "wide", "json", "yaml"), default="table")
+    add_output(report, ("table", "wide", "json", "yaml", "openreports"), default="table")
     add_fail_on(report)
     report.set_defaults(handler=_report)
 
@@ -166,6 +166,12 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         metavar="N",
         help="the webhook configuration's timeoutSeconds (1-30, default 10)",
+    )
+    serve.add_argument(
+        "--ledger-namespace-share",
+        metavar="RATIO",
+        help="share of a pool's ledger one tenant's unsettled admissions may take "
+        "(0-1, default 0.1: 100 of 1,000 entries)",
     )
     serve.add_argument("--mode", choices=MODES, help="default: enforce")
     _add_overcommit(serve)
@@ -391,6 +397,7 @@ def _serve(args: argparse.Namespace) -> int:
         "metrics_listen": args.metrics_listen,
         "record_key_file": args.record_key_file,
         "timeout_seconds": args.timeout_seconds,
+        "ledger_namespace_share": args.ledger_namespace_share,
         "mode": args.mode,
         "mode_for": args.mode_for,
         **_overcommit_flags(args),
@@ -514,11 +521,21 @@ def _certs_generate(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from webhook.core.guard import QuotaBook
     from webhook.report import build_report, dump, failures, render_report
 
-    state = _load_state(args.state, keys=_record_keys(args.record_key_file))
+    quotas = QuotaBook()
+    state = _load_state(args.state, quotas=quotas, keys=_record_keys(args.record_key_file))
     report = build_report(state, namespace=args.namespace)
-    if args.output in ("json", "yaml"):
+    if args.output == "openreports":
+        # What the leader writes: one OpenReports Report per tenant namespace, for kubectl apply.
+        import yaml
+
+        from webhook.core.policy_reports import build_reports
+
+        reports = build_reports(state, quotas=quotas, namespace=args.namespace)
+        print(yaml.safe_dump_all(list(reports.values()), sort_keys=False).rstrip("\n"))
+    elif args.output in ("json", "yaml"):
         print(dump(report, args.output))
     else:
         print(render_report(report, wide=args.output == "wide"))

@@ -11,6 +11,8 @@ heavy modules (aiohttp, the Kubernetes client): a command that reads files start
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import sys
 import traceback
@@ -74,9 +76,11 @@ def run(prog: str, handler: Callable[[argparse.Namespace], int], args: argparse.
         _silence_stdout()
         return EXIT_PIPE
     except KeyboardInterrupt:
+        _flush_logs()
         print(f"{prog}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as exc:
+        _flush_logs()  # log lines still batched go first: the reason is the last line
         reason = _input_error(exc)
         if reason is None:
             if os.environ.get("WEBHOOK_DEBUG"):
@@ -86,6 +90,12 @@ def run(prog: str, handler: Callable[[argparse.Namespace], int], args: argparse.
             return EXIT_INTERNAL
         print(f"{prog}: {reason}", file=sys.stderr)
         return EXIT_INPUT
+
+
+def _flush_logs() -> None:
+    for handler in logging.getLogger().handlers:
+        with contextlib.suppress(Exception):  # a broken log stream must not hide the error
+            handler.flush()
 
 
 def _input_error(exc: Exception) -> str | None:

@@ -17,8 +17,10 @@ from typing import Any, Final
 from webhook.core import resources as rl
 from webhook.core.errors import QuantityError
 from webhook.core.guard import (
+    COUNTS_NOTE,
     QuotaBook,
     factor_for_mix,
+    is_object_count,
     namespace_need,
     render_tenant_quota,
     smallest_factor,
@@ -66,6 +68,8 @@ def build_guard_report(
             (key, record.resources if record else None)
             for key, record in state.records_in(row_namespace)
         )
+        counts = sorted(key for key in hard if is_object_count(key))
+        hard = {key: value for key, value in hard.items() if key not in counts}
         short = {
             key: need_total[key] - hard[key]
             for key in sorted(need_total)
@@ -79,6 +83,8 @@ def build_guard_report(
             "short": rl.to_strings(short),
             "tightest": {key: binding[key] for key in short if key in binding},
             "unknown": [f"{kind}/{name}" for kind, _, name in unknown],
+            # Object counts the guard leaves to the reservation (never pod requests).
+            "counts": counts,
             "smallestFactor": str(smallest_factor(budget, need_total)) if budget else None,
             "mixFactors": {
                 format_quantity(size): str(factor_for_mix(budget.get("memory", Decimal(0)), size))
@@ -89,7 +95,10 @@ def build_guard_report(
         }
         rows.append(row)
     rows.sort(key=lambda row: (not row["short"], row["namespace"]))
-    return {"namespaces": rows}
+    report: dict[str, Any] = {"namespaces": rows}
+    if any(row["counts"] for row in rows):
+        report["note"] = COUNTS_NOTE
+    return report
 
 
 def _subtree(state: ReservationState, namespace: str) -> set[str]:
@@ -143,10 +152,11 @@ def render_guard_report(report: dict[str, Any]) -> str:
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    return "\n".join(
+    table = "\n".join(
         "  ".join(cell.ljust(width) for cell, width in zip(r, widths, strict=True)).rstrip()
         for r in rows
     )
+    return f"{table}\n\nNote: {report['note']}" if report.get("note") else table
 
 
 def _pairs(values: dict[str, str]) -> str:

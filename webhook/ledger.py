@@ -26,13 +26,22 @@ observations are newer than the admission; only those settle it.
 ``status.released`` counts. A replica whose copy jumps past entries it never saw (admitted and
 removed between two versions it read, their objects perhaps stored where its state has not
 looked yet) finds the count grown by more than it saw leave, and decides nothing for the pool
-until its state has reached that version (a bounded wait, then "try again").
+until its state has reached that version (a bounded wait, then "try again"). Neither that wait
+nor the release of an expired entry depends on the kind's own traffic: the state is asked to
+confirm the kind by a consistent read (``LiveState.confirm``) when its watch lags.
 
 **Bounds.** A pool's object holds at most :data:`MAX_ENTRIES` entries of at most
 :data:`MAX_ENTRY_BYTES` each, well under etcd's 1.5 MiB object limit: at the bound, a request is
 denied with 429 "try again" (settled and expired entries make room within seconds), and no
-write is ever attempted that the API server would refuse for its size. Expiries are RFC 3339 in
-one fixed UTC form, so comparing one costs a string comparison, not a parse.
+write is ever attempted that the API server would refuse for its size. One tenant (the tenant
+namespace directly below the pool, with its sub-tenants) may have at most
+``LedgerSettings.namespace_share`` of those entries listed: past it only that tenant is told to
+try again. Expiries are RFC 3339 in one fixed UTC form, so comparing one costs a string
+comparison, not a parse.
+
+**Caps.** A sub-Tenant allowed only because Tenant is in warn, beyond what fits, is recorded in
+the pool's ``status.capped`` before the answer (:mod:`webhook.core.carveouts`): it then counts
+no more than before the write, and nothing is held for it.
 
 **Dry runs.** An API server that ignores ``dryRun`` stores what it calls a dry run (cozystack-api
 does: its HelmRelease writes drop the option), so with ``dry_run_holds`` (the default) a dry run
@@ -57,22 +66,39 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Final, Protocol
 
 from webhook.core import resources as rl
 from webhook.core.applications import AppKey, resource_version
-from webhook.core.decisions import Decision, Policy, decide, errored, held_dry_run
+from webhook.core.carveouts import Cap, capped, kept_budget, overshoot
+from webhook.core.decisions import (
+    WARNING_LIMIT,
+    Decision,
+    Policy,
+    decide,
+    errored,
+    held_dry_run,
+)
+from webhook.core.errors import UNEVALUABLE
 from webhook.core.pending import Hold, PendingCharges
 from webhook.core.quantities import parse_quantity
 from webhook.core.reviews import AdmissionRequest
 from webhook.core.state import ReservationState
+from webhook.core.tenants import TENANT_KIND, ancestors, owned_namespace, parse_budget
 from webhook.kube.client import ApiError, KubeClient, ResourceRef
 from webhook.kube.reflector import Reflector
 
-__all__ = ["MAX_ENTRIES", "MAX_ENTRY_BYTES", "TENANT_RESERVATIONS", "Ledger", "LedgerSettings"]
+__all__ = [
+    "MAX_ENTRIES",
+    "MAX_ENTRY_BYTES",
+    "TENANT_RESERVATIONS",
+    "Ledger",
+    "LedgerSettings",
+    "holder",
+]
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -92,6 +118,8 @@ MAX_ENTRY_BYTES: Final = 1_024
 # Previews one entry replaces: in one batch a write replaces at most the previews of its object
 # (each preview replaces the one before it, so there is one at a time, or a few in flight).
 MAX_REPLACES: Final = 16
+# Sub-tenants admitted in warn beyond what fits, per pool: about 200 bytes each.
+MAX_CAPS: Final = 200
 
 
 @dataclass(frozen=True)
@@ -105,6 +133,13 @@ class LedgerSettings:
     catch_up_seconds: float = 2.0  # how long a denial waits for the state to pass an expiry
     # Hold dry runs like writes: the API server may store them (cozystack-api does).
     dry_run_holds: bool = True
+    # The share of a pool's ledger one tenant's listed entries may take (see :func:`holder`).
+    namespace_share: float = 0.1
+
+    @property
+    def share_limit(self) -> int:
+        """How many entries one tenant may have listed in one pool's ledger."""
+        return max(1, int(MAX_ENTRIES * self.namespace_share))
 
 
 class StateSource(Protocol):
@@ -115,9 +150,22 @@ class StateSource(Protocol):
 
     def observed_version(self, kind: str) -> int: ...
 
+    def confirm(self, kind: str, revision: int) -> None:
+        """Make ``observed_version(kind)`` reach ``revision`` without waiting for the kind's
+        own traffic (a consistent read); returns at once."""
+
 
 class _Conflict(Exception):
     pass
+
+
+class _ShareFull(Exception):
+    """One tenant's entries already take its whole share of a pool's ledger."""
+
+    def __init__(self, pool: str, holder: str) -> None:
+        super().__init__(pool, holder)
+        self.pool = pool
+        self.holder = holder
 
 
 @dataclass
@@ -156,6 +204,7 @@ class Ledger:
         self.conflicts = 0
         self.writes = 0
         self.failures = 0  # writes refused for anything but a conflict
+        self.on_batch: Callable[[int], None] = lambda size: None  # e.g. observe in a metric
         self.reflector = Reflector(
             client,
             TENANT_RESERVATIONS,
@@ -168,6 +217,19 @@ class Ledger:
     @property
     def synced(self) -> bool:
         return self.reflector.synced
+
+    def holds(self) -> int:
+        """Pending charges held in every pool's ledger object, as this replica last saw them."""
+        return sum(len(entries) for entries in self._parsed.values())
+
+    def largest_share(self) -> float:
+        """The largest share of a pool's ledger (of :data:`MAX_ENTRIES`) that one tenant's
+        listed entries take now, over every pool (for metrics: one figure, no labels)."""
+        largest = 0
+        for pool, obj in self._objects.items():
+            counts = _holders(pool, self._current_entries(obj))
+            largest = max(largest, *counts.values()) if counts else largest
+        return largest / MAX_ENTRIES
 
     # -- admission ---------------------------------------------------------------------------
 
@@ -182,6 +244,10 @@ class Ledger:
         if expired and await self._sweep(decision.pool):
             state = self._current()
             decision = _decide_replacing(request, state, policy)
+        if _over_in_warn(request, decision):
+            return await self._admit_capped(request, policy, decision)
+        if not decision.allowed and decision.reason == "exceeded":
+            decision = _explain_cap(decision, state)
         if not decision.allowed or not decision.charged_pools:
             return decision
         node = state.tree.get(request.namespace)
@@ -219,6 +285,61 @@ class Ledger:
         state.pending.catch_up(self.live.observed_version)
         return state
 
+    # -- a carve-out admitted in warn: only what fits is counted ----------------------------
+
+    async def _admit_capped(
+        self, request: AdmissionRequest, policy: Policy, warned: Decision
+    ) -> Decision:
+        """A Tenant whose quota does not fit, allowed only because Tenant is in warn: record in
+        the pool above, before answering, that it counts no more than before the write (a
+        cap), so nothing is held and nobody else's room is taken; the answer is still the
+        warning with the full overshoot (see :mod:`webhook.core.carveouts`)."""
+        state = self._current()
+        declared = _declared_budget(request.object, state)
+        pool_node = state.tree.pool_root(request.namespace)
+        if declared is None or pool_node is None:
+            return warned
+        old = _declared_budget(request.old_object, state) if request.operation == "UPDATE" else None
+        owned = owned_namespace(request.namespace, request.name)
+        cap = capped(declared, kept_budget(state.tree, owned, declared, old))
+        refused = await self._write_cap(pool_node.namespace, owned, cap)
+        if refused is not None:
+            return refused
+        return _with_cap_warning(warned, cap, pool_node.namespace)
+
+    async def _write_cap(self, pool: str, owned: str, cap: Cap) -> Decision | None:
+        """Make ``pool``'s ledger list ``cap`` for ``owned``; ``None`` once written, else the
+        answer to give. A cap whose Tenant is not stored with its quota within the grace
+        period is dropped by the next write (see :meth:`_status`)."""
+        raw = {
+            "digest": cap.digest,
+            "declared": rl.to_strings(cap.declared),
+            "counted": rl.to_strings(cap.counted),
+            "expires": datetime.fromtimestamp(
+                self.clock() + self.settings.grace_seconds, UTC
+            ).strftime(_EXPIRY),
+        }
+        if _size(raw) > MAX_ENTRY_BYTES:
+            return _too_large()
+        async with self._locked([pool]):
+            for _ in range(self.settings.attempts):
+                try:
+                    current = self._objects.get(pool) or await self._ensure(pool)
+                except ApiError:
+                    return _unavailable()
+                state = self._current()
+                kept = self._kept(pool, current, state, without=set())
+                status = self._status(pool, current, state, kept)
+                caps = {**_raw_caps(status), owned: raw}
+                if len(caps) > MAX_CAPS:
+                    return _too_many_caps(pool)
+                outcome = await self._attempt(pool, current, {**status, "capped": caps})
+                if outcome == "written":
+                    return None
+                if outcome == "failed":
+                    return _unavailable()
+        return _contention([pool])
+
     # -- one pool: the group commit ------------------------------------------------------------
 
     async def _enqueue(self, pool: str, request: AdmissionRequest, policy: Policy) -> Decision:
@@ -233,6 +354,7 @@ class Ledger:
         try:
             while queue.waiting:
                 batch, queue.waiting = queue.waiting, []
+                self.on_batch(len(batch))
                 async with queue.lock:
                     try:
                         await self._commit(pool, batch)
@@ -261,6 +383,8 @@ class Ledger:
             pending = state.pending
             ids = {w.request.uid for w in batch}
             kept = self._kept(pool, current, state, without=ids)
+            held = _holders(pool, kept)
+            limit = self.settings.share_limit
             try:
                 for hold_id in ids:  # a retried request's own entry is not somebody else's
                     own = pending.counted(pool, hold_id)
@@ -280,11 +404,15 @@ class Ledger:
                     floor = self._absorb(pool, previews, added, pending)
                     decision = decide(waiter.request, state, waiter.policy)
                     if decision.allowed and decision.charged_pools:
+                        who = holder(pool, waiter.request.namespace)
                         if set(decision.charged_pools) != {pool}:
                             decision = _changed(pool)
                         elif len(kept) + len(added) - len(previews) >= MAX_ENTRIES:
                             decision = _full(pool)
+                        elif held.get(who, 0) - len(previews) >= limit:
+                            decision = _share_full(pool, who, self.settings)
                         else:
+                            held[who] = held.get(who, 0) + 1 - len(previews)  # replaced: theirs
                             taken = set(previews)
                             for earlier in added:  # a preview of this batch: its own too
                                 if earlier["id"] in taken:
@@ -314,13 +442,10 @@ class Ledger:
                     _answer(answers)
                     return
                 status = self._status(pool, current, state, [*kept, *added])
-                try:
-                    await self._write_status(pool, current, status)
-                except _Conflict:
-                    self.conflicts += 1
+                outcome = await self._attempt(pool, current, status)
+                if outcome == "conflict":
                     continue
-                except ApiError as exc:
-                    log.warning("ledger write failed", extra={"fields": {"error": str(exc)}})
+                if outcome == "failed":
                     for waiter, _ in answers:
                         waiter.future.set_result(_unavailable())
                     return
@@ -406,6 +531,9 @@ class Ledger:
                 except _Conflict:
                     self.conflicts += 1
                     continue  # what was written is ours (by uid): reused or replaced next time
+                except _ShareFull as exc:
+                    await self._roll_back(pools, uid)
+                    return _share_full(exc.pool, exc.holder, self.settings)
                 except ApiError as exc:
                     log.warning("ledger write failed", extra={"fields": {"error": str(exc)}})
                     await self._roll_back(pools, uid)
@@ -427,6 +555,9 @@ class Ledger:
         kept = self._kept(pool, current, state, without={entry["id"]})
         if len(kept) >= MAX_ENTRIES:
             raise _Conflict()
+        who = holder(pool, entry["application"].split("/", 2)[1])
+        if _holders(pool, kept).get(who, 0) >= self.settings.share_limit:
+            raise _ShareFull(pool, who)
         await self._write_status(pool, current, self._status(pool, current, state, [*kept, entry]))
 
     async def _roll_back(self, pools: list[str], uid: str) -> None:
@@ -464,25 +595,38 @@ class Ledger:
 
     async def _wait_unfenced(self, pools: list[str], deadline: float) -> bool:
         """Wait (until ``deadline``, loop time) for the state to pass every fence on ``pools``;
-        whether it did."""
+        whether it did. A quiet kind is confirmed by a consistent read, not awaited."""
         loop = asyncio.get_running_loop()
-        while any(self._current().pending.fenced(pool) for pool in pools):
+        while True:
+            pending = self._current().pending
+            if not any(pending.fenced(pool) for pool in pools):
+                return True
             if loop.time() >= deadline:
                 return False
+            for pool in pools:
+                self._confirm(pending.awaiting(pool))
             await asyncio.sleep(0.02)
-        return True
+
+    def _confirm(self, wanted: Mapping[str, int]) -> None:
+        """Ask the state to confirm each kind up to its revision (see ``LiveState.confirm``)."""
+        for kind, revision in wanted.items():
+            if self.live.observed_version(kind) < revision:
+                self.live.confirm(kind, revision)
 
     # -- expiry ----------------------------------------------------------------------------
 
     async def _sweep(self, pool: str) -> bool:
         """Drop ``pool``'s entries past their grace period and wait (bounded) until the state
-        has seen every write up to their removal; whether anything was released."""
+        has seen every write up to their removal (and that of entries already gone from the
+        ledger but still counted); whether anything may have been released."""
         current = self._objects.get(pool)
         if current is None:
             return False
         now = self._now_text()
         if not any(_expired(e, now) for e in self._current_entries(current)):
-            return False
+            if not self._current().pending.departed(pool):
+                return False
+            return await self._wait_departed(pool)
         async with self._locked([pool]):
             current = self._objects.get(pool)
             state = self._current()
@@ -493,9 +637,17 @@ class Ledger:
                         await self._write_status(
                             pool, current, self._status(pool, current, state, kept)
                         )
+        return await self._wait_departed(pool)
+
+    async def _wait_departed(self, pool: str) -> bool:
+        """Wait (bounded) until no entry that left ``pool``'s ledger is still counted."""
         loop = asyncio.get_running_loop()  # a bounded real wait, whatever the ledger's clock
         deadline = loop.time() + self.settings.catch_up_seconds
-        while self._current().pending.departed(pool) and loop.time() < deadline:
+        while loop.time() < deadline:
+            pending = self._current().pending
+            if not pending.departed(pool):
+                break
+            self._confirm(pending.awaiting(pool))
             await asyncio.sleep(0.02)
         return True
 
@@ -544,6 +696,15 @@ class Ledger:
     def _status(self, pool: str, current: Obj, state: ReservationState, entries: list[Obj]) -> Obj:
         old = current.get("status") or {}
         status = {**old, **self._summary(pool, state, old), "pending": entries}
+        caps = _raw_caps(old)
+        if caps:  # a cap stays while its Tenant declares its quota, or within its grace
+            now = self._now_text()
+            status["capped"] = {
+                owned: raw
+                for owned, raw in caps.items()
+                if isinstance(raw, Mapping)
+                and (not _expired(raw, now) or state.declares(str(owned), str(raw.get("digest"))))
+            } or None
         kept = {str(e.get("id") or "") for e in entries}
         removed = [e for e in self._current_entries(current) if str(e.get("id") or "") not in kept]
         if removed:  # every removal counted, so a replica that never saw one knows to wait
@@ -577,6 +738,19 @@ class Ledger:
             summary["committed"] = rl.to_strings(rl.add(view.reserved, discount))
             summary["discount"] = rl.to_strings(discount)
         return summary
+
+    async def _attempt(self, pool: str, current: Obj, status: Obj) -> str:
+        """One conditional write: ``written``, ``conflict`` (counted; decide again) or
+        ``failed`` (logged)."""
+        try:
+            await self._write_status(pool, current, status)
+        except _Conflict:
+            self.conflicts += 1
+            return "conflict"
+        except ApiError as exc:
+            log.warning("ledger write failed", extra={"fields": {"error": str(exc)}})
+            return "failed"
+        return "written"
 
     async def _write_status(self, pool: str, current: Obj, status: Obj) -> Obj:
         body = {**current, "status": status}
@@ -650,6 +824,7 @@ class Ledger:
             released=_released(obj.get("status") or {}),
             replaced=replaced,
         )
+        self._state.set_caps(pool, _caps(obj.get("status") or {}))
         if parsed:
             self._parsed[pool] = parsed
         else:
@@ -698,12 +873,14 @@ class Ledger:
         pool = str((obj.get("metadata") or {}).get("name") or "")
         if self._state is not None:
             self._state.pending.track(pool, [], version=version)
+            self._state.set_caps(pool, {})
 
     # -- the leader's duty -------------------------------------------------------------------
 
     def sweep(self) -> None:
-        """Release what the state has caught up with (every replica, periodically)."""
-        self._current()
+        """Release what the state has caught up with, and have the state confirm the kinds
+        that still hold something back (every replica, periodically)."""
+        self._confirm(self._current().pending.awaiting())
 
     async def reconcile(self) -> int:
         """Make every pool's TenantReservation status true; returns how many were written."""
@@ -772,6 +949,114 @@ def _full(pool: str) -> Decision:
         f"tenant reservations: pool {pool} has {MAX_ENTRIES} admissions not yet observed; "
         "try again in a few seconds",
     )
+
+
+def _over_in_warn(request: AdmissionRequest, decision: Decision) -> bool:
+    """A Tenant write allowed only because Tenant is in warn, over its parent's budget."""
+    return (
+        request.kind == TENANT_KIND
+        and decision.outcome == "warned"
+        and decision.reason == "exceeded"
+        and not request.dry_run
+    )
+
+
+def _declared_budget(
+    obj: Mapping[str, Any] | None, state: ReservationState
+) -> dict[str, Decimal] | None:
+    """The quota a Tenant object declares (``None``: none given, or it does not parse)."""
+    if obj is None:
+        return None
+    kind = state.platform.kind(TENANT_KIND)
+    spec = obj.get("spec")
+    try:
+        values = kind.defaulted(spec) if kind is not None else spec
+        return parse_budget(values)
+    except UNEVALUABLE:
+        return None
+
+
+def _with_cap_warning(warned: Decision, cap: Cap, pool: str) -> Decision:
+    over = overshoot(cap)
+    if not over:
+        return warned
+    counted = rl.format_resources(cap.counted, sorted(over)) or "nothing"
+    note = (
+        f"not reserved: pool {pool} counts this quota as {counted} (what it had before) and "
+        f"its subtree may use no more until the quota fits ({rl.format_resources(over)} over)"
+    )
+    return replace(warned, warnings=(*warned.warnings, note[:WARNING_LIMIT]))
+
+
+def _explain_cap(decision: Decision, state: ReservationState) -> Decision:
+    """Say so when the pool that refused is a carve-out counted below its declared quota."""
+    cap = state.capped().get(decision.pool)
+    if cap is None:
+        return decision
+    message = (
+        f"{decision.message} (its quota, {rl.format_resources(cap.declared)}, was admitted "
+        f"in warn mode beyond what fits above it: it counts "
+        f"{rl.format_resources(cap.counted, cap.declared) or 'nothing'} until it fits)"
+    )
+    return replace(decision, message=message, audit={**decision.audit, "message": message})
+
+
+def _too_many_caps(pool: str) -> Decision:
+    return errored(
+        429,
+        "TooManyRequests",
+        "ledger-full",
+        f"tenant reservations: pool {pool} has {MAX_CAPS} sub-tenants admitted in warn mode "
+        "beyond what fits; fix their quotas, then try again",
+    )
+
+
+def _raw_caps(status: Mapping[str, Any]) -> dict[str, Any]:
+    caps = status.get("capped")
+    return dict(caps) if isinstance(caps, Mapping) else {}
+
+
+def _caps(status: Mapping[str, Any]) -> dict[str, Cap]:
+    """The caps a ledger object lists (a malformed one is left out)."""
+    found = {}
+    for owned, raw in _raw_caps(status).items():
+        if isinstance(raw, Mapping) and isinstance(raw.get("digest"), str):
+            declared, counted = _quantities(raw.get("declared")), _quantities(raw.get("counted"))
+            found[str(owned)] = Cap(raw["digest"], declared, counted)
+    return found
+
+
+def _share_full(pool: str, who: str, settings: LedgerSettings) -> Decision:
+    return errored(
+        429,
+        "TooManyRequests",
+        "ledger-share",
+        f"tenant reservations: {who} already has {settings.share_limit} admissions not yet "
+        f"observed in pool {pool}, its share ({settings.namespace_share * 100:g}% of "
+        f"{MAX_ENTRIES}); try again in a few seconds",
+    )
+
+
+def holder(pool: str, namespace: str) -> str:
+    """Whose share of ``pool``'s ledger an entry for ``namespace`` takes: the tenant directly
+    below the pool on the way to ``namespace`` (the pool's own namespace for its own
+    applications). Sub-tenants share their tenant's share, so a tenant admin cannot multiply
+    it by creating namespaces."""
+    chain = ancestors(namespace)
+    if pool in chain:
+        index = chain.index(pool)
+        return chain[index - 1] if index > 0 else pool
+    return namespace
+
+
+def _holders(pool: str, entries: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """How many of ``entries`` each tenant holds in ``pool``'s ledger."""
+    counts: dict[str, int] = {}
+    for entry in entries:
+        parts = str(entry.get("application") or "").split("/", 2)
+        who = holder(pool, parts[1] if len(parts) == 3 else "")
+        counts[who] = counts.get(who, 0) + 1
+    return counts
 
 
 def _behind(pool: str) -> Decision:

@@ -2,7 +2,8 @@
 
 Prints the plan as JSON, as ``VirtualMachineInstanceMigration`` objects ready for
 ``kubectl apply -f -`` (one per step, in order), or as a table for a person. Exit codes follow
-the CLI: 0 a plan exists, 1 no plan within the cap (the reason is printed), 2 bad input. Its
+the CLI: 0 a plan exists, 1 no plan within the cap or the search's bound (candidates,
+seconds; the reason says what was searched), 2 bad input. Its
 flags are defined in :mod:`webhook.arguments.plan`.
 """
 
@@ -12,13 +13,14 @@ import argparse
 import asyncio
 import json
 import re
+import time
 from decimal import Decimal
 from typing import Final
 
 import yaml
 
 from webhook.cluster_snapshot import load_snapshot, read_cluster
-from webhook.core.planner import MAX_MOVES_CAP, Plan, plan_drain, plan_placement
+from webhook.core.planner import MAX_MOVES_CAP, Bound, Plan, plan_drain, plan_placement
 from webhook.core.quantities import format_quantity
 from webhook.core.snapshot import HOSTNAME, Snapshot, SnapshotError
 from webhook.kube.client import ApiError, KubeClient
@@ -37,11 +39,15 @@ def run(args: argparse.Namespace) -> int:
         raise PlanInputError(f"--max-moves: {args.max_moves} is not between 0 and {MAX_MOVES_CAP}")
     if args.vmi is not None and args.vmi.count("/") != 1:
         raise PlanInputError(f"--for: {args.vmi!r} is not NAMESPACE/NAME")
+    if args.max_candidates < 1 or not args.plan_seconds > 0:
+        raise PlanInputError("--max-candidates must be at least 1 and --plan-seconds positive")
     snapshot = load_snapshot(args.snapshot) if args.snapshot else _from_cluster(args.kubeconfig)
+    deadline = time.monotonic() + args.plan_seconds
+    bound = Bound(candidates=args.max_candidates, expired=lambda: time.monotonic() > deadline)
     if args.vmi is not None:
-        plan = plan_placement(snapshot, args.vmi, max_moves=args.max_moves)
+        plan = plan_placement(snapshot, args.vmi, max_moves=args.max_moves, bound=bound)
     else:
-        plan = plan_drain(snapshot, args.drain, max_moves=args.max_moves)
+        plan = plan_drain(snapshot, args.drain, max_moves=args.max_moves, bound=bound)
     if args.output == "json":
         print(json.dumps(plan_json(plan), indent=2))
     elif args.output == "yaml":

@@ -12,6 +12,14 @@ times out, or when the cluster changed under the plan; the next round plans afre
 
 It reads by listing rather than watching: a round is three LIST calls, bounded, and a lost
 watch can never leave it acting on a stale view. One bad goal is reported and the loop goes on.
+
+Pending VMs are a tenant's doing, so planning never holds the controller: every goal is planned
+in a worker thread (``--planners`` at once, off the event loop that serves ``/metrics`` and
+``/healthz``), each within its own budget of candidates and wall-clock deadline, submitted in
+turn across tenants (one tenant's many goals do not queue ahead of another's; at most
+``--tenant-goals`` of one tenant's per round, taken in rotation), and handled as each plan is
+ready, so a slow goal delays no other. The migrations one tenant's pending VMs may
+cause are limited per period; a plan beyond that waits, with an Event that says so.
 """
 
 from __future__ import annotations
@@ -19,8 +27,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import threading
 import time
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
@@ -30,16 +41,25 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from webhook.cluster_snapshot import NODES, PODS, VMIS
 from webhook.core.errors import ReservationError
+from webhook.core.plan_limits import (
+    DEFAULT_MAX_CANDIDATES,
+    DEFAULT_PLAN_SECONDS,
+    DEFAULT_PLANNERS,
+    DEFAULT_TENANT_GOALS,
+    DEFAULT_TENANT_MIGRATIONS,
+    DEFAULT_TENANT_PERIOD,
+)
 from webhook.core.planner import (
     DEFAULT_MAX_MOVES,
     MAX_MOVES_CAP,
+    Bound,
     Move,
     Plan,
     plan_drain,
     plan_placement,
     replay,
 )
-from webhook.core.rebalancing import Goal, find_goals
+from webhook.core.rebalancing import Goal, fair_order, find_goals, tenant_of
 from webhook.core.snapshot import HOSTNAME, Snapshot, snapshot_from_objects
 from webhook.kube.client import ApiError, KubeClient, ResourceRef
 from webhook.waits import sleep_unless_stopped
@@ -53,7 +73,9 @@ EVENTS: Final = ResourceRef("", "v1", "events")
 COMPONENT: Final = "reservation-rebalancer"
 PLAN_ANNOTATION: Final = "reservation.cozystack.io/plan-step"
 
-Outcome = Literal["planned", "done", "failed", "invalidated", "no-plan", "nothing"]
+Outcome = Literal[
+    "planned", "done", "failed", "invalidated", "no-plan", "over-bound", "limited", "nothing"
+]
 
 
 @dataclass(frozen=True)
@@ -64,6 +86,12 @@ class RebalanceSettings:
     max_moves: int = DEFAULT_MAX_MOVES
     migration_timeout: float = 900.0
     poll: float = 2.0
+    max_candidates: int = DEFAULT_MAX_CANDIDATES
+    plan_seconds: float = DEFAULT_PLAN_SECONDS
+    planners: int = DEFAULT_PLANNERS
+    tenant_migrations: int = DEFAULT_TENANT_MIGRATIONS
+    tenant_period: float = DEFAULT_TENANT_PERIOD
+    tenant_goals: int = DEFAULT_TENANT_GOALS
 
 
 @dataclass
@@ -73,7 +101,8 @@ class _Metrics:
     def __post_init__(self) -> None:
         self.plans = Counter(
             "reservation_rebalance_plans",
-            "Plans by outcome: planned (dry run), done, failed, invalidated, no-plan.",
+            "Plans by outcome: planned (dry run), done, failed, invalidated, no-plan, over-bound "
+            "(the search stopped at its bound), limited (the tenant's migrations per period).",
             ["outcome"],
             registry=self.registry,
         )
@@ -88,45 +117,95 @@ class _Metrics:
             "Rounds or goals that failed with an error (the loop went on).",
             registry=self.registry,
         )
+        self.candidates = Counter(
+            "reservation_rebalance_plan_candidates",
+            "Candidates the planner considered, summed over goals.",
+            registry=self.registry,
+        )
 
 
 class Rebalancer:
-    def __init__(self, client: KubeClient, settings: RebalanceSettings) -> None:
+    def __init__(
+        self,
+        client: KubeClient,
+        settings: RebalanceSettings,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.client = client
         self.settings = settings
         self.metrics = _Metrics()
+        self._clock = clock
         # The last message reported per goal: a plan that did not change is not re-announced.
         self._reported: dict[Goal, str] = {}
+        # When each migration a tenant's pending VMs caused was created, within the period.
+        self._caused: dict[str, deque[float]] = {}
+        self._turn = 0  # which of a tenant's pending VMs come first this round
+        self._planners = ThreadPoolExecutor(
+            max_workers=max(1, settings.planners), thread_name_prefix="planner"
+        )
+
+    def close(self) -> None:
+        """Stop the planner threads (a plan under way ends at its next deadline check)."""
+        self._planners.shutdown(wait=False, cancel_futures=True)
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await self.round()
-            except Exception:  # a round that fails is logged; the next one starts afresh
-                self.metrics.errors.inc()
-                log.exception("rebalance round failed")
-            if await sleep_unless_stopped(self.settings.interval, stop):
-                return
+        try:
+            while not stop.is_set():
+                try:
+                    await self.round()
+                except Exception:  # a round that fails is logged; the next one starts afresh
+                    self.metrics.errors.inc()
+                    log.exception("rebalance round failed")
+                if await sleep_unless_stopped(self.settings.interval, stop):
+                    return
+        finally:
+            self.close()
 
     async def round(self) -> list[tuple[Goal, Outcome]]:
-        """One pass: plan every goal; in apply mode carry out the first plan that has moves."""
+        """One pass: plan every goal off the event loop, handle each plan as it is ready; in
+        apply mode carry out the first plan that has moves, then stop planning the rest."""
         objects = await self._objects()
-        snapshot = snapshot_from_objects(objects)
+        snapshot = await asyncio.to_thread(snapshot_from_objects, objects)
+        goals = fair_order(
+            find_goals(objects, all_vms=self.settings.all_vms),
+            per_tenant=self.settings.tenant_goals,
+            turn=self._turn,
+        )
+        self._turn += 1
+        stop = threading.Event()
+        loop = asyncio.get_running_loop()
+        futures = [
+            loop.run_in_executor(self._planners, self._plan, goal, snapshot, stop) for goal in goals
+        ]
         outcomes: list[tuple[Goal, Outcome]] = []
-        for goal in find_goals(objects, all_vms=self.settings.all_vms):
-            try:
-                outcome = await self._handle(goal, snapshot)
-            except (ApiError, ReservationError) as exc:
-                self.metrics.errors.inc()
-                log.warning("goal failed", extra={"goal": str(goal), "error": str(exc)})
-                continue
-            outcomes.append((goal, outcome))
-            if outcome in ("done", "failed", "invalidated"):
-                break  # one plan in flight per round; the cluster has changed, re-read it
+        try:
+            for ready in asyncio.as_completed(futures):
+                goal, plan = await ready
+                try:
+                    outcome = await self._handle(goal, plan, stop)
+                except (ApiError, ReservationError) as exc:
+                    self.metrics.errors.inc()
+                    log.warning("goal failed", extra={"goal": str(goal), "error": str(exc)})
+                    continue
+                outcomes.append((goal, outcome))
+                if outcome in ("done", "failed", "invalidated"):
+                    break  # one plan in flight per round; the cluster has changed, re-read it
+        finally:
+            stop.set()  # plans still under way end at their next deadline check
+            await asyncio.gather(*futures, return_exceptions=True)
         return outcomes
 
-    async def _handle(self, goal: Goal, snapshot: Snapshot) -> Outcome:
-        plan = self._plan(goal, snapshot)
+    async def _handle(
+        self, goal: Goal, plan: Plan | BaseException, stop: threading.Event
+    ) -> Outcome:
+        if isinstance(plan, BaseException):
+            raise ReservationError(f"planning failed: {plan}")
+        self.metrics.candidates.inc(plan.candidates)
+        if plan.over_bound:
+            await self._report(goal, "MakeRoomNoPlan", plan.reason, warning=True)
+            self.metrics.plans.labels("over-bound").inc()
+            return "over-bound"
         if not plan.feasible:
             message = f"no plan within {self.settings.max_moves} moves: {plan.reason}"
             await self._report(goal, "MakeRoomNoPlan", message, warning=True)
@@ -139,12 +218,56 @@ class Rebalancer:
             await self._report(goal, "MakeRoomPlan", f"dry run: {text}")
             self.metrics.plans.labels("planned").inc()
             return "planned"
+        limited = self._over_tenant_limit(goal, len(plan.moves))
+        if limited:
+            await self._report(goal, "MakeRoomLimited", limited, warning=True)
+            self.metrics.plans.labels("limited").inc()
+            return "limited"
+        stop.set()  # one plan in flight: the others would be planned on a cluster about to change
         return await self._execute(goal, plan, text)
 
-    def _plan(self, goal: Goal, snapshot: Snapshot) -> Plan:
+    def _plan(
+        self, goal: Goal, snapshot: Snapshot, stop: threading.Event
+    ) -> tuple[Goal, Plan | BaseException]:
+        """In a planner thread: the goal's plan within its budget and deadline."""
+        deadline = time.monotonic() + self.settings.plan_seconds
+        bound = Bound(
+            candidates=self.settings.max_candidates,
+            expired=lambda: stop.is_set() or time.monotonic() > deadline,
+        )
+        try:
+            if goal.kind == "place":
+                return goal, plan_placement(
+                    snapshot, goal.key, max_moves=self.settings.max_moves, bound=bound
+                )
+            return goal, plan_drain(
+                snapshot, goal.key, max_moves=self.settings.max_moves, bound=bound
+            )
+        except Exception as exc:  # a bug in one goal's plan is that goal's error, not the round's
+            log.exception("planning failed", extra={"goal": str(goal)})
+            return goal, exc
+
+    def _over_tenant_limit(self, goal: Goal, moves: int) -> str:
+        """Why a plan of ``moves`` for ``goal`` must wait, or "": a drain is the platform's."""
+        if goal.kind != "place":
+            return ""
+        tenant = tenant_of(goal.key.split("/", 1)[0])
+        caused = self._caused.setdefault(tenant, deque())
+        horizon = self._clock() - self.settings.tenant_period
+        while caused and caused[0] <= horizon:
+            caused.popleft()
+        limit = self.settings.tenant_migrations
+        if len(caused) + moves <= limit:
+            return ""
+        return (
+            f"waiting: the pending VMs of {tenant} caused {len(caused)} live migrations in the "
+            f"last {self.settings.tenant_period:g}s (at most {limit}); this plan needs {moves}"
+        )
+
+    def _count_caused(self, goal: Goal) -> None:
         if goal.kind == "place":
-            return plan_placement(snapshot, goal.key, max_moves=self.settings.max_moves)
-        return plan_drain(snapshot, goal.key, max_moves=self.settings.max_moves)
+            tenant = tenant_of(goal.key.split("/", 1)[0])
+            self._caused.setdefault(tenant, deque()).append(self._clock())
 
     async def _execute(self, goal: Goal, plan: Plan, text: str) -> Outcome:
         await self._report(goal, "MakeRoomStarted", text, force=True)
@@ -166,6 +289,7 @@ class Rebalancer:
                 (n.labels.get(HOSTNAME, n.name) for n in fresh.nodes if n.name == move.target),
                 move.target,
             )
+            self._count_caused(goal)
             result = await self._migrate(move, hostname, step, len(plan.moves))
             self.metrics.migrations.labels(result).inc()
             if result != "Succeeded":
@@ -284,12 +408,27 @@ def run(args: argparse.Namespace) -> int:
     host, _, port = args.listen.rpartition(":")
     if not port.isdigit():
         raise RebalanceInputError(f"--listen: {args.listen!r} is not HOST:PORT")
+    if args.max_candidates < 1 or not args.plan_seconds > 0 or args.planners < 1:
+        raise RebalanceInputError(
+            "--max-candidates and --planners must be at least 1, --plan-seconds positive"
+        )
+    if args.tenant_migrations < 0 or not args.tenant_period > 0 or args.tenant_goals < 1:
+        raise RebalanceInputError(
+            "--tenant-migrations must be 0 or more, --tenant-period positive and "
+            "--tenant-goals at least 1"
+        )
     settings = RebalanceSettings(
         apply=args.apply,
         all_vms=args.all_vms,
         interval=args.interval,
         max_moves=args.max_moves,
         migration_timeout=args.migration_timeout,
+        max_candidates=args.max_candidates,
+        plan_seconds=args.plan_seconds,
+        planners=args.planners,
+        tenant_migrations=args.tenant_migrations,
+        tenant_period=args.tenant_period,
+        tenant_goals=args.tenant_goals,
     )
     logging.basicConfig(level=logging.INFO)
     return asyncio.run(_main(args.kubeconfig, settings, host, int(port), once=args.once))
@@ -302,8 +441,11 @@ async def _main(
     rebalancer = Rebalancer(client, settings)
     try:
         if once:
-            for goal, outcome in await rebalancer.round():
-                print(f"{goal}: {outcome}")
+            try:
+                for goal, outcome in await rebalancer.round():
+                    print(f"{goal}: {outcome}")
+            finally:
+                rebalancer.close()
             return 0
         app = web.Application()
 

@@ -20,6 +20,7 @@ from typing import Any, Final
 
 from webhook.core import resources as rl
 from webhook.core.applications import Application
+from webhook.core.counts import counted_plural, is_count_key
 from webhook.core.evaluation import Charge
 from webhook.core.overcommit import apply_factors, format_factors
 from webhook.core.quantities import format_quantity, parse_quantity
@@ -61,6 +62,9 @@ def build_report(state: ReservationState, *, namespace: str = "") -> dict[str, A
             "overcommitted": rl.to_strings(pool.overcommitted),
             "members": list(pool.members),
             "carveOuts": list(pool.carve_outs),
+            # Applications per kind the pool holds now (its subtree, less carve-outs that count
+            # that kind themselves), limited or not: what a count budget would start from.
+            "counts": _counts(state, pool.namespace),
         }
         discount = {k: v for k, v in discounts.get(pool.namespace, {}).items() if k in pool.budget}
         if discount:
@@ -126,6 +130,12 @@ def build_report(state: ReservationState, *, namespace: str = "") -> dict[str, A
             "ceiling": rl.to_strings(state.tree.ceiling(namespace)),
         }
     return report
+
+
+def _counts(state: ReservationState, pool: str) -> dict[str, str]:
+    node = state.tree.get(pool)
+    usage = node.usage if node is not None else {}
+    return rl.to_strings({k: v for k, v in sorted(usage.items()) if is_count_key(k) and v})
 
 
 def _scope(state: ReservationState, namespace: str) -> dict[str, Any] | None:
@@ -247,6 +257,10 @@ def render_report(report: dict[str, Any], *, wide: bool = False) -> str:
         if scope["ceiling"]:
             pairs = _pairs(scope["ceiling"], human=True).replace(",", ", ")
             lines.append(f"{scope['name']}'s own applications can reserve at most: {pairs}")
+    counted = [pool for pool in report["pools"] if pool.get("counts")]
+    if counted:
+        lines += ["", "Applications per pool (count/<plural>.apps.cozystack.io, limited or not):"]
+        lines += [f"  {pool['pool']}: {_pairs(_short_counts(pool['counts']))}" for pool in counted]
     discounted = [pool for pool in report["pools"] if pool.get("discount")]
     if discounted:
         lines += ["", "Overcommit factors (committed = reserved + discount):"]
@@ -264,6 +278,11 @@ def render_report(report: dict[str, Any], *, wide: bool = False) -> str:
             for i in report["drift"]
         ]
     return "\n".join(lines)
+
+
+def _short_counts(counts: Mapping[str, str]) -> dict[str, str]:
+    """``count/vminstances.apps.cozystack.io`` reads ``vminstances`` in a table line."""
+    return {counted_plural(key) or key: value for key, value in counts.items()}
 
 
 def _table(rows: Sequence[Sequence[str]]) -> list[str]:

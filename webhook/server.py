@@ -13,15 +13,21 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from aiohttp import web
 
 from webhook.admission import Admission
 from webhook.core.guard import QuotaBook
 from webhook.core.platform import Platform
+from webhook.core.policy_reports import (
+    ReportContext,
+    assemble_report,
+    report_findings,
+    report_namespaces,
+)
 from webhook.core.state import ReservationState, recount
 from webhook.http.app import (
     create_app,
@@ -34,7 +40,8 @@ from webhook.http.edges import observe_handshakes
 from webhook.kube.client import KubeClient
 from webhook.kube.config import connect, in_cluster
 from webhook.kube.lease import LeaderElector
-from webhook.ledger import Ledger, LedgerSettings
+from webhook.kube.reports import ReportWriter
+from webhook.ledger import MAX_ENTRIES, Ledger, LedgerSettings
 from webhook.record_keys import RecordKeySecret
 from webhook.settings import Settings
 from webhook.state.live import LiveSettings, LiveState
@@ -54,6 +61,10 @@ log = logging.getLogger(__name__)
 # application, so it runs seldom and never on the admission path's cadence.
 CERTIFICATE_SECONDS: Final = 30.0
 DRIFT_SECONDS: Final = 300.0
+# How often the leader recomputes the policy reports (each a full walk of the state, yielding
+# to admission between namespaces); a report is written only when its content changed.
+REPORT_SECONDS: Final = 60.0
+REPORT_PART: Final = 500  # applications evaluated between two yields to the event loop
 # A connection must deliver a complete request header within this many seconds of opening (or
 # of the previous response), else it is closed: a client that sends half a header, or holds an
 # idle connection, cannot pin a socket. aiohttp's keep-alive timer does both: it starts when the
@@ -81,6 +92,7 @@ class LiveServices:
                 grace_seconds=settings.grace_seconds,
                 read_timeout=settings.watch_read_timeout,
                 dry_run_holds=settings.dry_run_holds,
+                namespace_share=settings.ledger_namespace_share,
             ),
         )
         self.live.required["ledger (tenantreservations)"] = lambda: self.ledger.synced
@@ -98,6 +110,7 @@ class LiveServices:
             identity=settings.replica,
         )
         self.drift = 0
+        self.record_keys_read = 0.0  # Unix time of the last good read of the record keys
         self.record_keys = RecordKeySecret(
             client,
             namespace=settings.namespace,
@@ -116,6 +129,11 @@ class LiveServices:
                     (VALIDATING_WEBHOOKS, "reservation-webhook"),
                 ],
             )
+        # OpenReports policy reports, one per tenant namespace (see "Policy reports").
+        self.reports: ReportWriter | None = None
+        if os.environ.get("WEBHOOK_POLICY_REPORTS", "on") != "off":
+            self.reports = ReportWriter(client)
+        self.report_seconds = REPORT_SECONDS
         self._last: dict[str, float] = {}  # duty -> when it last ran (monotonic)
         self._was_leader = False
         self.failures: dict[str, int] = {}  # duty -> how often it raised, since start
@@ -128,6 +146,7 @@ class LiveServices:
             await self.client.close()
             return
         self.live.use_keys(keys)
+        self.record_keys_read = time.time()
         await asyncio.gather(
             self.live.run(stop),
             self.ledger.reflector.run(stop),
@@ -135,6 +154,7 @@ class LiveServices:
             *([self.room.run(stop)] if self.room is not None else []),
             self.elector.run(stop),
             self._duties(stop),
+            self._reports(stop),
         )
         await self.client.close()
 
@@ -159,9 +179,43 @@ class LiveServices:
     async def _record_keys(self) -> None:
         """Every replica: follow a rotation of the record-key Secret."""
         keys = await self.record_keys.read()
+        if keys is not None:
+            self.record_keys_read = time.time()
         if keys is not None and keys != self.live.keys:
             self.live.use_keys(keys)
             log.info("record keys reloaded", extra={"fields": {"previous": len(keys.previous)}})
+
+    async def _reports(self, stop: asyncio.Event) -> None:
+        """The leader's policy reports, in a loop of their own: however many reports a round
+        writes (tenants may edit theirs), the other duties never wait for it."""
+        if self.reports is None:
+            return
+        while not stop.is_set():
+            if (
+                self.elector.is_leader
+                and self.live.state.synced
+                and self._due("policy-reports", self.report_seconds)
+            ):
+                await self._guarded("policy-reports", self._policy_reports(self.reports))
+            await sleep_unless_stopped(self.ledger.settings.reconcile_seconds, stop)
+
+    async def _policy_reports(self, writer: ReportWriter) -> None:
+        """The leader: every tenant namespace's Report, computed a part at a time so admission
+        is never held for the whole walk, and handed to the writer one by one."""
+        state = self.live.state
+        keys = report_namespaces(state)
+        context = ReportContext.of(state, self.quotas.book, keys)
+
+        async def reports() -> AsyncIterator[tuple[str, dict[str, Any]]]:
+            for namespace, apps in keys.items():
+                findings = []
+                for start in range(0, len(apps), REPORT_PART):
+                    part = apps[start : start + REPORT_PART]
+                    findings += report_findings(self.live.state, namespace, part, context)
+                    await asyncio.sleep(0)
+                yield namespace, assemble_report(namespace, findings)
+
+        await writer.reconcile(reports())
 
     def _recount(self, state: ReservationState) -> None:
         self.drift = len(recount(state))
@@ -244,9 +298,22 @@ class WebhookServer:
                 conflicts=lambda: float(services.ledger.conflicts),
                 leader=lambda: services.elector.is_leader,
             )
+            ledger = services.ledger
+            metrics.watch_ledger(
+                limits={"pool": MAX_ENTRIES, "tenant": ledger.settings.share_limit},
+                share=ledger.settings.namespace_share,
+                largest=ledger.largest_share,
+                capped=lambda: float(len(services.live.state.capped())),
+                reads=lambda: float(services.live.consistent_reads),
+            )
             metrics.watch_health(
                 unavailable=services.live.unavailable_kinds,
                 problems=services.live.problem_counts,
+            )
+            services.ledger.on_batch = metrics.watch_operations(
+                holds=lambda: float(services.ledger.holds()),
+                record_keys_read=lambda: services.record_keys_read,
+                previous_keys=lambda: float(len(services.live.keys.previous)),
             )
             self.app[readiness_key].explain = services.live.explain
         self._runner = web.AppRunner(
@@ -260,6 +327,7 @@ class WebhookServer:
             create_metrics_app(metrics), handle_signals=False, access_log=None
         )
         self.metrics_port = 0
+        self.served = False  # set once both listeners are up: only then is a shutdown logged
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.port = 0
@@ -283,6 +351,7 @@ class WebhookServer:
         await metrics_site.start()
         self.metrics_port = _bound_port(metrics_site, self.settings.metrics_port)
         self.app[readiness_key].serving = True
+        self.served = True
         self._tasks.append(
             asyncio.create_task(self.reloader.run(self.settings.cert_reload_seconds, self._stop))
         )
@@ -306,13 +375,19 @@ class WebhookServer:
         """Serve until :meth:`stop`, then shut down gracefully."""
         await self._stop.wait()
         self.app[readiness_key].serving = False
-        log.info(
-            "shutting down", extra={"fields": {"grace_seconds": self.settings.shutdown_seconds}}
-        )
+        # A server that never served has nothing to shut down in the operator's eyes: it closes
+        # what did start (a listener, the cluster client) quietly, and the reason it could not
+        # start stays the last line on the screen.
+        if self.served:
+            log.info(
+                "shutting down",
+                extra={"fields": {"grace_seconds": self.settings.shutdown_seconds}},
+            )
         await self._runner.cleanup()
         await self._metrics_runner.cleanup()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        log.info("stopped")
+        if self.served:
+            log.info("stopped")
 
 
 async def _now(function: Callable[..., object], *args: object) -> None:

@@ -65,6 +65,8 @@ class Settings:
     # Hold a dry run's increase like a write's: cozystack-api stores what it calls a dry run.
     dry_run_holds: bool = True
     watch_read_timeout: float = 90.0
+    # The share of a pool's ledger (MAX_ENTRIES entries) one tenant's unsettled holds may take.
+    ledger_namespace_share: float = 0.1
 
     @property
     def grace_seconds(self) -> float:
@@ -120,6 +122,7 @@ _SPELLINGS: Final = {
     "pending_grace_seconds": ("WEBHOOK_PENDING_GRACE_SECONDS", "pendingGraceSeconds"),
     "dry_run_holds": ("WEBHOOK_DRY_RUN_HOLDS", "dryRunHolds"),
     "watch_read_timeout": ("WEBHOOK_WATCH_READ_TIMEOUT", "watchReadTimeout"),
+    "ledger_namespace_share": ("WEBHOOK_LEDGER_NAMESPACE_SHARE", "ledgerNamespaceShare"),
 }
 
 
@@ -204,6 +207,11 @@ def _build(raw: Mapping[str, Any]) -> Settings:
             values[name] = number
     if "dry_run_holds" in raw:
         values["dry_run_holds"] = _switch("dry-run-holds", raw["dry_run_holds"])
+    if "ledger_namespace_share" in raw:
+        share = _number("ledger-namespace-share", raw["ledger_namespace_share"], integer=False)
+        if not 0 < share <= 1:
+            raise SettingsError("ledger-namespace-share: must be above 0 and at most 1")
+        values["ledger_namespace_share"] = share
     if "mode" in raw:
         values["mode"] = _mode("mode", raw["mode"])
     if "mode_for" in raw:

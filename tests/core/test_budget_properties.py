@@ -29,6 +29,12 @@ the factor the platform set (its own, else its nearest tenant's), and the state'
 be exactly the platform's: nothing a tenant does changes a factor. A platform factor change may
 leave a pool over budget (allowed, reported), so its growth is not the tenant's doing either.
 
+Counts are keys: every stored application charges 1 of its kind's
+``count/<plural>.apps.cozystack.io`` (a Tenant in its parent's namespace), budgets may limit
+``count/things.apps.cozystack.io`` and ``count/tenants.apps.cozystack.io``, and a sub-tenant is
+created and removed as the sequence goes: the recount counts every stored object, and no pool
+holds more applications or sub-tenants than its count budget allows.
+
 Extending it: an operation is a ``@rule`` that builds a request with :meth:`TenantMoves.write`
 (which takes ``annotations`` for the new object and ``old_annotations`` for the stored one),
 so an attack on the charge annotation (forge, copy, strip) is a rule that passes different
@@ -64,10 +70,14 @@ from webhook.core.tenants import (
 )
 
 # tenant-root holds tenant a; a holds b and d; b holds c. Applications may live in any of them.
+# Tenant e (in tenant-a-d) comes and goes.
 TENANTS = {"a": "tenant-root", "b": "tenant-a", "c": "tenant-a-b", "d": "tenant-a"}
-NAMESPACES = ["tenant-root", "tenant-a", "tenant-a-b", "tenant-a-b-c", "tenant-a-d"]
+SUB_TENANT = ("e", "tenant-a-d")
+NAMESPACES = ["tenant-root", "tenant-a", "tenant-a-b", "tenant-a-b-c", "tenant-a-d", "tenant-a-d-e"]
 NAMES = ["x", "y", "z"]
-KEYS = ("cpu", "memory")
+THINGS = "count/things.apps.cozystack.io"
+SUBTENANTS = "count/tenants.apps.cozystack.io"
+KEYS = ("cpu", "memory", THINGS, SUBTENANTS)
 
 # Few, colliding sizes: budgets are filled, lowered and refilled within a few steps.
 cpu = st.sampled_from(["0", "1", "2", "4"])
@@ -85,7 +95,10 @@ forgeries = st.builds(
     sizes,
     st.sampled_from(["", "hmac-sha256:00", "x"]),
 )
-budgets = st.fixed_dictionaries({}, optional={"cpu": cpu, "memory": memory})
+counts = st.sampled_from(["0", "1", "2", "3"])
+budgets = st.fixed_dictionaries(
+    {}, optional={"cpu": cpu, "memory": memory, THINGS: counts, SUBTENANTS: counts}
+)
 
 Key = tuple[str, str, str]  # kind, namespace, name
 
@@ -175,7 +188,9 @@ class TenantMoves(RuleBasedStateMachine):
     @initialize()
     def create_tenants(self) -> None:
         for name, namespace in TENANTS.items():
-            spec = {"resourceQuotas": {"cpu": "4", "memory": "8Gi"}} if name == "a" else {}
+            # b, c and d count in a's pool: room for one more sub-tenant, and three things.
+            quota = {"cpu": "4", "memory": "8Gi", THINGS: "3", SUBTENANTS: "4"}
+            spec = {"resourceQuotas": quota} if name == "a" else {}
             assert self.write(TENANT_KIND, namespace, name, spec).allowed
 
     @rule(
@@ -317,6 +332,17 @@ class TenantMoves(RuleBasedStateMachine):
         self.vouched((kind, namespace, name), previous)
         self.state.observe(_application(kind, namespace, obj))
 
+    @rule(budget=st.none() | budgets, dry_run=st.booleans())
+    def create_or_remove_a_sub_tenant(self, budget: dict[str, str] | None, dry_run: bool) -> None:
+        """Tenant e comes (with or without a budget of its own) and goes; its applications stay
+        stored, as objects the API server still holds, and keep counting where they are."""
+        name, namespace = SUB_TENANT
+        if budget is None:
+            self.write(TENANT_KIND, namespace, name, None, dry_run=dry_run)
+        elif (TENANT_KIND, namespace, name) not in self.stored:
+            spec = {"resourceQuotas": budget} if budget else {}
+            self.write(TENANT_KIND, namespace, name, spec, dry_run=dry_run)
+
     @rule(tenant=st.sampled_from(sorted(TENANTS)), budget=budgets, dry_run=st.booleans())
     def set_budget(self, tenant: str, budget: dict[str, str], dry_run: bool) -> None:
         """Add, raise, lower or remove (an empty budget) a tenant's quota, key by key."""
@@ -338,6 +364,9 @@ class TenantMoves(RuleBasedStateMachine):
             charge = apply_factors(declared, self.effective((kind, namespace, name)))
             for key, value in charge.items():
                 own[namespace][key] = own[namespace].get(key, Decimal(0)) + value
+        for kind, namespace, _ in self.stored:  # existence: 1 per object of its kind's count
+            key = {TENANT_KIND: SUBTENANTS, "Thing": THINGS}[kind]
+            own[namespace][key] = own[namespace].get(key, Decimal(0)) + 1
         usage: dict[str, dict[str, Decimal]] = {}
         for namespace in sorted(NAMESPACES, key=_depth, reverse=True):  # children first
             total = dict(own[namespace])

@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.capacity import hostile_mixed_cluster
 from tests.core.planner_reference import brute_force, fits
-from webhook.core.planner import Plan, plan_drain, plan_placement, replay
+from webhook.core.planner import Bound, Plan, plan_drain, plan_placement, replay
 from webhook.core.snapshot import (
     VM,
     AntiAffinity,
@@ -19,6 +20,7 @@ from webhook.core.snapshot import (
     Snapshot,
     Taint,
     Toleration,
+    snapshot_from_objects,
 )
 
 G = 1024**3 * 1000  # one GiB in milli-units
@@ -349,3 +351,98 @@ def test_replay_names_the_first_step_a_new_pod_broke() -> None:
     changed = Snapshot(snapshot.nodes, (squatter,), snapshot.vms)
     reason = replay(changed, plan.moves, pending="ns/p", target=plan.target)
     assert reason == f"step 2: {plan.moves[1].target} no longer has room for {plan.moves[1].vm}"
+
+
+def hostile_snapshot(
+    *, per_node: int = 70, memory_short_mi: int = 4096, cpu_short_m: int = 7000
+) -> Snapshot:
+    return snapshot_from_objects(
+        hostile_mixed_cluster(
+            per_node=per_node, memory_short_mi=memory_short_mi, cpu_short_m=cpu_short_m
+        )
+    )
+
+
+def test_a_vm_short_of_memory_and_cpu_among_mixed_vms_stops_at_the_candidate_bound() -> None:
+    # 8 nodes x 70 mixed VMs at 5 moves: before the bound counted the sets of VMs weighed to
+    # free a node, this searched for minutes while counting a few thousand states.
+    plan = plan_placement(
+        hostile_snapshot(), "tenant-evil/pending", max_moves=5, bound=Bound(candidates=200_000)
+    )
+    assert not plan.feasible
+    assert plan.over_bound
+    assert 200_000 < plan.candidates <= 201_000
+    assert plan.reason.startswith(
+        "no plan within the bound: stopped at its bound of 200000 candidates; "
+    )
+    # What was searched: the depths ruled out, and how far the next one got.
+    assert "no plan of 4 moves or fewer exists" in plan.reason
+    assert "5-move plans searched on 0 of 8 candidate nodes" in plan.reason
+
+
+def test_the_deadline_hook_ends_a_search_within_a_few_thousand_candidates() -> None:
+    asked = []
+
+    def expired() -> bool:
+        asked.append(1)
+        return True
+
+    plan = plan_placement(
+        hostile_snapshot(), "tenant-evil/pending", max_moves=5, bound=Bound(expired=expired)
+    )
+    assert plan.over_bound
+    assert "stopped at the time limit after considering" in plan.reason
+    assert len(asked) == 1
+    assert plan.candidates < 2 * 2048 + 1000
+
+
+def test_a_drain_is_bounded_by_the_same_budget() -> None:
+    snapshot = hostile_snapshot(per_node=4)
+    plan = plan_drain(snapshot, "worker-0", max_moves=5, bound=Bound(candidates=50))
+    assert plan.over_bound
+    assert plan.reason.startswith("no plan within the bound: stopped at its bound of 50 ")
+
+
+def test_the_mixed_cluster_is_planned_exactly_when_the_bound_allows() -> None:
+    snapshot = hostile_snapshot(per_node=24, memory_short_mi=2048, cpu_short_m=3000)
+    plan = plan_placement(snapshot, "tenant-evil/pending", max_moves=4)
+    assert plan.feasible, plan.reason
+    assert plan.candidates < 1_000_000
+    simulate(snapshot, plan, pending="tenant-evil/pending")
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(min_value=0, max_value=2**32), st.integers(min_value=1, max_value=3000))
+def test_a_bounded_search_finds_the_unbounded_minimum_or_says_it_stopped(
+    seed: int, candidates: int
+) -> None:
+    snapshot = tight_cluster(random.Random(seed))
+    unbounded = plan_placement(snapshot, "ns/p", bound=Bound(candidates=10**9))
+    bounded = plan_placement(snapshot, "ns/p", bound=Bound(candidates=candidates))
+    if bounded.over_bound:
+        assert not bounded.feasible
+        assert bounded.reason.startswith("no plan within the bound")
+        # A step counts its candidates at once: past the bound by one step at most.
+        assert candidates < bounded.candidates <= candidates + 64
+    else:
+        assert bounded.candidates <= candidates
+        assert (bounded.feasible, len(bounded.moves), bounded.bytes_moved) == (
+            unbounded.feasible,
+            len(unbounded.moves),
+            unbounded.bytes_moved,
+        )
+
+
+def test_vms_that_each_choose_their_own_placement_count_against_the_bound() -> None:
+    # Every distinct placement is matched against every node before any search: 300 VMs with
+    # a selector each, on 300 nodes, weigh 90,000 candidates.
+    nodes = tuple(node(f"n{i}", 16, labels={"slot": str(i)}) for i in range(300))
+    vms = tuple(
+        vm(f"v{i}", 1, f"n{i}", placement=Placement(node_selector=(("slot", str(i)),)))
+        for i in range(300)
+    )
+    snapshot = Snapshot(nodes, (), (*vms, vm("p", 64, None)))
+    plan = plan_placement(snapshot, "ns/p", bound=Bound(candidates=10_000))
+    assert plan.over_bound
+    assert plan.reason == "no plan within the bound: stopped at its bound of 10000 candidates"
+    assert replay(snapshot, ()) == ""

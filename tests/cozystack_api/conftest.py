@@ -35,12 +35,21 @@ import yaml
 
 from tests.builders import FIXTURES, ROOT, free_port, review
 
-# ../shared beside the project (a checkout in a worktree folder may have it one level higher).
+# ../shared beside the project; WEBHOOK_TEST_SHARED names it elsewhere (as for ../shared/kube),
+# and a checkout in a folder of worktrees may have it one level higher.
 SHARED = next(
     (
-        base / "shared" / "cozystack-api"
-        for base in (ROOT.parent, ROOT.parent.parent)
-        if (base / "shared" / "cozystack-api").exists()
+        base / "cozystack-api"
+        for base in (
+            *(
+                [Path(os.environ["WEBHOOK_TEST_SHARED"])]
+                if os.environ.get("WEBHOOK_TEST_SHARED")
+                else []
+            ),
+            ROOT.parent / "shared",
+            ROOT.parent.parent / "shared",
+        )
+        if (base / "cozystack-api").exists()
     ),
     ROOT.parent / "shared" / "cozystack-api",
 )

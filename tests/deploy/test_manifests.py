@@ -69,6 +69,8 @@ EXPECTED_API_CALLS: Final[dict[tuple[str, str, str], Grant]] = {
         READ,
     ),
     **_calls(CLUSTER, "apps.cozystack.io", ("*",), READ),
+    # Consistent reads of a quiet kind: its HelmReleases at the current revision.
+    **_calls(CLUSTER, "helm.toolkit.fluxcd.io", ("helmreleases",), ("list",)),
     # The reservation ledger and its status.
     **_calls(
         CLUSTER,
@@ -79,6 +81,9 @@ EXPECTED_API_CALLS: Final[dict[tuple[str, str, str], Grant]] = {
     **_calls(CLUSTER, "reservation.cozystack.io", ("tenantreservations/status",), ("update",)),
     # The pod-level guard: ResourceQuotas and their status, read only.
     **_calls(CLUSTER, "", ("resourcequotas",), ("list", "watch")),
+    # Policy reports: listed by name, created, read and replaced by name.
+    **_calls(CLUSTER, "openreports.io", ("reports",), ("list", "create")),
+    **_calls(CLUSTER, "openreports.io", ("reports",), ("get", "update"), NAME),
     # Self-managed certificates: caBundle of our own two webhook configurations.
     **_calls(
         CLUSTER,
@@ -379,6 +384,14 @@ TENANT_RESERVATION: Final[Manifest] = {
             }
         ],
         "released": {"VMInstance": 12, "Postgres": 3},
+        "capped": {
+            "tenant-acme-big": {
+                "digest": "a5502d43b3678b12603ebc05601c856f",
+                "declared": {"memory": "1000Ti"},
+                "counted": {"memory": "0"},
+                "expires": "2030-01-01T00:00:00.000000Z",
+            }
+        },
         "conditions": [
             {
                 "type": "Overcommitted",
@@ -434,6 +447,7 @@ def test_a_tenant_reservation_as_the_ledger_writes_it_fits_the_schema_unpruned(
         pytest.param(("status", "budget"), {"cpu": 4}, id="quantity-not-a-string"),
         pytest.param(("status", "pending"), [{"id": "x"}], id="pending-without-charge"),
         pytest.param(("status", "released"), {"VMInstance": -1}, id="released-negative"),
+        pytest.param(("status", "capped"), {"tenant-acme-x": {"counted": {}}}, id="cap-no-digest"),
         pytest.param(
             ("status", "conditions"),
             [{"type": "Overcommitted", "status": "Yes"}],
@@ -831,7 +845,7 @@ def test_the_roles_are_bound_to_the_deployments_service_account(default: list[Ma
 def test_every_rbac_rule_says_what_it_is_for() -> None:
     lines = (ROOT / "deploy" / "base" / "rbac.yaml").read_text().splitlines()
     rules = [i for i, line in enumerate(lines) if re.match(r"\s+- apiGroups:", line)]
-    assert len(rules) == 14
+    assert len(rules) == 17
     for i in rules:
         assert lines[i - 1].strip().startswith("#"), f"rbac.yaml line {i + 1} has no comment"
 

@@ -34,6 +34,10 @@ Key = tuple[str, str, str]  # plural, namespace, name
 T = TypeVar("T")
 
 PLATFORM_BOOKMARK_SECONDS = 30.0
+HELM_RELEASES = "helmreleases"
+KIND_LABEL = "apps.cozystack.io/application.kind"
+NAME_LABEL = "apps.cozystack.io/application.name"
+GROUP_LABEL = "apps.cozystack.io/application.group"
 
 
 @dataclass
@@ -49,6 +53,7 @@ class Call:
     subresource: str
     body: Obj | None
     future: asyncio.Future[Obj]
+    params: Mapping[str, str] = field(default_factory=dict)
 
     def describe(self) -> str:
         target = "/".join(p for p in (self.plural, self.namespace, self.name) if p)
@@ -185,6 +190,8 @@ class SimAPI:
             call.future.set_result(result)
 
     def _serve(self, call: Call) -> Obj:
+        if call.method == "GET" and call.plural == HELM_RELEASES:
+            return self._releases(call.params.get("labelSelector", ""))
         if call.method == "GET" and not call.name:
             items = [
                 o
@@ -203,6 +210,25 @@ class SimAPI:
         if call.method == "PUT":
             return self.replace(call.plural, call.body, status=call.subresource == "status")
         raise ApiError(405, "MethodNotAllowed", call.method)
+
+    def _releases(self, selector: str) -> Obj:
+        """The HelmReleases applications are stored as (cozystack-api's storage), selected by
+        kind label, at the current version: the same objects, at the same versions."""
+        wanted = dict(term.split("=", 1) for term in selector.split(",") if "=" in term)
+        kind = wanted.get(KIND_LABEL)
+        items = []
+        for (_, namespace, name), obj in sorted(self.objects.items()):
+            if obj.get("kind") != kind or not obj.get("apiVersion", "").startswith("apps."):
+                continue
+            labels = {KIND_LABEL: kind, NAME_LABEL: name, GROUP_LABEL: "apps.cozystack.io"}
+            metadata = {
+                "name": name,
+                "namespace": namespace,
+                "labels": labels,
+                "resourceVersion": obj["metadata"]["resourceVersion"],
+            }
+            items.append({"kind": "HelmRelease", "metadata": metadata})
+        return {"items": items, "metadata": {"resourceVersion": str(self.version)}}
 
     # -- watches -------------------------------------------------------------------------
 
@@ -283,6 +309,7 @@ class SimClient(KubeClient):
             subresource,
             payload,
             future,
+            dict(params or {}),
         )
         self.api.submit(call)
         return await future

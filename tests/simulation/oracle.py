@@ -4,7 +4,8 @@ This is the judge of a simulation, so it shares nothing with the replicas' incre
 bookkeeping: per bounded tenant and budget key, the charges of the stored applications whose
 nearest tenant bounding that key it is, plus what each bounded sub-tenant beneath it occupies
 (a carve-out: the larger of its budget and its subtree's usage, so lowering a budget frees
-nothing still used). A ``Thing`` charges exactly the quantities its spec names.
+nothing still used). A ``Thing`` charges exactly the quantities its spec names, and 1 of
+``count/things.apps.cozystack.io``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from webhook.core.quantities import parse_quantity
 from webhook.core.tenants import owned_namespace, parent_namespace
 
 Obj = dict[str, Any]
+THINGS = "count/things.apps.cozystack.io"
 Figures = dict[tuple[str, str], tuple[Decimal, Decimal]]  # (pool, key) -> (usage, budget)
 
 
@@ -47,10 +49,11 @@ def pools(objects: Mapping[tuple[str, str, str], Obj]) -> Figures:
     direct: dict[tuple[str, str], Decimal] = {}
     for (plural, namespace, _), obj in sorted(objects.items()):
         if plural == "things":
-            for key, raw in sorted((obj.get("spec") or {}).items()):
+            charge = [(k, parse_quantity(v)) for k, v in sorted((obj.get("spec") or {}).items())]
+            for key, value in [*charge, (THINGS, Decimal(1))]:  # and 1 of the things' count
                 pool = bounder(namespace, key)
                 if pool is not None:
-                    direct[(pool, key)] = direct.get((pool, key), Decimal(0)) + parse_quantity(raw)
+                    direct[(pool, key)] = direct.get((pool, key), Decimal(0)) + value
     carve_outs: dict[tuple[str, str], list[str]] = {}
     for child, budget in sorted(bounded.items()):
         for key in sorted(budget):

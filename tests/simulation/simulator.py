@@ -46,7 +46,7 @@ from tests import builders
 from tests.builders import THING_DEFINITION
 from tests.simulation.apiserver import SimAPI
 from tests.simulation.loop import VirtualLoop
-from tests.simulation.oracle import Figures, lowered, overshoots, pools
+from tests.simulation.oracle import THINGS, Figures, lowered, overshoots, pools
 from tests.simulation.replica import GRACE_SECONDS, READ_TIMEOUT, Replica
 from webhook.core import kinds as kinds_module
 from webhook.core.applications import application_from_object
@@ -62,7 +62,7 @@ from webhook.state import live as live_module
 from webhook.waits import sleep_unless_stopped
 
 Obj = dict[str, Any]
-SCHEDULED = {"tenants", "things", "tenantreservations"}
+SCHEDULED = {"tenants", "things", "tenantreservations", "helmreleases"}
 ROOT = Path(__file__).resolve().parents[2]
 TENANT_DEFINITION = ROOT / "fixtures/cozystack/applicationdefinitions/tenant.yaml"
 NAMES = ("x", "y", "z")
@@ -188,6 +188,10 @@ class Simulation:
             "memory": f"{rng.choice((8, 12, 16))}Gi",
             "cpu": str(rng.choice((4, 8))),
         }
+        # Half the runs also count a's things; drawn apart so the other draws stay as they were.
+        counts = random.Random(f"counts-{self.seed}")
+        if counts.random() < 0.5:
+            tenants[("tenant-root", "a")][THINGS] = str(counts.randint(2, 6))
         namespaces = ["tenant-a"]
         if rng.random() < 0.6:
             tenants[("tenant-a", "b")] = rng.choice(
@@ -718,12 +722,21 @@ class Simulation:
         """At rest, every replica decides at the exact edge of every pool as stored."""
         figures = pools(self.api.objects)
         for (pool, key), (usage, budget) in sorted(figures.items()):
-            if key != "memory" or usage > budget:
+            if key not in ("memory", THINGS) or usage > budget:
                 continue
             room = budget - usage
+            # A probe is one more thing: where the count is full, only a denial can be probed.
+            counted = _bounder(figures, pool, THINGS)
+            full = (
+                counted is not None
+                and figures[(counted, THINGS)][0] >= figures[(counted, THINGS)][1]
+            )
+            edge = (
+                [(room, True), (room + 1, False)] if key == "memory" else [(Decimal(0), room > 0)]
+            )
             for name, replica in sorted(self.replicas.items()):
-                for amount, fits in ((room, True), (room + 1, False)):
-                    if amount <= 0:
+                for amount, fits in edge:
+                    if (amount <= 0 and key == "memory") or (key == "memory" and fits and full):
                         continue
                     self.requests += 1
                     obj = _app("Thing", pool, "probe", {"memory": str(amount)})
@@ -736,13 +749,14 @@ class Simulation:
                         raise Violation(f"{name}: a dry run did not answer at rest")
                     decision = task.result()
                     self._log(
-                        f"probe  {name} {pool} memory {amount}: "
+                        f"probe  {name} {pool} {key} {amount}: "
                         f"{'allowed' if decision.allowed else decision.reason}"
                     )
                     if decision.allowed != fits:
+                        what = f"{amount} bytes of memory" if key == "memory" else "one more thing"
                         raise Violation(
-                            f"{name} at rest {'denies' if fits else 'allows'} {amount} bytes of "
-                            f"memory in {pool}, where {usage} of {budget} is used: its view "
+                            f"{name} at rest {'denies' if fits else 'allows'} {what} "
+                            f"in {pool}, where {usage} of {budget} is used: its view "
                             "did not converge"
                         )
 

@@ -13,14 +13,15 @@ from webhook.state.room import RoomWatch
 Mi = 1024**2
 
 
-async def test_the_largest_free_node_memory_is_read_from_the_cluster(tmp_path: Path) -> None:
+async def test_the_largest_free_node_memory_is_read_and_kept_coarse(tmp_path: Path) -> None:
     async with EmulatedAPIServer() as api:
         register(api)
         for obj in seed_objects():
             api.create(obj)
         client = KubeClient.from_kubeconfig(str(api.kubeconfig(tmp_path / "kubeconfig")))
         try:
-            assert await RoomWatch(client).read() == 13002 * Mi
+            # 13002Mi free on worker-blue, kept only as coarse as answers use it: 16Gi.
+            assert await RoomWatch(client).read() == 16384 * Mi
         finally:
             await client.close()
 

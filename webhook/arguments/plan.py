@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from webhook.core.plan_limits import DEFAULT_MAX_MOVES, MAX_MOVES_CAP
+from webhook.core.plan_limits import (
+    DEFAULT_MAX_CANDIDATES,
+    DEFAULT_MAX_MOVES,
+    DEFAULT_PLAN_SECONDS,
+    MAX_MOVES_CAP,
+)
 
 __all__ = ["add_parser"]
 
@@ -30,6 +35,20 @@ def add_parser(commands: Any) -> None:
         default=DEFAULT_MAX_MOVES,
         metavar="K",
         help=f"at most K migrations (default {DEFAULT_MAX_MOVES}, at most {MAX_MOVES_CAP})",
+    )
+    plan.add_argument(
+        "--max-candidates",
+        type=int,
+        default=DEFAULT_MAX_CANDIDATES,
+        metavar="N",
+        help=f"candidates the search may consider (default {DEFAULT_MAX_CANDIDATES})",
+    )
+    plan.add_argument(
+        "--plan-seconds",
+        type=float,
+        default=DEFAULT_PLAN_SECONDS,
+        metavar="SECONDS",
+        help=f"wall-clock limit on the search (default {DEFAULT_PLAN_SECONDS:g})",
     )
     plan.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
     plan.set_defaults(handler=_run)

@@ -34,6 +34,7 @@ from webhook.core.applications import (
     Application,
     application_from_object,
 )
+from webhook.core.counts import check_budget_keys, is_count_key
 from webhook.core.errors import UNEVALUABLE, EvaluationError
 from webhook.core.evaluation import Charge
 from webhook.core.kinds import APPS_GROUP
@@ -81,6 +82,10 @@ __all__ = [
 WARNING_TARGET: Final = 120
 DRY_RUN_NOTE: Final = "dry run: nothing was reserved"
 WARNING_LIMIT: Final = 256
+# A Tenant budget key Kubernetes would refuse in a ResourceQuota, or a count nothing counts:
+# refused in warn mode too, since admitting it protects nobody (the chart's ResourceQuota fails
+# to apply, or the budget silently does not hold) and every key is work and a metric label.
+BAD_BUDGET_KEY: Final = "invalid-budget-key"
 _ZERO = Decimal(0)
 
 
@@ -196,7 +201,7 @@ def decide(request: AdmissionRequest, state: ReservationState, policy: Policy) -
             request,
         )
     decision = _decide_application(request, state, policy)
-    return _apply_mode(mode, decision, request)
+    return _apply_mode("enforce" if decision.reason == BAD_BUDGET_KEY else mode, decision, request)
 
 
 def _namespace_problem(request: AdmissionRequest) -> str:
@@ -275,6 +280,9 @@ def _decide_application(
     )
     facts.warnings.extend(unknown_key_warnings(request.kind, app.spec, kind.schema))
     contribution = dict(delta)
+    # A CREATE also adds the application itself: 1 of its kind's count key. Its charge and
+    # record stay sizes only (an UPDATE neither adds nor removes an application).
+    counted = state.platform.count_of(app.key) if request.operation == "CREATE" else {}
     if request.kind == TENANT_KIND:
         tenant = _tenant_change(request, state, app, facts)
         if isinstance(tenant, Decision):
@@ -289,6 +297,8 @@ def _decide_application(
                 inner = _check(owned, repriced, state, facts, policy)
                 if not inner.allowed:
                     facts.warnings.append(f"re-priced at the new factor: {inner.message}")
+    if counted:
+        contribution = rl.add(contribution, counted)
     decision = _check(namespace, contribution, state, facts, policy)
     if changed and not decision.allowed and decision.reason in ("exceeded", "unknown-usage"):
         # The platform changed a factor: never refused for the pool, reported overcommitted.
@@ -466,6 +476,8 @@ def _check(
         return _denied_quota("; ".join(parts), facts, pool_name, after, budget)
     if state.unknown():
         for key in sorted(increases):
+            if is_count_key(key):
+                continue  # an unknown application's size is unknown, never its existence
             holder = pools[key].namespace if key in pools else ""
             blockers = [
                 k
@@ -510,12 +522,18 @@ def _tenant_change(
         return invalid(f"spec.{exc.path}", f"Tenant: {exc.message}")
     except UNEVALUABLE as exc:
         return invalid("spec", f"Tenant: the values cannot be evaluated ({type(exc).__name__})")
+    try:
+        check_budget_keys(budget, state.platform.plurals(), kept=_old_budget_keys(request))
+    except EvaluationError as exc:
+        refused = invalid(f"spec.{exc.path}", f"Tenant: {exc.message}")
+        return replace(refused, reason=BAD_BUDGET_KEY)
     owned = owned_namespace(request.namespace, app.name)
     node = state.tree.get(owned)
     change: dict[str, Decimal] = dict(facts.delta)
     warnings: list[str] = []
+    counted = state.counted_budget(owned, budget)  # below it: capped in warn (carveouts)
     if node is not None:
-        change = rl.add(change, state.tree.budget_change(node, budget))
+        change = rl.add(change, state.tree.budget_change(node, counted))
         for key in sorted(budget):
             used = node.usage.get(key, _ZERO)
             if used > budget[key]:
@@ -524,8 +542,18 @@ def _tenant_change(
                     f"{format_quantity(budget[key])}: overcommitted until it shrinks"
                 )
     else:
-        change = rl.add(change, budget)
-    return {k: v for k, v in change.items() if v != 0}, warnings, budget
+        change = rl.add(change, counted)
+    return {k: v for k, v in change.items() if v != 0}, warnings, counted
+
+
+def _old_budget_keys(request: AdmissionRequest) -> list[str]:
+    """The budget keys the stored Tenant already has (an UPDATE's old object): they entered
+    before the key rules and do not make its next write fail."""
+    if request.operation != "UPDATE" or request.old_object is None:
+        return []
+    spec = request.old_object.get("spec")
+    quotas = spec.get("resourceQuotas") if isinstance(spec, Mapping) else None
+    return [str(key) for key in quotas] if isinstance(quotas, Mapping) else []
 
 
 def _forged_annotation(

@@ -19,6 +19,12 @@ This module answers, purely:
 Room is ``hard - max(used, need of the admitted applications)``: ``status.used`` counts the pods
 that exist, the admitted need counts those that will; whichever is larger is what the next pod
 competes with. Only sizes appear in a warning, never another tenant's names.
+
+Object counts are no pod-level limit: a budget's ``count/<plural>.apps.cozystack.io`` is counted
+by the reservation at admission, and the chart renders it as ``limits.count/...`` and
+``requests.count/...``, which no pod ever requests (the pod evaluator's extended-resource rule
+would need a node to advertise ``count/...``). The guard leaves such keys out of its room and
+says so (:func:`is_object_count`) instead of reporting a room nothing can fill.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from webhook.core.pod_requests import ALLOCATION_RATIOS, PodNeed, pod_need
 from webhook.core.quantities import format_quantity, parse_quantity
 
 __all__ = [
+    "COUNTS_NOTE",
     "TENANT_QUOTA",
     "Quota",
     "QuotaBook",
@@ -43,6 +50,7 @@ __all__ = [
     "factor_for_mix",
     "guard_room",
     "guard_warning",
+    "is_object_count",
     "namespace_need",
     "quota_from_object",
     "render_tenant_quota",
@@ -74,6 +82,12 @@ _COUNT_KEYS: Final = frozenset(
     }
 )
 _FACTOR_STEP: Final = Decimal("0.01")
+_RENDERED_PREFIXES: Final = ("limits.", "requests.")
+COUNTS_NOTE: Final = (
+    "count/... keys are counted by the reservation at admission; the chart renders them as "
+    "limits.count/... and requests.count/..., which no pod requests, so the guard checks "
+    "nothing for them"
+)
 
 
 @dataclass(frozen=True)
@@ -207,12 +221,25 @@ def namespace_need(
     return total_need(needs), sorted(unknown)
 
 
+def is_object_count(key: str) -> bool:
+    """Whether a ResourceQuota key counts objects by ``count/...`` (as written, or as the chart
+    renders a budget's count key): never part of what a pod requests."""
+    for prefix in _RENDERED_PREFIXES:
+        if key.startswith(prefix):
+            key = key[len(prefix) :]
+            break
+    return key.startswith("count/")
+
+
 def guard_room(quotas: Iterable[Quota], need: Mapping[str, Decimal]) -> dict[str, Decimal]:
     """Per key, what the tightest quota leaves once what exists and what was admitted is
-    counted: ``hard - max(used, need)``. Negative where admitted applications cannot all run."""
+    counted: ``hard - max(used, need)``. Negative where admitted applications cannot all run.
+    Object counts (:func:`is_object_count`) are no pod-level room and are left out."""
     room: dict[str, Decimal] = {}
     for quota in quotas:
         for key, hard in quota.hard.items():
+            if is_object_count(key):
+                continue
             left = hard - max(quota.used.get(key, Decimal(0)), need.get(key, Decimal(0)))
             if key not in room or left < room[key]:
                 room[key] = left

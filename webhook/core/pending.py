@@ -108,6 +108,19 @@ class PendingCharges:
         """Whether ``pool`` waits for the state to pass entries this replica never saw."""
         return any(slot[0] == pool for slot in self._fences)
 
+    def awaiting(self, pool: str | None = None) -> dict[str, int]:
+        """What the state must reach, per kind, before fences (of ``pool``, or every pool)
+        lift and departed entries are released: the revision, per kind."""
+        wanted: dict[str, int] = {}
+        for (fenced_pool, kind), revision in self._fences.items():
+            if pool is None or fenced_pool == pool:
+                wanted[kind] = max(wanted.get(kind, 0), revision)
+        for slot, revision in self._departed.items():
+            if pool is None or slot[0] == pool:
+                kind = self._counted[slot].key[0]
+                wanted[kind] = max(wanted.get(kind, 0), revision)
+        return wanted
+
     def track(
         self,
         pool: str,

@@ -18,21 +18,27 @@ step being the pending VM itself, or a VM leaving the drained node). Two facts k
 
 Each VM migrates at most once in a plan. The tests compare the result with an exhaustive search
 over every move sequence on thousands of small random clusters.
+
+The search is also bounded by the work it does, because a pending VM is a tenant's doing and the
+search is exponential in the worst case: one budget counts every candidate it considers (each
+state, each destination weighed, each set of VMs weighed to free a node, including those the
+enumeration rejects) and a deadline hook ends it in time. Past either, the answer is "no plan
+within the bound" with what was searched, never a plan whose minimality was not proven.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import combinations
 from typing import Final
 
-from webhook.core.plan_limits import DEFAULT_MAX_MOVES, MAX_MOVES_CAP
+from webhook.core.plan_limits import DEFAULT_MAX_CANDIDATES, DEFAULT_MAX_MOVES, MAX_MOVES_CAP
 from webhook.core.snapshot import PODS, VM, AntiAffinity, Node, Placement, Snapshot
 
 __all__ = [
     "DEFAULT_MAX_MOVES",
     "MAX_MOVES_CAP",
+    "Bound",
     "Move",
     "Plan",
     "plan_drain",
@@ -40,9 +46,17 @@ __all__ = [
     "replay",
 ]
 
-# Work is bounded before it is done: a search that expands more states than this gives up,
-# saying so, rather than holding a controller or a CLI for minutes.
-MAX_EXPANSIONS: Final = 2_000_000
+# The deadline hook is asked once per this many candidates (a few milliseconds of work).
+_CHECK_EVERY: Final = 2048
+
+
+@dataclass(frozen=True)
+class Bound:
+    """How much one plan may search: ``candidates`` considered, and ``expired``, a hook the
+    caller gives to say time is up (the core reads no clock), asked every few milliseconds."""
+
+    candidates: int = DEFAULT_MAX_CANDIDATES
+    expired: Callable[[], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +74,8 @@ class Plan:
     moves: tuple[Move, ...] = ()
     target: str | None = None
     reason: str = ""
+    over_bound: bool = False  # the search stopped at its bound: no plan was proven or refuted
+    candidates: int = 0  # what the search considered
 
     @property
     def bytes_moved(self) -> int:
@@ -67,7 +83,29 @@ class Plan:
 
 
 class _Budget(Exception):
-    pass
+    def __init__(self, what: str, work: int) -> None:
+        super().__init__(what)
+        self.what = what
+        self.work = work
+
+
+@dataclass
+class _Meter:
+    """The count of candidates while the world is built (it then carries on in the world)."""
+
+    bound: Bound
+    work: int = 0
+    next_check: int = _CHECK_EVERY
+
+    def spend(self, count: int = 1) -> None:
+        """Count ``count`` candidates against the bound; raise :class:`_Budget` past it."""
+        self.work += count
+        if self.work > self.bound.candidates:
+            raise _Budget(f"its bound of {self.bound.candidates} candidates", self.work)
+        if self.work >= self.next_check:
+            self.next_check = self.work + _CHECK_EVERY
+            if self.bound.expired is not None and self.bound.expired():
+                raise _Budget("the time limit", self.work)
 
 
 @dataclass
@@ -85,10 +123,22 @@ class _World:
     fixed_labels: list[list[tuple[str, dict[str, str], tuple[AntiAffinity, ...]]]]
     anti: bool
     banned: set[int] = field(default_factory=set)
-    expansions: int = 0
+    meter: _Meter = field(default_factory=lambda: _Meter(Bound()))
+
+    @property
+    def work(self) -> int:
+        return self.meter.work
+
+    def spend(self, count: int = 1) -> None:
+        self.meter.spend(count)
 
     @classmethod
-    def build(cls, snapshot: Snapshot, extra: Sequence[VM] = ()) -> _World:
+    def build(
+        cls, snapshot: Snapshot, extra: Sequence[VM] = (), *, bound: Bound | None = None
+    ) -> _World:
+        """The dense world; the filtering of nodes per distinct placement (which VMIs choose)
+        counts against ``bound`` like any other candidate."""
+        meter = _Meter(bound or Bound())
         nodes = list(snapshot.nodes)
         index = {n.name: i for i, n in enumerate(nodes)}
         all_vms = [*snapshot.vms, *extra]
@@ -124,14 +174,17 @@ class _World:
             anti = anti or bool(vm.placement.anti_affinity)
         # Most VMs share a handful of placements: filter the nodes once per distinct one.
         by_placement: dict[Placement, frozenset[int]] = {}
-        eligible = []
+        eligible: list[frozenset[int]] = []
         for vm in all_vms:
             allowed = by_placement.get(vm.placement)
             if allowed is None:
+                meter.spend(len(nodes))
                 allowed = frozenset(i for i, n in enumerate(nodes) if vm.placement.allows(n))
                 by_placement[vm.placement] = allowed
             eligible.append(allowed)
-        return cls(nodes, keys, free, all_vms, req, loc, eligible, on_node, fixed, anti)
+        return cls(
+            nodes, keys, free, all_vms, req, loc, eligible, on_node, fixed, anti, meter=meter
+        )
 
     def fits(self, v: int, t: int) -> bool:
         f = self.free[t]
@@ -256,9 +309,7 @@ class _Search:
 
     def _step(self, todo: list[tuple[int, int]], pending_bytes: int) -> None:
         w = self.world
-        w.expansions += 1
-        if w.expansions > MAX_EXPANSIONS:
-            raise _Budget
+        w.spend()
         used = len(self.path)
         cost = sum(self.memory(v) for v, _, _ in self.path)
         if self.best and (cost + pending_bytes) >= self.best[0][0]:
@@ -280,6 +331,7 @@ class _Search:
         source = w.loc[v]
         direct: list[int] = []
         roomy: list[int] = []
+        w.spend(len(w.eligible[v]))
         for node in sorted(w.eligible[v]):
             if node == source or node in w.banned:
                 continue
@@ -328,6 +380,7 @@ class _Search:
         must = w.blockers(v, t)
         if any(not self.movable[o] or o in self.moved for o in must):
             return
+        w.spend(len(w.on_node[t]))
         candidates = [
             o for o in sorted(w.on_node[t]) if o != v and self.movable[o] and o not in self.moved
         ]
@@ -337,11 +390,7 @@ class _Search:
         if len(must) + need > remaining:
             return
         for size in range(need, remaining - len(must) + 1):
-            covering = [
-                extra
-                for extra in combinations(optional, size)
-                if _covers(w, base, extra) and _minimal(w, base, extra)
-            ]
+            covering = _coverings(w, base, optional, size)
             # Cheapest first: the first complete plan bounds the bytes of every later one.
             covering.sort(key=lambda extra: sum(self.memory(o) for o in extra))
             for extra in covering:
@@ -352,6 +401,61 @@ class _Search:
                 added = sum(self.memory(o) for o in chosen)
                 todo = [*rest, (v if is_move else -v - 1, t), *supports]
                 self._step(todo, pending_bytes + added)
+
+
+def _coverings(
+    w: _World, shortage: Sequence[int], optional: Sequence[int], size: int
+) -> list[tuple[int, ...]]:
+    """Every minimal set of ``size`` VMs of ``optional`` whose removal covers ``shortage``, in
+    the order of ``itertools.combinations``; each set the enumeration weighs is counted.
+
+    Two cuts that lose no minimal set: a prefix that already covers is never extended (every
+    superset of a cover is not minimal), and a prefix is abandoned when, on some resource, the
+    largest VMs left to choose from cannot complete it in the slots it has left.
+    """
+    short = [j for j, need in enumerate(shortage) if need > 0]
+    if not short:
+        return [()] if size == 0 else []
+    n = len(optional)
+    w.spend(n * len(short))
+    # best[i][k][s]: the most that s VMs of optional[i:] free of resource short[k]. It never
+    # grows with i, so once it falls short at i it is short for every later i too.
+    tops: list[list[int]] = [[] for _ in short]
+    best: list[list[list[int]]] = [[[0] * (size + 1) for _ in short] for _ in range(n + 1)]
+    for i in range(n - 1, -1, -1):
+        r = w.req[optional[i]]
+        for k, j in enumerate(short):
+            top = tops[k]
+            top.append(r[j])
+            top.sort(reverse=True)
+            del top[size:]
+            row = best[i][k]
+            for slots in range(1, size + 1):
+                row[slots] = row[slots - 1] + (top[slots - 1] if slots <= len(top) else 0)
+    found: list[tuple[int, ...]] = []
+    chosen: list[int] = []
+    keys = range(len(short))
+
+    def extend(start: int, left: list[int]) -> None:
+        w.spend()
+        if all(x <= 0 for x in left):
+            if len(chosen) == size and _minimal(w, shortage, chosen):
+                found.append(tuple(chosen))
+            return
+        slots = size - len(chosen)
+        if slots == 0:
+            return
+        for i in range(start, n - slots + 1):
+            most = best[i]
+            if any(left[k] > most[k][slots] for k in keys):
+                return
+            r = w.req[optional[i]]
+            chosen.append(optional[i])
+            extend(i + 1, [left[k] - r[j] for k, j in enumerate(short)])
+            chosen.pop()
+
+    extend(0, [shortage[j] for j in short])
+    return found
 
 
 def _covers(w: _World, shortage: Sequence[int], chosen: Sequence[int]) -> bool:
@@ -365,15 +469,53 @@ def _minimal(w: _World, shortage: Sequence[int], chosen: Sequence[int]) -> bool:
 
 
 def _deepen(
-    world: _World, todo: list[tuple[int, int]], max_moves: int, goal_node: int, floor: int
+    world: _World,
+    todo: list[tuple[int, int]],
+    max_moves: int,
+    goal_node: int,
+    floor: int,
+    searched: _Progress,
 ) -> tuple[int, list[tuple[int, int, int]]] | None:
     movable = [vm.migratable for vm in world.vms]
+    searched.ruled_out = floor - 1
     for depth in range(floor, max_moves + 1):
+        searched.depth, searched.done = depth, 0
         search = _Search(world, depth, goal_node, movable)
         search.run(todo)
         if search.best:
             return search.best[0]
+        searched.ruled_out = depth
     return None
+
+
+@dataclass
+class _Progress:
+    """What a search has settled so far, for the answer when it stops at its bound."""
+
+    targets: int = 0  # nodes that could take the VM once emptied of what may move
+    depth: int = 0  # the number of moves being searched
+    done: int = 0  # targets searched completely at ``depth``
+    ruled_out: int = -1  # every plan of at most this many moves is known not to exist
+
+    def over(self, what: str, work: int) -> Plan:
+        tried = [
+            f"stopped at {what}"
+            if what.startswith("its bound")
+            else f"stopped at {what} after considering {work} candidates"
+        ]
+        if self.ruled_out > 0:
+            moves = "move" if self.ruled_out == 1 else "moves"
+            tried.append(f"no plan of {self.ruled_out} {moves} or fewer exists")
+        if self.depth > 0 and self.targets:
+            tried.append(
+                f"{self.depth}-move plans searched on {self.done} of {self.targets} candidate nodes"
+            )
+        return Plan(
+            False,
+            reason="no plan within the bound: " + "; ".join(tried),
+            over_bound=True,
+            candidates=work,
+        )
 
 
 def _moves(world: _World, path: Sequence[tuple[int, int, int]]) -> tuple[Move, ...]:
@@ -389,8 +531,18 @@ def _moves(world: _World, path: Sequence[tuple[int, int, int]]) -> tuple[Move, .
     )
 
 
-def plan_placement(snapshot: Snapshot, vm_key: str, *, max_moves: int = DEFAULT_MAX_MOVES) -> Plan:
-    """The fewest migrations after which the pending VM ``vm_key`` fits some node."""
+def plan_placement(
+    snapshot: Snapshot,
+    vm_key: str,
+    *,
+    max_moves: int = DEFAULT_MAX_MOVES,
+    bound: Bound | None = None,
+) -> Plan:
+    """The fewest migrations after which the pending VM ``vm_key`` fits some node.
+
+    Within ``bound`` (default :class:`Bound`); past it, a plan that is not feasible, says so
+    (``over_bound``) and tells what was searched.
+    """
     max_moves = max(0, min(max_moves, MAX_MOVES_CAP))
     pending = snapshot.vm(vm_key)
     if pending is None:
@@ -402,25 +554,36 @@ def plan_placement(snapshot: Snapshot, vm_key: str, *, max_moves: int = DEFAULT_
         pods=snapshot.pods,
         vms=tuple(v for v in snapshot.vms if v is not pending),
     )
-    world = _World.build(others, [pending])
+    try:
+        world = _World.build(others, [pending], bound=bound)
+    except _Budget as stop:
+        return _Progress().over(stop.what, stop.work)
     p = len(world.vms) - 1
     if not world.eligible[p]:
         reasons = sorted({f"{n.name}: {pending.placement.why_not(n)}" for n in world.nodes})
         return Plan(False, reason="no node admits it (" + "; ".join(reasons) + ")")
-    # Static capacity: a node whose allocatable minus fixed pods cannot hold it never will.
-    totals = _room_if_emptied(world, p)
-    targets = [n for n in sorted(world.eligible[p]) if totals[n]]
-    if not targets:
-        return Plan(
-            False,
-            reason="larger than any eligible node can hold even with every movable VM gone",
-        )
-    bounds = {n: _target_bound(world, p, n) for n in targets}
     movable = [vm.migratable for vm in world.vms]
+    searched = _Progress()
     try:
+        # Static capacity: a node whose allocatable minus fixed pods cannot hold it never will.
+        world.spend(len(world.vms) + len(world.nodes))
+        totals = _room_if_emptied(world, p)
+        targets = [n for n in sorted(world.eligible[p]) if totals[n]]
+        if not targets:
+            return Plan(
+                False,
+                reason="larger than any eligible node can hold even with every movable VM gone",
+                candidates=world.work,
+            )
+        bounds: dict[int, int] = {}
+        for n in targets:
+            world.spend(len(world.on_node[n]))
+            bounds[n] = _target_bound(world, p, n)
+        searched.ruled_out = min(min(bounds.values()), max_moves + 1) - 1
         # Iterative deepening across every target at once, so a plan of d moves anywhere is
         # found before d + 1 moves are tried, and targets share one bound on bytes moved.
         for depth in range(min(bounds.values()), max_moves + 1):
+            searched.depth, searched.done = depth, 0
             best: tuple[int, list[tuple[int, int, int]]] | None = None
             best_target = -1
             # A node short of S bytes needs at least S bytes moved off it: cheapest first.
@@ -432,27 +595,42 @@ def plan_placement(snapshot: Snapshot, vm_key: str, *, max_moves: int = DEFAULT_
                     else 0
                 ),
             )
+            searched.targets = len(order)
             for n in order:
                 search = _Search(world, depth, n, movable)
                 if best is not None:
                     search.best = [best]
                 search.run([(-p - 1, n)])
+                searched.done += 1
                 if search.best and (best is None or search.best[0][0] < best[0]):
                     best = search.best[0]
                     best_target = n
             if best is not None:
                 return Plan(
-                    True, moves=_moves(world, best[1]), target=world.nodes[best_target].name
+                    True,
+                    moves=_moves(world, best[1]),
+                    target=world.nodes[best_target].name,
+                    candidates=world.work,
                 )
-    except _Budget:
-        return Plan(False, reason=f"search gave up after {MAX_EXPANSIONS} steps")
-    return Plan(False, reason=_why_no_room(world, p, targets, max_moves))
+            searched.ruled_out = depth
+    except _Budget as stop:
+        return searched.over(stop.what, stop.work)
+    return Plan(False, reason=_why_no_room(world, p, targets, max_moves), candidates=world.work)
 
 
-def plan_drain(snapshot: Snapshot, node: str, *, max_moves: int = DEFAULT_MAX_MOVES) -> Plan:
+def plan_drain(
+    snapshot: Snapshot,
+    node: str,
+    *,
+    max_moves: int = DEFAULT_MAX_MOVES,
+    bound: Bound | None = None,
+) -> Plan:
     """The fewest migrations after which no VM runs on ``node`` (which takes nothing new)."""
     max_moves = max(0, min(max_moves, MAX_MOVES_CAP))
-    world = _World.build(snapshot)
+    try:
+        world = _World.build(snapshot, bound=bound)
+    except _Budget as stop:
+        return _Progress().over(stop.what, stop.work)
     index = next((i for i, n in enumerate(world.nodes) if n.name == node), None)
     if index is None:
         return Plan(False, reason=f"no node {node} in the snapshot")
@@ -471,17 +649,19 @@ def plan_drain(snapshot: Snapshot, node: str, *, max_moves: int = DEFAULT_MAX_MO
     for v in leaving:
         if not (world.eligible[v] - {index}):
             return Plan(False, reason=f"{world.vms[v].key}: no other node admits it")
+    searched = _Progress(targets=1)
     try:
-        found = _deepen(world, [(v, -1) for v in leaving], max_moves, -1, len(leaving))
-    except _Budget:
-        return Plan(False, reason=f"search gave up after {MAX_EXPANSIONS} steps")
+        found = _deepen(world, [(v, -1) for v in leaving], max_moves, -1, len(leaving), searched)
+    except _Budget as stop:
+        return searched.over(stop.what, stop.work)
     if found is None:
         return Plan(
             False,
             reason=f"the other nodes cannot take the {len(leaving)} VMs on {node} "
             f"within {max_moves} moves",
+            candidates=world.work,
         )
-    return Plan(True, moves=_moves(world, found[1]))
+    return Plan(True, moves=_moves(world, found[1]), candidates=world.work)
 
 
 def _room_if_emptied(world: _World, p: int) -> dict[int, bool]:
@@ -542,7 +722,10 @@ def replay(
             snapshot.nodes, snapshot.pods, tuple(v for v in snapshot.vms if v is not vm)
         )
         extra = (vm,)
-    world = _World.build(snapshot, extra)
+    try:
+        world = _World.build(snapshot, extra)
+    except _Budget as stop:
+        return f"the cluster could not be read within {stop.what}"
     index = {n.name: i for i, n in enumerate(world.nodes)}
     keys = {v.key: i for i, v in enumerate(world.vms)}
     if drain is not None and drain in index:

@@ -11,11 +11,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
+from types import MappingProxyType
 from typing import Any
 
 import yaml
 from cachetools import LRUCache
 
+from webhook.core.applications import AppKey
 from webhook.core.catalog import (
     CLUSTER_INSTANCETYPE,
     NAMESPACED_INSTANCETYPE,
@@ -27,10 +30,12 @@ from webhook.core.catalog import (
 )
 from webhook.core.contract_schema import CONTRACT_API_VERSION, CONTRACT_KIND
 from webhook.core.contracts import Contract, compile_document
+from webhook.core.counts import count_key
 from webhook.core.errors import ContractError, EvaluationError, ManifestError
 from webhook.core.evaluation import Charge
 from webhook.core.kinds import ApplicationKind, kind_from_definition
 from webhook.core.records import canonical_sha256, digest_text
+from webhook.core.tenants import TENANT_KIND, owned_namespace
 
 __all__ = [
     "APPLICATION_DEFINITION",
@@ -52,6 +57,7 @@ INSTANCETYPE_GROUP = "instancetype.kubevirt.io/"
 # table in the shape of Cozystack's resource-presets.yaml).
 PRESETS_CONFIGMAP = "reservation-resource-presets"
 PRESETS_KEY = "presets.yaml"
+_NO_COUNT: Mapping[str, Decimal] = MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -76,9 +82,38 @@ class Platform:
         repr=False,
         compare=False,
     )
+    _counts: Mapping[str, Mapping[str, Decimal]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    _plurals: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        counts = {
+            name: MappingProxyType({count_key(kind.plural): Decimal(1)})
+            for name, kind in self.kinds.items()
+        }
+        object.__setattr__(self, "_counts", counts)
+        object.__setattr__(self, "_plurals", frozenset(k.plural for k in self.kinds.values()))
 
     def kind(self, name: str) -> ApplicationKind | None:
         return self.kinds.get(name)
+
+    def plurals(self) -> frozenset[str]:
+        """The plurals the ApplicationDefinitions declare: the kinds a budget may count."""
+        return self._plurals
+
+    def count_of(self, key: AppKey) -> Mapping[str, Decimal]:
+        """What an application's existence charges: 1 of its kind's count key.
+
+        The one place counts are charged, for every kind (exempt ones included), whatever its
+        contract or recorded charge says: a count is not priced, so it never drifts and needs
+        no record. The root tenant, which owns the namespace it lives in, is nobody's child and
+        counts nowhere.
+        """
+        kind, namespace, name = key
+        if kind == TENANT_KIND and owned_namespace(namespace, name) == namespace:
+            return _NO_COUNT
+        return self._counts.get(kind, _NO_COUNT)
 
     def charge(self, kind: str, spec: object, *, namespace: str = "") -> Charge:
         """Charge an application of ``kind``; an unknown kind fails closed."""

@@ -4,15 +4,20 @@ Two kinds of goal: a VMI whose launcher pod the scheduler refused for lack of re
 it), and a cordoned node that still runs VMs (drain it). Both are opt-in: a VMI carries the
 annotation ``reservation.cozystack.io/make-room: "true"`` (for a drain, every VMI on the node
 does), or the operator enables it for all.
+
+A pending VM is a tenant's doing, and planning and migrating for it cost everyone: goals are
+taken in turn across tenants (:func:`fair_order`), and what one tenant's pending VMs cause is
+counted against that tenant (:func:`tenant_of`: a top-level tenant with its sub-tenants, so
+making sub-tenants does not multiply its share).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-__all__ = ["OPT_IN_ANNOTATION", "Goal", "find_goals"]
+__all__ = ["OPT_IN_ANNOTATION", "Goal", "fair_order", "find_goals", "tenant_of"]
 
 OPT_IN_ANNOTATION: Final = "reservation.cozystack.io/make-room"
 # The scheduler's words for a pod that no node has room for (NodeResourcesFit).
@@ -62,6 +67,46 @@ def find_goals(objects: Iterable[Mapping[str, object]], *, all_vms: bool) -> lis
         if running and (all_vms or all(_opted_in(v) for v in running)):
             goals.append(Goal("drain", name))
     return goals
+
+
+def tenant_of(namespace: str) -> str:
+    """The top-level tenant a namespace belongs to: ``tenant-acme-dev`` -> ``tenant-acme``.
+
+    Cozystack names a tenant's namespace ``tenant-<path>``, joining the tenant names from the
+    root's child down with ``-``; tenant names cannot contain dashes, so the split is exact.
+    Any other namespace stands for itself.
+    """
+    parts = namespace.split("-")
+    if parts[0] != "tenant" or len(parts) < 2 or not parts[1]:
+        return namespace
+    return f"tenant-{parts[1]}"
+
+
+def fair_order(
+    goals: Sequence[Goal], *, per_tenant: int | None = None, turn: int = 0
+) -> list[Goal]:
+    """Pending VMs in turn across tenants (each tenant's first, then each one's second ...),
+    then the drains.
+
+    With ``per_tenant``, at most that many of one tenant's pending VMs are taken, the
+    ``turn``-th batch of them in the order of ``goals``: a caller advancing ``turn`` every round
+    plans each of a tenant's many pending VMs in its turn, and one tenant's hundred pending VMs
+    cost a round no more than ``per_tenant`` goals.
+    """
+    queues: dict[str, list[Goal]] = {}
+    for goal in goals:
+        if goal.kind == "place":
+            queues.setdefault(tenant_of(goal.key.split("/", 1)[0]), []).append(goal)
+    if per_tenant is not None:
+        for tenant, queue in queues.items():
+            start = (turn * max(1, per_tenant)) % len(queue)
+            rotated = queue[start:] + queue[:start]
+            queues[tenant] = rotated[: max(0, per_tenant)]
+    ordered: list[Goal] = []
+    depth = max((len(q) for q in queues.values()), default=0)
+    for index in range(depth):
+        ordered.extend(q[index] for q in queues.values() if index < len(q))
+    return ordered + [g for g in goals if g.kind == "drain"]
 
 
 def _unschedulable_for_resources(pod: Mapping[str, object]) -> bool:

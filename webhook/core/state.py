@@ -13,7 +13,9 @@ a nesting too deep to walk), the object is recorded as unknown with the reason a
 one poisoned object never stops the source that feeds the state. A recorded charge counts only
 when it verifies (:mod:`webhook.core.records`): signed with one of
 :attr:`ReservationState.keys` for exactly this object and its values as they stand; any other
-annotation is ignored and the application is evaluated as it stands.
+annotation is ignored and the application is evaluated as it stands. Every stored application,
+unknown ones included, also counts 1 of its kind's count key
+(:meth:`~webhook.core.platform.Platform.count_of`), from its key alone.
 
 An overcommit factor (:mod:`webhook.core.overcommit`) divides what an application reserves.
 A factor on a stored object is what its verified record says the platform set through
@@ -32,6 +34,7 @@ from decimal import Decimal
 
 from webhook.core import resources as rl
 from webhook.core.applications import AppKey, Application
+from webhook.core.carveouts import Cap, budget_digest, effective_budget
 from webhook.core.errors import UNEVALUABLE, EvaluationError
 from webhook.core.overcommit import apply_factors
 from webhook.core.pending import Hold, PendingCharges
@@ -101,6 +104,10 @@ class ReservationState:
         self._tenant_factors: dict[str, dict[str, Decimal]] = {}  # owned namespace -> factor
         self._discount: dict[str, dict[str, Decimal]] = {}  # namespace -> committed - reserved
         self._by_namespace: dict[str, set[AppKey]] = {}  # for the pod-level guard
+        # Carve-outs admitted in warn beyond what fitted (:mod:`webhook.core.carveouts`):
+        # the caps each pool's ledger lists, and what each Tenant declares.
+        self._caps: dict[str, dict[str, Cap]] = {}  # pool -> owned namespace -> cap
+        self._declared: dict[str, dict[str, Decimal]] = {}  # owned namespace -> its quota
 
     def __len__(self) -> int:
         return len(self._apps) + len(self._unknown)
@@ -130,14 +137,19 @@ class ReservationState:
         if record is not None:
             record.version = app.version
         previous = self._apps.pop(key, None)
-        self._unknown.pop(key, None)
+        known_before = self._unknown.pop(key, None) is not None or previous is not None
         if record is None:
             self._unknown[key] = problem
         else:
             self._apps[key] = record
         self._by_namespace.setdefault(namespace, set()).add(key)
+        # An application counts 1 of its kind's count key from when it is stored until it is
+        # deleted, whether or not its size can be evaluated: existence is never unknown.
+        counted = self.platform.count_of(key)
         before = previous.resources if previous else {}
-        after = record.resources if record else {}
+        after = rl.add(record.resources if record else {}, counted)
+        if known_before:
+            before = rl.add(before, counted)
         self.tree.add_usage(namespace, rl.subtract(after, before))
         self._add_discount(namespace, previous, -1)
         self._add_discount(namespace, record, 1)
@@ -148,20 +160,23 @@ class ReservationState:
     def forget(self, key: AppKey, *, version: int = 0) -> None:
         """Apply the deletion of an application (seen at resourceVersion ``version``)."""
         previous = self._apps.pop(key, None)
-        self._unknown.pop(key, None)
+        was_unknown = self._unknown.pop(key, None) is not None
         members = self._by_namespace.get(key[1])
         if members is not None:
             members.discard(key)
             if not members:
                 del self._by_namespace[key[1]]
+        if previous is not None or was_unknown:
+            held = rl.add(previous.resources if previous else {}, self.platform.count_of(key))
+            self.tree.add_usage(key[1], rl.scale(held, Decimal(-1)))
         if previous is not None:
-            self.tree.add_usage(key[1], rl.scale(previous.resources, Decimal(-1)))
             self._add_discount(key[1], previous, -1)
         if self.pending:
             self.pending.settle(key, None, version)
         self._tenant_versions.pop(key, None)
         owned = self._owned.pop(key, None)
         if owned is not None:
+            self._declared.pop(owned, None)
             self.tree.set_budget(owned, {})
             self.tree.declare(owned, declared=False)
             if self._tenant_factors.pop(owned, None) is not None:
@@ -189,6 +204,9 @@ class ReservationState:
             # one; a new tenant stays unbounded and is reported through its problem.
             node = self.tree.get(owned)
             budget = node.budget if node is not None else {}
+        else:
+            self._declared[owned] = dict(budget)
+            budget = effective_budget(budget, self.cap(owned))
         self.tree.declare(owned, declared=True)
         self.tree.set_budget(owned, budget)
         factors = self.own_factors(app)
@@ -376,6 +394,59 @@ class ReservationState:
             and dict(record.resources) == dict(hold.charge)
         )
 
+    # -- carve-outs admitted in warn ------------------------------------------------------
+
+    def set_caps(self, pool: str, caps: Mapping[str, Cap]) -> None:
+        """``pool``'s ledger lists exactly ``caps`` (by the namespace each Tenant owns)."""
+        before = self._caps.get(pool, {})
+        if dict(before) == dict(caps):
+            return
+        if caps:
+            self._caps[pool] = dict(caps)
+        else:
+            self._caps.pop(pool, None)
+        for owned in sorted(before.keys() | caps.keys()):
+            declared = self._declared.get(owned)
+            if declared is not None:
+                self.tree.set_budget(owned, effective_budget(declared, self.cap(owned)))
+
+    def carry_caps(self, other: ReservationState) -> None:
+        """Continue ``other``'s caps (a state rebuilt for a new platform)."""
+        for pool, caps in other._caps.items():
+            self.set_caps(pool, caps)
+
+    def cap(self, owned: str) -> Cap | None:
+        """The cap some pool's ledger lists for the Tenant owning ``owned``."""
+        for pool in sorted(self._caps):
+            found = self._caps[pool].get(owned)
+            if found is not None:
+                return found
+        return None
+
+    def counted_budget(self, owned: str, declared: Mapping[str, Decimal]) -> dict[str, Decimal]:
+        """What a Tenant owning ``owned`` counts as its quota if it declares ``declared``."""
+        return effective_budget(declared, self.cap(owned))
+
+    def capped(self) -> dict[str, Cap]:
+        """Carve-outs counted below their declared quota now, by the namespace they own."""
+        found = {}
+        for pool in self._caps.values():
+            for owned in pool:
+                declared = self._declared.get(owned)
+                cap = self.cap(owned)
+                if (
+                    cap is not None
+                    and declared is not None
+                    and cap.digest == budget_digest(declared)
+                ):
+                    found[owned] = cap
+        return found
+
+    def declares(self, owned: str, digest: str) -> bool:
+        """Whether the Tenant owning ``owned`` is stored declaring the quota ``digest``."""
+        declared = self._declared.get(owned)
+        return declared is not None and budget_digest(declared) == digest
+
     # -- questions ---------------------------------------------------------------------------
 
     def record(self, key: AppKey) -> AppRecord | None:
@@ -416,6 +487,10 @@ def recount(state: ReservationState) -> dict[tuple[str, str], tuple[Decimal, Dec
     for app_key, record in state.records():
         totals = own.setdefault(app_key[1], {})
         for key, value in record.resources.items():
+            totals[key] = totals.get(key, Decimal(0)) + value
+    for app_key in [*(k for k, _ in state.records()), *state.unknown()]:
+        totals = own.setdefault(app_key[1], {})
+        for key, value in state.platform.count_of(app_key).items():
             totals[key] = totals.get(key, Decimal(0)) + value
     for node in state.tree.nodes():
         remote = state.pending.remote(node.namespace)

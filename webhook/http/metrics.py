@@ -3,6 +3,9 @@
 Request latency by endpoint and decision; decisions by kind, reason and mode; pool budget and
 reserved figures, read from the state at scrape time; state readiness; certificate expiry; and
 the pod-level guard per namespace with a ResourceQuota (need, room, unknown applications).
+Resource labels carry only keys the platform knows (:mod:`webhook.core.metric_keys`); whatever
+else tenants write into budgets or ResourceQuotas is summed under ``other``, so no write grows
+the number of series.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from webhook.core.guard import QuotaBook, guard_room, namespace_need
+from webhook.core.metric_keys import fold, known_keys, label, quota_keys
+from webhook.core.platform import Platform
 from webhook.core.state import ReservationState
 
 __all__ = ["Metrics"]
@@ -25,10 +30,31 @@ _ZERO = Decimal(0)
 # time spent waiting (locks, ledger writes) up to the API server's 30 s ceiling.
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
+# A pool's queue while one write is in flight: 1 when idle; the tail shows bursts.
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+class _KnownKeys:
+    """The platform's keys, worked out once per platform (a new state brings a new one)."""
+
+    def __init__(self) -> None:
+        self._platform: Platform | None = None
+        self._keys: frozenset[str] = frozenset()
+        self._quota: frozenset[str] = frozenset()
+
+    def of(self, platform: Platform) -> tuple[frozenset[str], frozenset[str]]:
+        """(budget and charge keys, ResourceQuota keys)."""
+        if platform is not self._platform:
+            self._keys = known_keys(platform)
+            self._quota = quota_keys(self._keys)
+            self._platform = platform
+        return self._keys, self._quota
+
 
 class _PoolCollector(Collector):
     def __init__(self, state: Callable[[], ReservationState]) -> None:
         self._state = state
+        self._known = _KnownKeys()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         budget = GaugeMetricFamily(
@@ -55,17 +81,23 @@ class _PoolCollector(Collector):
             labels=["pool", "resource"],
         )
         state = self._state()
+        known, _ = self._known.of(state.platform)
         discounts = state.pool_discounts()
         for pool in state.tree.pools():
             off = discounts.get(pool.namespace, {})
+            rows: dict[str, tuple[Decimal, Decimal, Decimal]] = {}
             for key, value in pool.budget.items():
-                labels = [pool.namespace, key]
-                used = pool.reserved.get(key, _ZERO)
-                total = used + off.get(key, _ZERO)
+                shown = label(key, known)
+                b, u, o = rows.get(shown, (_ZERO, _ZERO, _ZERO))
+                used, less = pool.reserved.get(key, _ZERO), off.get(key, _ZERO)
+                rows[shown] = (b + value, u + used, o + less)
+            for shown, (value, used, less) in rows.items():
+                labels = [pool.namespace, shown]
+                total = used + less
                 budget.add_metric(labels, float(value))
                 reserved.add_metric(labels, float(used))
                 committed.add_metric(labels, float(total))
-                discount.add_metric(labels, float(off.get(key, _ZERO)))
+                discount.add_metric(labels, float(less))
                 share = max(total - value, _ZERO) / value if value else _ZERO
                 beyond.add_metric(labels, float(share))
         yield budget
@@ -110,6 +142,7 @@ class _GuardCollector(Collector):
     def __init__(self, state: Callable[[], ReservationState], quotas: QuotaBook) -> None:
         self._state = state
         self._quotas = quotas
+        self._known = _KnownKeys()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         labels = ["namespace", "resource"]
@@ -129,15 +162,16 @@ class _GuardCollector(Collector):
             labels=["namespace"],
         )
         state = self._state()
+        _, known = self._known.of(state.platform)
         for namespace in self._quotas.namespaces():
             need, unknown = namespace_need(
                 (key, record.resources if record else None)
                 for key, record in state.records_in(namespace)
             )
-            for key, value in need.items():
+            for key, value in fold(need, known).items():
                 need_family.add_metric([namespace, key], float(value))
             room = guard_room(self._quotas.quotas(namespace), need)
-            for key, value in room.items():
+            for key, value in fold(room, known).items():
                 room_family.add_metric([namespace, key], float(value))
             unknown_family.add_metric([namespace], len(unknown))
         yield need_family
@@ -213,6 +247,49 @@ class Metrics:
         for name, description, read in gauges:
             Gauge(name, description, registry=self.registry).set_function(read)
 
+    def watch_ledger(
+        self,
+        *,
+        limits: Mapping[str, int],
+        share: float,
+        largest: Callable[[], float],
+        capped: Callable[[], float],
+        reads: Callable[[], float],
+    ) -> None:
+        """Expose the ledger's bounds (entries per pool, per tenant in a pool, the share) and
+        the largest share one tenant's unsettled admissions take in any pool now. No label
+        names a pool or a tenant, so no request adds a series."""
+        bounds = Gauge(
+            "reservation_ledger_entries_limit",
+            "Entries a pool's ledger lists at most (scope=pool), and one tenant's unsettled "
+            "admissions in one pool (scope=tenant).",
+            ["scope"],
+            registry=self.registry,
+        )
+        for scope, value in sorted(limits.items()):
+            bounds.labels(scope).set(value)
+        Gauge(
+            "reservation_ledger_tenant_share",
+            "The share of a pool's ledger one tenant's unsettled admissions may take.",
+            registry=self.registry,
+        ).set(share)
+        Gauge(
+            "reservation_ledger_largest_tenant_share",
+            "The largest share of a pool's ledger one tenant's unsettled admissions take now.",
+            registry=self.registry,
+        ).set_function(largest)
+        Gauge(
+            "reservation_capped_carve_outs",
+            "Sub-tenants admitted in warn mode beyond what fits: counted below their quota.",
+            registry=self.registry,
+        ).set_function(capped)
+        Gauge(
+            "reservation_consistent_reads",
+            "Consistent reads made to confirm a kind whose watch had not reached a revision "
+            "the ledger waits for, since start.",
+            registry=self.registry,
+        ).set_function(reads)
+
     def watch_health(
         self,
         *,
@@ -226,6 +303,43 @@ class Metrics:
     def watch_guard(self, state: Callable[[], ReservationState], quotas: QuotaBook) -> None:
         """Expose the pod-level guard: need, room and unknown applications per namespace."""
         self.registry.register(_GuardCollector(state, quotas))
+
+    def watch_operations(
+        self,
+        *,
+        holds: Callable[[], float],
+        record_keys_read: Callable[[], float],
+        previous_keys: Callable[[], float],
+    ) -> Callable[[int], None]:
+        """Expose what the alerts and the dashboard need beyond the rest: pending holds in the
+        ledger, when the record keys were last read and how many previous keys are still
+        accepted. Returns the function that observes one ledger batch's size."""
+        batches = Histogram(
+            "reservation_ledger_batch_size",
+            "Admissions decided together in one ledger write (group commit).",
+            buckets=_BATCH_BUCKETS,
+            registry=self.registry,
+        )
+        gauges = [
+            (
+                "reservation_ledger_holds",
+                "Admitted charges held as pending in the ledger, not yet observed as objects.",
+                holds,
+            ),
+            (
+                "reservation_record_keys_read_timestamp_seconds",
+                "When this replica last read the record-key Secret (Unix time; 0: never).",
+                record_keys_read,
+            ),
+            (
+                "reservation_record_keys_previous",
+                "Previous record keys still accepted (a rotation not yet finished).",
+                previous_keys,
+            ),
+        ]
+        for name, description, read in gauges:
+            Gauge(name, description, registry=self.registry).set_function(read)
+        return batches.observe
 
     def expose(self) -> bytes:
         return generate_latest(self.registry)

@@ -28,7 +28,7 @@ from typing import Any, Final
 from webhook.kube.client import ApiError, KubeClient, ResourceRef, WatchTimeout
 from webhook.waits import sleep_unless_stopped
 
-__all__ = ["Reflector"]
+__all__ = ["Reflector", "consistent_read"]
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -137,33 +137,8 @@ class Reflector:
         return str(getattr(self.client, "host", "")) + self.resource.path(self.namespace)
 
     async def _list(self) -> None:
-        items: list[Any] = []
-        params = {**self.params, "limit": str(PAGE_SIZE)}
-        path = self.resource.path(self.namespace)
-        while True:
-            try:
-                page = await self.client.request("GET", path, params=params)
-            except ApiError as exc:
-                if exc.status == 410:  # the continue token expired: start the list over
-                    items, params = [], {**self.params, "limit": str(PAGE_SIZE)}
-                    continue
-                raise
-            metadata = page.get("metadata") or {}
-            found = page.get("items") or []
-            del page  # the page's objects go as soon as they are reduced
-            if self.reduce is None:
-                items.extend(found)
-            else:
-                for obj in found:
-                    reduced = self.reduce(obj)
-                    if reduced is not None:
-                        items.append(reduced)
-            del found
-            token = metadata.get("continue")
-            if not token:
-                break
-            params = {**self.params, "limit": str(PAGE_SIZE), "continue": token}
-        self.resource_version = str(metadata.get("resourceVersion") or "")
+        version, items = await self.read(self.reduce or _whole)
+        self.resource_version = version
         if self.resource_version == "0":
             # cozystack-api lists a kind with no objects at resourceVersion "0" (the largest of
             # its HelmReleases', of none), and its watch from "0" sends one bookmark and then
@@ -174,6 +149,13 @@ class Reflector:
         self.listed = True
         self.list_error = ""
         self.last_activity = self.clock()
+
+    async def read(self, reduce: Callable[[Obj], Any]) -> tuple[str, list[Any]]:
+        """A read of the resource now, the consumer's view and the watch left alone (see
+        :func:`consistent_read`)."""
+        return await consistent_read(
+            self.client, self.resource, reduce, namespace=self.namespace, params=self.params
+        )
 
     async def _watch(self, stop: asyncio.Event) -> None:
         events = self.client.watch(
@@ -228,3 +210,42 @@ class Reflector:
                 )
         if version:
             self.resource_version = str(version)
+
+
+def _whole(obj: Obj) -> Obj:
+    return obj
+
+
+async def consistent_read(
+    client: KubeClient,
+    resource: ResourceRef,
+    reduce: Callable[[Obj], Any],
+    *,
+    namespace: str = "",
+    params: Mapping[str, str] | None = None,
+) -> tuple[str, list[Any]]:
+    """A paginated list without a resourceVersion (kube-apiserver serves it at its current
+    revision), each item reduced as its page arrives; the list's resourceVersion and the
+    reduced items."""
+    items: list[Any] = []
+    first = {**(params or {}), "limit": str(PAGE_SIZE)}
+    page_params = first
+    path = resource.path(namespace)
+    while True:
+        try:
+            page = await client.request("GET", path, params=page_params)
+        except ApiError as exc:
+            if exc.status == 410:  # the continue token expired: start the read over
+                items, page_params = [], first
+                continue
+            raise
+        metadata = page.get("metadata") or {}
+        for obj in page.get("items") or []:
+            reduced = reduce(obj)
+            if reduced is not None:
+                items.append(reduced)
+        del page
+        token = metadata.get("continue")
+        if not token:
+            return str(metadata.get("resourceVersion") or ""), items
+        page_params = {**first, "continue": token}

@@ -1,7 +1,8 @@
 """The largest free node memory, re-read out of band for the admission warning on room.
 
 Every ``interval`` seconds one LIST of nodes and one of pods feed
-:func:`~webhook.core.room.largest_free`. It is off unless the server may read nodes and pods:
+:func:`~webhook.core.room.largest_free`, kept only as coarse as a warning uses it
+(:func:`~webhook.core.room.coarse_room`). It is off unless the server may read nodes and pods:
 a 403 turns it off (no warning is ever given from a guess) and it asks again much later. Any
 other failure clears the figure until the next good read, so a warning never rests on a stale
 snapshot.
@@ -14,7 +15,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Final
 
-from webhook.core.room import RoomBook, largest_free
+from webhook.core.room import RoomBook, coarse_room, largest_free
 from webhook.core.snapshot import snapshot_from_objects
 from webhook.kube.client import ApiError, KubeClient, ResourceRef
 from webhook.waits import sleep_unless_stopped
@@ -60,4 +61,5 @@ class RoomWatch:
             for item in items if isinstance(items, list) else []:
                 if isinstance(item, Mapping):
                     objects.append({**item, "kind": kind})
-        return largest_free(snapshot_from_objects(objects))
+        # Only the coarse figure is kept: nothing finer can reach an answer.
+        return coarse_room(largest_free(snapshot_from_objects(objects)))

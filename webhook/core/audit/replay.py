@@ -4,9 +4,11 @@ The log's stored history is applied as it happened (see :mod:`.history`), and ea
 reached, or should have reached, the webhook is decided again with ``decide`` under the what-if
 policy, budgets and contracts. The answers: which writes would have been denied, when each pool
 would first have overflowed, each pool's peak reserved, and the smallest budget per pool that
-would have denied nothing. With no policy given, each write is decided under the mode the
-webhook recorded for it, and any difference from the recorded decision is listed: an empty
-list shows the replay reproduces the log.
+would have denied nothing. Application counts (``count/<plural>.apps.cozystack.io``) are
+tracked in every pool whether its budget limits them or not, so the suggestion includes a count
+budget per kind the pool held: counts can be rolled out in ``warn`` from it. With no policy
+given, each write is decided under the mode the webhook recorded for it, and any difference
+from the recorded decision is listed: an empty list shows the replay reproduces the log.
 
 Writes before ``since`` only build the state; filters choose which writes are decided, never
 which are applied.
@@ -23,7 +25,15 @@ from typing import Any, Final, cast
 from webhook.core import resources as rl
 from webhook.core.audit.events import AuditWrite
 from webhook.core.audit.history import History
-from webhook.core.audit.summary import ERROR_REASONS, LIST_CAP, SERIES_CAP, Filters
+from webhook.core.audit.summary import (
+    ERROR_REASONS,
+    LIST_CAP,
+    POINT_KEYS,
+    SERIES_CAP,
+    Filters,
+    chart_point,
+)
+from webhook.core.counts import is_count_key
 from webhook.core.decisions import MODES, Decision, Mode, Policy, decide
 from webhook.core.errors import QuantityError
 from webhook.core.quantities import format_quantity, parse_quantity
@@ -49,6 +59,7 @@ class PoolTrack:
     first_overflow: str | None = None
     overflowed_by: dict[str, Any] | None = None
     points: list[tuple[str, dict[str, str], dict[str, str]]] = field(default_factory=list)
+    left_out: int = 0  # the most budget keys one chart point left out (chart_point)
     denials: list[tuple[str, dict[str, str], str]] = field(default_factory=list)
     step: int = 1
     seen: int = 0
@@ -73,7 +84,9 @@ class PoolTrack:
         if chart:
             self.seen += 1
             if self.seen % self.step == 0:
-                self.points.append((time, rl.to_strings(reserved), rl.to_strings(budget)))
+                self.left_out = max(self.left_out, len(budget) - POINT_KEYS)
+                point = chart_point(rl.to_strings(reserved), rl.to_strings(budget))
+                self.points.append((time, *point))
                 if len(self.points) >= SERIES_CAP:
                     self.points = self.points[::2]
                     self.step *= 2
@@ -145,6 +158,8 @@ class Replayer:
             self.warned.append(entry)
         if self.policy is None and write.decision:
             self._compare(write, decision, rebuilt.request.kind)
+        if decision.outcome in ("denied", "warned") and rebuilt.request.operation == "CREATE":
+            self._count_refused(rebuilt.request.kind, write)
         if decision.pool and decision.reserved_after:
             track = self.pools.setdefault(decision.pool, PoolTrack())
             track.needed = rl.maximum(track.needed, decision.reserved_after)
@@ -180,11 +195,27 @@ class Replayer:
         if differences and len(self.mismatches) < LIST_CAP:
             self.mismatches.append({**_identity(write, kind), **differences})
 
+    def _count_refused(self, kind: str, write: AuditWrite) -> None:
+        """A refused CREATE would have added its application to every pool above it: the
+        count budget suggested there must hold it too (sizes get this from the decision)."""
+        state = self.history.state
+        counted = state.platform.count_of((kind, write.namespace, write.name))
+        if not counted:
+            return
+        for node in state.tree.chain(write.namespace):
+            if node.budget:
+                track = self.pools.setdefault(node.namespace, PoolTrack())
+                wanted = {key: node.usage.get(key, _ZERO) + n for key, n in counted.items()}
+                track.needed = rl.maximum(track.needed, wanted)
+
     # -- pools ---------------------------------------------------------------------------------
 
     def _track_all(self, time: str) -> None:
-        for view in self.history.state.tree.pools():
-            self._observe(view.namespace, time, view.reserved, view.budget, None)
+        tree = self.history.state.tree
+        for view in tree.pools():
+            node = tree.get(view.namespace)
+            reserved = _reserved(node.usage, node.budget) if node is not None else view.reserved
+            self._observe(view.namespace, time, reserved, view.budget, None)
 
     def _track(self, write: AuditWrite) -> None:
         tree = self.history.state.tree
@@ -199,7 +230,7 @@ class Replayer:
             for node in tree.chain(namespace):
                 if node.budget and node.namespace not in seen:
                     seen.add(node.namespace)
-                    reserved = {k: node.usage.get(k, _ZERO) for k in node.budget}
+                    reserved = _reserved(node.usage, node.budget)
                     self._observe(
                         node.namespace, write.timestamp, reserved, node.budget, _identity(write)
                     )
@@ -230,7 +261,11 @@ class Replayer:
                 entry["overflowedBy"] = track.overflowed_by
             if suggest:
                 entry["suggestedBudget"] = _quantities(
-                    {k: v for k, v in track.needed.items() if k in track.budget}
+                    {
+                        k: v
+                        for k, v in track.needed.items()
+                        if k in track.budget or (is_count_key(k) and v)
+                    }
                 )
             pools.append(entry)
         result: dict[str, Any] = {
@@ -259,9 +294,17 @@ class Replayer:
                 "denials": [
                     {"time": t, "reserved": r, "what": what} for t, r, what in track.denials
                 ],
+                "keysLeftOut": track.left_out,
             }
             for pool, track in sorted(self.pools.items())
         }
+
+
+def _reserved(usage: Mapping[str, Decimal], budget: Mapping[str, Decimal]) -> dict[str, Decimal]:
+    """A pool's figures to track: every key its budget limits, and every application count."""
+    reserved = {key: usage.get(key, _ZERO) for key in budget}
+    reserved.update({key: value for key, value in usage.items() if is_count_key(key)})
+    return reserved
 
 
 def _recorded_mode(write: AuditWrite) -> Mode:

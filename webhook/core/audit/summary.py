@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from typing import Any, Final
 
 from webhook.core.applications import CHARGE_ANNOTATION
@@ -27,8 +28,10 @@ from webhook.core.quantities import parse_quantity
 
 __all__ = [
     "OUTCOMES",
+    "POINT_KEYS",
     "Filters",
     "SummaryBuilder",
+    "chart_point",
     "fingerprint",
     "outcome_of",
     "touches_spec_or_charge",
@@ -37,6 +40,8 @@ __all__ = [
 OUTCOMES: Final = ("allowed", "denied", "warned", "skipped", "error")
 LIST_CAP: Final = 1000  # individual writes kept per list; the counts stay exact
 SERIES_CAP: Final = 4000  # points kept per pool for a chart; halved when full
+# Keys kept per chart point: budget keys are a tenant's choice, and every point holds them all.
+POINT_KEYS: Final = 64
 # The webhook's own failures: it answered, but could not decide.
 ERROR_REASONS: Final = frozenset({"internal-error", "not-synced"})
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
@@ -147,8 +152,11 @@ class _Series:
     denials: list[tuple[str, dict[str, str], str]] = field(default_factory=list)
     step: int = 1  # keep every ``step``-th point once the cap was reached
     seen: int = 0
+    left_out: int = 0  # the most budget keys one point left out (chart_point)
 
     def add(self, time: str, reserved: dict[str, str], budget: dict[str, str]) -> None:
+        self.left_out = max(self.left_out, len(budget) - POINT_KEYS)
+        reserved, budget = chart_point(reserved, budget)
         self.seen += 1
         if self.seen % self.step:
             return
@@ -322,6 +330,7 @@ class SummaryBuilder:
                 "denials": [
                     {"time": t, "reserved": r, "what": what} for t, r, what in series.denials
                 ],
+                "keysLeftOut": series.left_out,
             }
             for pool, series in sorted((self.series or {}).items())
         }
@@ -337,6 +346,29 @@ def _identity(write: AuditWrite) -> dict[str, Any]:
         "user": write.user,
         "verb": write.verb,
     }
+
+
+def chart_point(
+    reserved: Mapping[str, str], budget: Mapping[str, str]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """One chart point's figures, bounded: the :data:`POINT_KEYS` budget keys with the largest
+    share of their budget (then by name), so one event's keys cost a chart only so much."""
+    if len(budget) <= POINT_KEYS:
+        return dict(reserved), dict(budget)
+
+    def share(key: str) -> Decimal:
+        try:
+            limit = parse_quantity(budget[key])
+            used = parse_quantity(reserved.get(key, "0"))
+        except QuantityError:
+            return Decimal(0)
+        return used / limit if limit > 0 else Decimal(0)
+
+    kept = sorted(budget, key=lambda key: (-share(key), key))[:POINT_KEYS]
+    return (
+        {k: reserved[k] for k in kept if k in reserved},
+        {k: budget[k] for k in kept},
+    )
 
 
 def _above(value: str, limit: str) -> bool:

@@ -1,0 +1,259 @@
+"""Policy reports written to a cluster: by the leader on the emulated API server, and by the
+writer on a real kube-apiserver with the published OpenReports CRD installed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.builders import ROOT, state, tenant, thing
+from tests.cluster import app, cluster, kube_client
+from tests.cluster import tenant as tenant_object
+from tests.realkube import kubectl, real_apiserver
+from tests.test_live import MICRO, certs, eventually, replica  # noqa: F401  (fixture)
+from webhook.core.policy_reports import REPORT_NAME, build_reports
+from webhook.kube.client import KubeClient
+from webhook.kube.reports import ABSENT_SECONDS, ReportWriter
+
+CRD = ROOT / "fixtures" / "crds" / "openreports.io_reports.yaml"
+GROUP, PLURAL = "openreports.io", "reports"
+
+
+def results(report: dict[str, Any] | None) -> dict[str, str]:
+    assert report is not None
+    return {r["resources"][0]["name"]: r["result"] for r in report.get("results") or []}
+
+
+async def test_the_leader_writes_reports_and_a_lowered_budget_fails_in_the_next_one(
+    tmp_path: Path,
+    certs: Path,  # noqa: F811
+) -> None:
+    async with cluster(tmp_path) as (server, kubeconfig):
+        server.create(tenant_object("tenant-root", "acme", {"memory": "4Gi"}))
+        server.create(app("VMInstance", "tenant-acme", "vm", MICRO))
+        async with replica(kubeconfig, certs) as webhook:
+            services = webhook.services
+            assert services is not None
+            assert services.reports is not None
+            services.report_seconds = 0.2
+
+            def report() -> dict[str, Any] | None:
+                return server.get(GROUP, PLURAL, "tenant-acme", REPORT_NAME)
+
+            await eventually(lambda: report() is not None and results(report()) == {"vm": "pass"})
+            written = services.reports.written
+            version = report()["metadata"]["resourceVersion"]  # type: ignore[index]
+            await asyncio.sleep(1.0)  # several rounds with nothing changed: nothing written
+            assert report()["metadata"]["resourceVersion"] == version  # type: ignore[index]
+            assert services.reports.written == written
+            lowered = server.get("apps.cozystack.io", "tenants", "tenant-root", "acme")
+            assert lowered is not None
+            lowered["spec"]["resourceQuotas"] = {"memory": "512Mi"}
+            server.update(lowered)
+            await eventually(lambda: results(report()) == {"vm": "fail"})
+            assert report()["summary"]["fail"] == 1  # type: ignore[index]
+
+
+async def test_a_tenant_editing_its_report_sees_it_restored(
+    tmp_path: Path,
+    certs: Path,  # noqa: F811
+) -> None:
+    async with cluster(tmp_path) as (server, kubeconfig):
+        server.create(tenant_object("tenant-root", "acme", {"memory": "512Mi"}))
+        server.create(app("VMInstance", "tenant-acme", "vm", MICRO))
+        async with replica(kubeconfig, certs) as webhook:
+            assert webhook.services is not None
+            webhook.services.report_seconds = 0.2
+
+            def report() -> dict[str, Any] | None:
+                return server.get(GROUP, PLURAL, "tenant-acme", REPORT_NAME)
+
+            await eventually(lambda: report() is not None and results(report()) == {"vm": "fail"})
+            forged = report()
+            assert forged is not None
+            forged["summary"] = {"pass": 1, "fail": 0, "warn": 0, "error": 0, "skip": 0}
+            forged["results"][0]["result"] = "pass"
+            server.update(forged)
+            await eventually(lambda: results(report()) == {"vm": "fail"})
+
+
+async def test_a_tenant_creating_decoy_reports_never_has_them_read_or_changed(
+    tmp_path: Path,
+) -> None:
+    async with cluster(tmp_path) as (server, kubeconfig):
+        decoys = [
+            {
+                "apiVersion": "openreports.io/v1alpha1",
+                "kind": "Report",
+                "metadata": {
+                    "name": f"decoy-{i}",
+                    "namespace": "tenant-acme",
+                    "labels": {"app.kubernetes.io/managed-by": "reservation-webhook"},
+                },
+                "results": [{"policy": "x" * 10_000, "result": "fail"}],
+            }
+            for i in range(30)
+        ]
+        for decoy in decoys:
+            server.create(decoy)
+        before = {
+            d["metadata"]["name"]: d["metadata"]["resourceVersion"]
+            for d in server.objects(GROUP, PLURAL, "tenant-acme")
+        }
+        reports = build_reports(state({"tenant-acme": {"memory": "1Gi"}}))
+        async with kube_client(kubeconfig) as client:
+            writer = ReportWriter(client)
+            assert await writer.reconcile(reports.items()) == len(reports)
+            assert await writer.reconcile(reports.items()) == 0
+        lists = [dict(r.query) for r in server.requests if r.method == "GET" and PLURAL in r.path]
+        assert lists
+        assert all(q.get("fieldSelector") == f"metadata.name={REPORT_NAME}" for q in lists)
+        after = {
+            o["metadata"]["name"]: o["metadata"]["resourceVersion"]
+            for o in server.objects(GROUP, PLURAL, "tenant-acme")
+            if o["metadata"]["name"] != REPORT_NAME
+        }
+        assert after == before
+
+
+async def test_a_conflict_in_one_namespace_defers_only_that_one(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as (server, kubeconfig), kube_client(kubeconfig) as client:
+        writer = ReportWriter(client)
+        tenants = {"tenant-a": {"memory": "1Gi"}, "tenant-b": {"memory": "1Gi"}}
+        first = build_reports(state(tenants, thing("tenant-a", memory="1Mi")))
+        assert await writer.reconcile(first.items()) == len(first)
+        changed = build_reports(
+            state(tenants, thing("tenant-a", memory="2Gi"), thing("tenant-b", memory="2Gi"))
+        )
+        server.fail_next(1, 409, method="PUT")
+        assert await writer.reconcile(changed.items()) == 1
+        assert await writer.reconcile(changed.items()) == 1
+        assert await writer.reconcile(changed.items()) == 0
+        for ns in ("tenant-a", "tenant-b"):
+            assert set(results(server.get(GROUP, PLURAL, ns, REPORT_NAME)).values()) == {"fail"}
+
+
+async def test_without_the_openreports_crd_the_writer_says_so_once_and_waits(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tests.apiserver.server import EmulatedAPIServer
+
+    api = EmulatedAPIServer()
+    async with api:
+        clock = [0.0]
+        client = KubeClient.from_kubeconfig(str(api.kubeconfig(tmp_path / "kubeconfig")))
+        try:
+            writer = ReportWriter(client, clock=lambda: clock[0])
+            reports = build_reports(state({"tenant-acme": None}))
+            with caplog.at_level(logging.INFO, logger="webhook.kube.reports"):
+                assert await writer.reconcile(reports.items()) == 0
+                assert await writer.reconcile(reports.items()) == 0
+            asked = [r for r in api.requests if PLURAL in r.path]
+            assert len(asked) == 1  # the second round did not ask again
+            assert writer.absent
+            warnings = [r for r in caplog.records if r.message == "policy reports not written"]
+            assert len(warnings) == 1
+            clock[0] += ABSENT_SECONDS
+            assert await writer.reconcile(reports.items()) == 0
+            assert len([r for r in api.requests if PLURAL in r.path]) == 2
+        finally:
+            await client.close()
+
+
+@pytest.mark.kube
+async def test_a_real_api_server_with_the_openreports_crd_accepts_the_reports(
+    tmp_path: Path,
+) -> None:
+    """The published CRD installed into a real kube-apiserver v1.36: every report written is
+    accepted (its structural schema validates and prunes: nothing we write may be dropped),
+    an unchanged report is not written again, and a lowered budget fails in the next one."""
+    with real_apiserver(tmp_path / "kube") as kubeconfig:
+        kubectl(kubeconfig, "apply", "-f", str(CRD))
+        kubectl(kubeconfig, "wait", "--for=condition=Established", "crd/reports.openreports.io")
+        for ns in ("tenant-root", "tenant-acme"):
+            kubectl(kubeconfig, "create", "namespace", ns)
+        current = state(
+            {"tenant-acme": {"memory": "8Gi"}},
+            thing("tenant-acme", "db", memory="4Gi"),
+            thing("tenant-acme", "cache", memory="3800Mi"),
+        )
+        client = KubeClient.from_kubeconfig(str(kubeconfig))
+        try:
+            writer = ReportWriter(client)
+            reports = build_reports(current)
+            assert await writer.reconcile(reports.items()) == 2
+            stored = json.loads(
+                kubectl(
+                    kubeconfig, "get", "reports", "-n", "tenant-acme", REPORT_NAME, "-o", "json"
+                )
+            )
+            written = reports["tenant-acme"]
+            # Nothing pruned: every field written is a field of the published schema.
+            assert {k: v for k, v in stored.items() if k != "metadata"} == {
+                k: v for k, v in written.items() if k != "metadata"
+            }
+            assert stored["metadata"]["labels"] == written["metadata"]["labels"]
+            assert results(stored) == {"cache": "warn", "db": "warn"}
+            assert await writer.reconcile(build_reports(current).items()) == 0
+            current.observe(tenant("tenant-acme", {"memory": "6Gi"}))
+            assert await writer.reconcile(build_reports(current).items()) == 1
+            stored = json.loads(
+                kubectl(
+                    kubeconfig, "get", "reports", "-n", "tenant-acme", REPORT_NAME, "-o", "json"
+                )
+            )
+            assert results(stored) == {"cache": "fail", "db": "fail"}
+            assert stored["summary"]["fail"] == 2
+            table = kubectl(kubeconfig, "get", "reports", "-n", "tenant-acme")
+            assert "FAIL" in table.splitlines()[0]
+        finally:
+            await client.close()
+
+
+class Collector:
+    """A writer that takes every report as the leader hands them over."""
+
+    def __init__(self) -> None:
+        self.reports: dict[str, dict[str, Any]] = {}
+
+    async def reconcile(self, reports: Any) -> int:
+        async for namespace, report in reports:
+            self.reports[namespace] = report
+        return 0
+
+
+async def test_a_tenant_with_thousands_of_applications_never_holds_admission_for_the_walk(
+    tmp_path: Path,
+) -> None:
+    """The leader evaluates a large namespace a part at a time: the event loop (admission)
+    gets a turn at least every few milliseconds of the walk, not after the whole of it."""
+    from webhook.server import REPORT_PART, LiveServices
+    from webhook.settings import Settings
+
+    apps = [thing("tenant-acme", f"a{i:05d}", memory="1Mi") for i in range(6 * REPORT_PART)]
+    big = state({"tenant-acme": {"memory": "100Gi"}, "tenant-beta": None}, *apps)
+    async with cluster(tmp_path, load=False) as (_, kubeconfig), kube_client(kubeconfig) as client:
+        services = LiveServices(client, Settings(namespace="cozy-reservation"))
+        services.live.state = big
+        turns = 0
+        done = asyncio.Event()
+
+        async def heartbeat() -> None:
+            nonlocal turns
+            while not done.is_set():
+                turns += 1
+                await asyncio.sleep(0)
+
+        beat = asyncio.create_task(heartbeat())
+        writer = Collector()
+        await services._policy_reports(writer)  # type: ignore[arg-type]
+        done.set()
+        await beat
+    assert turns >= 6  # at least one turn per part of the large namespace
+    assert writer.reports["tenant-acme"]["summary"]["pass"] == 6 * REPORT_PART
+    assert sorted(writer.reports) == ["tenant-acme", "tenant-beta", "tenant-root"]
