@@ -504,6 +504,16 @@ async def test_repeated_previews_of_one_name_hold_it_once() -> None:
         assert (await a.admit(create(name, "1Gi"))).allowed, "previews did not fill the pool"
 
 
+async def test_repeated_previews_of_one_name_never_use_up_the_tenants_share() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "4Gi"}}, namespace_share=0.001)  # 1 entry
+    for i in range(3):
+        decision = await a.admit(preview("x", "1Gi", uid=f"dry-{i}"))
+        assert decision.allowed, decision.message
+    assert [e["id"] for e in cluster.entries()] == ["dry-2"]
+    assert (await a.admit(create("x", "1Gi"))).allowed, "the write replaces its preview"
+
+
 async def test_concurrent_previews_of_one_name_hold_it_once() -> None:
     cluster = Cluster()
     a = Replica(cluster, "a", {POOL: {"memory": "4Gi"}})
