@@ -428,6 +428,227 @@ async def test_reposting_one_request_holds_its_charge_once() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# Dry runs: held as previews, since an API server may store them (cozystack-api does)
+
+
+def preview(name: str, memory: str, *, uid: str = "") -> AdmissionRequest:
+    return parse_review(
+        review("Thing", POOL, name, {"memory": memory}, dry_run=True, uid=uid or f"dry-{name}")
+    )
+
+
+async def test_concurrent_dry_runs_the_server_stores_never_overshoot_the_pool() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "4Gi"}})
+    answers = await asyncio.gather(*(a.admit(preview(f"vm{i}", "1Gi")) for i in range(12)))
+    assert sum(d.allowed for d in answers) == 4, "what the server stores fits the budget"
+    assert {d.reason for d in answers if not d.allowed} == {"exceeded"}
+    assert len(cluster.entries()) == 4
+    assert all(e.get("dryRun") is True for e in cluster.entries())
+
+
+async def test_dry_runs_stored_through_two_replicas_never_overshoot_the_pool() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "4Gi"}})
+    b = Replica(cluster, "b", {POOL: {"memory": "4Gi"}})
+    answers = await asyncio.gather(
+        *(r.admit(preview(f"vm{i}", "1Gi")) for i in range(12) for r in (a, b))
+    )
+    allowed = {f"vm{i // 2}" for i, d in enumerate(answers) if d.allowed}
+    assert len(allowed) == 4, "the same name previewed on both replicas is one object"
+    assert len(cluster.entries()) == 4
+    more = await asyncio.gather(*(b.admit(preview(f"b{i}", "1Gi")) for i in range(4)))
+    assert not any(d.allowed for d in more)
+
+
+async def test_a_held_dry_run_says_it_is_held_and_for_how_long() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "4Gi"}}, grace_seconds=25.0)
+    decision = await a.admit(preview("x", "1Gi"))
+    assert decision.allowed
+    assert "dry run: nothing was reserved" not in decision.warnings
+    assert any("held like a write for up to 25s" in w for w in decision.warnings)
+    assert decision.audit["dry-run"] == "held"
+
+
+async def test_a_preview_followed_by_the_same_write_is_not_refused_for_its_preview() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "4Gi"}})
+    for name in ("a", "b", "c"):
+        a.observe(thing(cluster, name, "1Gi"))
+    assert (await a.admit(preview("x", "1Gi"))).allowed  # the pool is now full, with x held
+    assert (await a.admit(create("x", "1Gi"))).allowed, "x's own preview makes no room for x"
+    assert [e["id"] for e in cluster.entries()] == ["uid-x"], "the write replaced the preview"
+    assert not (await a.admit(create("y", "1Gi"))).allowed
+
+
+async def test_a_preview_and_the_write_that_follows_it_hold_the_larger_of_the_two() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "4Gi"}})
+    assert (await a.admit(preview("x", "4Gi"))).allowed  # the server may have stored 4Gi
+    assert (await a.admit(create("x", "1Gi"))).allowed
+    (entry,) = cluster.entries()
+    assert entry["charge"] == {"memory": "4Gi"}, "the preview's 4Gi stays held until observed"
+    assert not (await a.admit(create("y", "1Gi"))).allowed
+    a.observe(thing(cluster, "x", "1Gi"))  # the write for real is what was stored
+    assert (await a.admit(create("y", "1Gi", uid="uid-y2"))).allowed
+
+
+async def test_repeated_previews_of_one_name_hold_it_once() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "4Gi"}})
+    for i in range(20):
+        assert (await a.admit(preview("x", "1Gi", uid=f"dry-{i}"))).allowed
+    assert [e["id"] for e in cluster.entries()] == ["dry-19"]
+    for name in ("y", "z", "w"):
+        assert (await a.admit(create(name, "1Gi"))).allowed, "previews did not fill the pool"
+
+
+async def test_repeated_previews_of_one_name_never_use_up_the_tenants_share() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "4Gi"}}, namespace_share=0.001)  # 1 entry
+    for i in range(3):
+        decision = await a.admit(preview("x", "1Gi", uid=f"dry-{i}"))
+        assert decision.allowed, decision.message
+    assert [e["id"] for e in cluster.entries()] == ["dry-2"]
+    assert (await a.admit(create("x", "1Gi"))).allowed, "the write replaces its preview"
+
+
+async def test_concurrent_previews_of_one_name_hold_it_once() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "4Gi"}})
+    answers = await asyncio.gather(
+        *(a.admit(preview("x", "1Gi", uid=f"dry-{i}")) for i in range(20))
+    )
+    assert all(d.allowed for d in answers)
+    assert len(cluster.entries()) == 1
+    assert (await a.admit(create("y", "3Gi"))).allowed
+
+
+async def test_a_preview_on_one_replica_is_replaced_by_the_write_on_another() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "4Gi"}})
+    b = Replica(cluster, "b", {POOL: {"memory": "4Gi"}})
+    assert (await a.admit(preview("x", "4Gi"))).allowed
+    b.deliver()
+    assert (await b.admit(create("x", "4Gi"))).allowed
+    assert [e["id"] for e in cluster.entries()] == ["uid-x"]
+    a.deliver()
+    assert not (await a.admit(create("y", "1Gi"))).allowed
+
+
+async def test_a_replaced_preview_stops_counting_at_once_on_another_replica() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "4Gi"}})
+    b = Replica(cluster, "b", {POOL: {"memory": "4Gi"}})
+    assert (await a.admit(preview("x", "2Gi"))).allowed
+    b.deliver()
+    assert (await a.admit(create("x", "2Gi"))).allowed
+    b.deliver()  # b's watch of Things is silent: only the ledger tells it the preview was taken
+    assert (await b.admit(create("y", "2Gi"))).allowed, "x is held once, not twice"
+    assert not (await b.admit(create("z", "1Gi"))).allowed
+
+
+def across_preview(name: str, *, uid: str) -> AdmissionRequest:
+    spec = {"cpu": "1", "memory": "1Gi"}
+    return parse_review(review("Thing", "tenant-acme-dev", name, spec, dry_run=True, uid=uid))
+
+
+async def test_a_write_across_two_pools_is_not_refused_for_its_own_preview() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", TWO_POOLS)
+    assert (await a.ledger.admit(across_preview("vm", uid="dry-vm"), POLICY)).allowed
+    assert (await a.ledger.admit(across_preview("vm2", uid="dry-vm2"), POLICY)).allowed
+    assert (await a.ledger.admit(across("vm", uid="req-1"), POLICY)).allowed, "cpu 2 of 2 held"
+    # Both stay held beside each other: whichever of the two the server stores is covered.
+    assert not (await a.ledger.admit(across("vm2", uid="req-2"), POLICY)).allowed
+
+
+async def test_repeated_previews_across_two_pools_never_hold_past_the_budget() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", TWO_POOLS)
+    answers = [await a.ledger.admit(across_preview("vm", uid=f"dry-{i}"), POLICY) for i in range(5)]
+    assert [d.allowed for d in answers] == [True, True, False, False, False], "cpu: 2"
+    assert len(cluster.entries("tenant-acme-dev")) == 2
+
+
+async def test_an_entry_claiming_to_replace_a_real_hold_does_not_release_it() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "2Gi"}})
+    b = Replica(cluster, "b", {POOL: {"memory": "2Gi"}})
+    assert (await a.admit(create("x", "2Gi"))).allowed
+    b.deliver()
+    obj = cluster.objects[POOL]  # a ledger object rewritten by anyone but the webhook
+    (real,) = obj["status"]["pending"]
+    obj["status"]["pending"] = [{**real, "id": "other", "replaces": ["uid-x"]}]
+    obj["status"]["released"] = {"Thing": 1}
+    obj["metadata"]["resourceVersion"] = str(cluster.bump())
+    b.deliver()
+    assert len(b.state.pending) == 2, "x leaves as departed, counted until the state catches up"
+
+
+async def test_a_preview_never_replaces_a_real_hold() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "5Gi"}})
+    assert (await a.admit(create("x", "4Gi"))).allowed  # stored at 4Gi, not yet observed
+    assert (await a.admit(preview("x", "1Gi"))).allowed  # a smaller preview of the same name
+    assert sorted(e["id"] for e in cluster.entries()) == ["dry-x", "uid-x"]
+    assert not (await a.admit(create("y", "1Gi"))).allowed, "x's 4Gi is still held"
+
+
+async def test_a_refused_write_after_a_preview_leaves_the_preview_held() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "4Gi"}})
+    assert (await a.admit(preview("x", "2Gi"))).allowed
+    assert not (await a.admit(create("x", "8Gi"))).allowed
+    assert [e["id"] for e in cluster.entries()] == ["dry-x"]
+    assert not (await a.admit(create("y", "3Gi"))).allowed
+
+
+async def test_a_preview_of_another_name_is_never_replaced() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "4Gi"}})
+    assert (await a.admit(preview("x", "2Gi"))).allowed
+    assert (await a.admit(create("y", "2Gi"))).allowed
+    assert not (await a.admit(create("z", "1Gi"))).allowed
+
+
+async def test_an_unobserved_preview_is_released_after_its_grace() -> None:
+    cluster = Cluster()
+    clock = Clock()
+    a = Replica(cluster, "a", {POOL: {"memory": "1Gi"}}, clock=clock, catch_up_seconds=0.05)
+    assert (await a.admit(preview("x", "1Gi"))).allowed  # a server that honours dry runs
+    assert not (await a.admit(create("y", "1Gi"))).allowed
+    clock.now += 26
+    a.seen = 0  # silent watch: dropped from the ledger, still counted until the state catches up
+    assert not (await a.admit(create("y", "1Gi", uid="uid-y2"))).allowed
+    assert cluster.entries() == []
+    a.seen = cluster.revision
+    assert (await a.admit(create("y", "1Gi", uid="uid-y3"))).allowed
+    assert [e["id"] for e in cluster.entries()] == ["uid-y3"]
+
+
+async def test_a_preview_the_server_stored_settles_once_observed() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "2Gi"}})
+    assert (await a.admit(preview("x", "1Gi"))).allowed
+    a.observe(thing(cluster, "x", "1Gi"))  # cozystack-api stored it
+    assert len(a.state.pending) == 0
+    assert (await a.admit(create("y", "1Gi"))).allowed
+    assert not (await a.admit(create("z", "1Gi"))).allowed
+
+
+async def test_with_dry_run_holds_off_a_dry_run_never_touches_the_ledger() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "4Gi"}}, dry_run_holds=False)
+    answers = await asyncio.gather(*(a.admit(preview(f"vm{i}", "1Gi")) for i in range(12)))
+    assert all(d.allowed for d in answers)
+    assert answers[0].warnings[-1] == "dry run: nothing was reserved"
+    assert cluster.writes == 0
+    assert cluster.entries() == []
+
+
+# ---------------------------------------------------------------------------------------------
 # Group commit
 
 

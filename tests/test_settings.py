@@ -52,6 +52,14 @@ def test_bad_overcommit_settings_are_refused_by_name(flags: dict[str, object], w
         load_settings(flags, environ={})
 
 
+def test_dry_runs_are_held_unless_the_operator_turns_it_off() -> None:
+    assert load_settings({}, environ={}).dry_run_holds is True
+    assert load_settings({"dry_run_holds": "off"}, environ={}).dry_run_holds is False
+    assert load_settings({}, environ={"WEBHOOK_DRY_RUN_HOLDS": "false"}).dry_run_holds is False
+    with pytest.raises(SettingsError, match="dry-run-holds: 'maybe' is not on or off"):
+        load_settings({"dry_run_holds": "maybe"}, environ={})
+
+
 def test_a_tenants_share_of_a_pools_ledger_from_flag_environment_and_file(
     tmp_path: Path,
 ) -> None:

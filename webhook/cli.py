@@ -178,6 +178,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--mode-for", action="append", metavar="KIND=MODE", help="a mode for one kind (repeatable)"
     )
+    serve.add_argument(
+        "--dry-run-holds",
+        choices=("on", "off"),
+        help="hold a dry run's charge like a write's, for API servers that store dry runs "
+        "(cozystack-api does); default on",
+    )
     serve.add_argument("--config", metavar="FILE", help="settings file (YAML)")
     serve.add_argument(
         "--log-level", metavar="LEVEL", help="debug, info, warning, error (default info)"
@@ -395,6 +401,7 @@ def _serve(args: argparse.Namespace) -> int:
         "mode": args.mode,
         "mode_for": args.mode_for,
         **_overcommit_flags(args),
+        "dry_run_holds": args.dry_run_holds,
         "config": args.config,
         "log_level": args.log_level,
     }

@@ -43,9 +43,20 @@ comparison, not a parse.
 the pool's ``status.capped`` before the answer (:mod:`webhook.core.carveouts`): it then counts
 no more than before the write, and nothing is held for it.
 
+**Dry runs.** An API server that ignores ``dryRun`` stores what it calls a dry run (cozystack-api
+does: its HelmRelease writes drop the option), so with ``dry_run_holds`` (the default) a dry run
+is held like any other admission, as a *preview* entry keyed by its object. The next admitted
+write of the same object in the pool (a real one, or another preview) is decided without the
+preview's hold and replaces it in the same conditional write, holding the key-wise maximum of
+both (whichever of the two the server ends up storing is covered until it is observed or the
+grace period passes): a preview followed by the same write for real is never refused because of
+its preview, and repeated previews of one name hold once. A real entry is never replaced by a
+preview. A request charging several pools at once adds its preview like any entry. Without
+``dry_run_holds`` a dry run never touches the ledger.
+
 The replica holding the Lease keeps every pool's summary (budget, reserved, the
 ``Overcommitted`` condition) true through the same per-pool lock; admission writes carry the
-summary too, so a busy pool needs no separate status write. A dry run never touches the ledger.
+summary too, so a busy pool needs no separate status write.
 """
 
 from __future__ import annotations
@@ -63,9 +74,16 @@ from typing import Any, Final, Protocol
 from webhook.core import resources as rl
 from webhook.core.applications import AppKey, resource_version
 from webhook.core.carveouts import Cap, capped, kept_budget, overshoot
-from webhook.core.decisions import WARNING_LIMIT, Decision, Policy, decide, errored
+from webhook.core.decisions import (
+    WARNING_LIMIT,
+    Decision,
+    Policy,
+    decide,
+    errored,
+    held_dry_run,
+)
 from webhook.core.errors import UNEVALUABLE
-from webhook.core.pending import Hold
+from webhook.core.pending import Hold, PendingCharges
 from webhook.core.quantities import parse_quantity
 from webhook.core.reviews import AdmissionRequest
 from webhook.core.state import ReservationState
@@ -97,6 +115,9 @@ _EXPIRY: Final = "%Y-%m-%dT%H:%M:%S.%fZ"
 # At 1,000 admissions/s with objects observed within 100 ms, about 100 entries are listed.
 MAX_ENTRIES: Final = 1_000
 MAX_ENTRY_BYTES: Final = 1_024
+# Previews one entry replaces: in one batch a write replaces at most the previews of its object
+# (each preview replaces the one before it, so there is one at a time, or a few in flight).
+MAX_REPLACES: Final = 16
 # Sub-tenants admitted in warn beyond what fits, per pool: about 200 bytes each.
 MAX_CAPS: Final = 200
 
@@ -110,6 +131,8 @@ class LedgerSettings:
     read_timeout: float = 90.0
     watch_timeout: int = 300
     catch_up_seconds: float = 2.0  # how long a denial waits for the state to pass an expiry
+    # Hold dry runs like writes: the API server may store them (cozystack-api does).
+    dry_run_holds: bool = True
     # The share of a pool's ledger one tenant's listed entries may take (see :func:`holder`).
     namespace_share: float = 0.1
 
@@ -212,13 +235,15 @@ class Ledger:
 
     async def admit(self, request: AdmissionRequest, policy: Policy) -> Decision:
         state = self._current()
-        decision = decide(request, state, policy)
-        if request.dry_run or request.operation not in ("CREATE", "UPDATE"):
-            return decision
+        if request.operation not in ("CREATE", "UPDATE") or (
+            request.dry_run and not self.settings.dry_run_holds
+        ):
+            return decide(request, state, policy)
+        decision = _decide_replacing(request, state, policy)
         expired = not decision.allowed and decision.reason == "exceeded" and decision.pool
         if expired and await self._sweep(decision.pool):
             state = self._current()
-            decision = decide(request, state, policy)
+            decision = _decide_replacing(request, state, policy)
         if _over_in_warn(request, decision):
             return await self._admit_capped(request, policy, decision)
         if not decision.allowed and decision.reason == "exceeded":
@@ -243,8 +268,12 @@ class Ledger:
             return errored(400, "BadRequest", "invalid", "tenant reservations: invalid uid")
         pools = sorted(decision.charged_pools)
         if len(pools) == 1:
-            return await self._enqueue(pools[0], request, policy)
-        return await self._admit_across(pools, request, policy)
+            answer = await self._enqueue(pools[0], request, policy)
+        else:
+            answer = await self._admit_across(pools, request, policy)
+        if request.dry_run and answer.allowed and answer.charged_pools:
+            return held_dry_run(answer, self.settings.grace_seconds)
+        return answer
 
     def _current(self) -> ReservationState:
         """The live state, following every pool's newest ledger object, caught up."""
@@ -363,31 +392,51 @@ class Ledger:
                         pending.adjust(pool, rl.scale(own.increase, Decimal(-1)))
                 answers: list[tuple[_Waiter, Decision]] = []
                 added: list[Obj] = []
+                replaced: set[str] = set()  # previews the write drops, absorbed by a later write
+                # Only previews can be replaced: looked up among these, not every entry, so a
+                # batch costs O(entries + previews x batch), not O(entries x batch).
+                listed = [e for e in kept if e.get("dryRun") is True]
+                fresh: list[Obj] = []  # previews this batch adds
                 for waiter in batch:
                     if waiter.future.done():
                         continue  # the caller is gone: hold nothing for it
+                    previews = _previews(waiter.request, [*listed, *fresh], replaced)
+                    floor = self._absorb(pool, previews, added, pending)
                     decision = decide(waiter.request, state, waiter.policy)
                     if decision.allowed and decision.charged_pools:
                         who = holder(pool, waiter.request.namespace)
                         if set(decision.charged_pools) != {pool}:
                             decision = _changed(pool)
-                        elif len(kept) + len(added) >= MAX_ENTRIES:
+                        elif len(kept) + len(added) - len(previews) >= MAX_ENTRIES:
                             decision = _full(pool)
-                        elif held.get(who, 0) >= limit:
+                        elif held.get(who, 0) - len(previews) >= limit:
                             decision = _share_full(pool, who, self.settings)
                         else:
-                            held[who] = held.get(who, 0) + 1
-                            entry = self._entry(waiter.request, decision, pool)
+                            held[who] = held.get(who, 0) + 1 - len(previews)  # replaced: theirs
+                            taken = set(previews)
+                            for earlier in added:  # a preview of this batch: its own too
+                                if earlier["id"] in taken:
+                                    taken.update(earlier.get("replaces") or ())
+                            entry = self._entry(
+                                waiter.request, decision, pool, floor=floor, replaces=taken
+                            )
                             if _size(entry) > MAX_ENTRY_BYTES:
                                 decision = _too_large()
                             else:
-                                pending.adjust(pool, decision.charged_pools[pool])
+                                hold = _hold_of(entry, decision, pool)
+                                replaced.update(previews)
+                                if previews:
+                                    added[:] = [e for e in added if e["id"] not in previews]
+                                    fresh[:] = [e for e in fresh if e["id"] not in previews]
+                                pending.adjust(pool, hold.increase)
                                 added.append(entry)
-                                self._parsed.setdefault(pool, {})[entry["id"]] = (
-                                    entry,
-                                    _hold_of(entry, decision, pool),
-                                )
+                                if hold.preview:
+                                    fresh.append(entry)
+                                self._parsed.setdefault(pool, {})[entry["id"]] = (entry, hold)
+                                floor = {}
+                    pending.adjust(pool, floor)  # not absorbed: the previews count again
                     answers.append((waiter, decision))
+                kept = [e for e in kept if e["id"] not in replaced]
                 entries = self._current_entries(current)
                 if not added and len(kept) == len(entries):
                     _answer(answers)
@@ -407,6 +456,26 @@ class Ledger:
         for waiter in batch:
             if not waiter.future.done():
                 waiter.future.set_result(_contention([pool]))
+
+    def _absorb(
+        self, pool: str, previews: Iterable[str], added: list[Obj], pending: PendingCharges
+    ) -> dict[str, Decimal]:
+        """Take the holds of ``previews`` (ids listed in ``pool``'s ledger, or just ``added`` by
+        this batch) out of the pool's usage while a write of their object is decided; returns
+        their key-wise maximum, which the write's entry holds at least, or the caller adds back."""
+        floor: dict[str, Decimal] = {}
+        fresh = {str(e["id"]): e for e in added}
+        for hold_id in previews:
+            counted = pending.counted(pool, hold_id)
+            if hold_id in fresh:
+                increase = _quantities(fresh[hold_id].get("charge"))
+            elif counted is not None:
+                increase = dict(counted.increase)
+            else:
+                continue  # listed but no longer counted (seen settled): nothing to carry
+            floor = rl.maximum(floor, increase)
+            pending.adjust(pool, rl.scale(increase, Decimal(-1)))
+        return floor
 
     # -- several pools: one request at a time, its entries known by its uid ----------------
 
@@ -439,7 +508,13 @@ class Ledger:
                     if own is not None:
                         state.pending.adjust(pool, rl.scale(own.increase, Decimal(-1)))
                 try:
-                    decision = decide(request, state, policy)
+                    if request.dry_run:  # checked like a write of another name: no replacing
+                        decision = decide(request, state, policy)
+                    else:
+                        # Never refused for the object's own previews; they stay held beside
+                        # this entry (whichever the server stores is covered) until observed
+                        # or expired.
+                        decision = _decide_replacing(request, state, policy)
                 finally:
                     for pool in pools:
                         state.pending.clear_adjustments(pool)
@@ -578,16 +653,30 @@ class Ledger:
 
     # -- building the object ---------------------------------------------------------------
 
-    def _entry(self, request: AdmissionRequest, decision: Decision, pool: str) -> Obj:
+    def _entry(
+        self,
+        request: AdmissionRequest,
+        decision: Decision,
+        pool: str,
+        *,
+        floor: Mapping[str, Decimal] | None = None,
+        replaces: Iterable[str] = (),
+    ) -> Obj:
+        """``request``'s entry in ``pool``, holding at least ``floor`` (previews it replaces)."""
         expires = datetime.fromtimestamp(self.clock() + self.settings.grace_seconds, UTC)
-        return {
+        entry: Obj = {
             "id": request.uid,
             "application": f"{request.kind}/{request.namespace}/{request.name}",
-            "charge": rl.to_strings(decision.charged_pools[pool]),
+            "charge": rl.to_strings(rl.maximum(decision.charged_pools[pool], floor or {})),
             "expected": rl.to_strings(decision.expected or {}),
             "expires": expires.strftime(_EXPIRY),
             "replica": self.settings.replica,
         }
+        if request.dry_run:
+            entry["dryRun"] = True
+        if replaces:
+            entry["replaces"] = sorted(replaces)
+        return entry
 
     def _kept(
         self, pool: str, current: Obj, state: ReservationState, *, without: set[str]
@@ -721,14 +810,19 @@ class Ledger:
         version = _version(obj)
         known = self._parsed.get(pool, {})
         parsed: dict[str, tuple[Obj, Hold]] = {}
+        replaced: set[str] = set()
         for entry in self._current_entries(obj):
             hold = self._hold(pool, entry, version, known)
             parsed[hold.id] = (entry, hold)
+            taken = entry.get("replaces")
+            if isinstance(taken, list):
+                replaced.update(str(t) for t in taken[:MAX_REPLACES])
         self._state.pending.track(
             pool,
             [h for _, h in parsed.values()],
             version=version,
             released=_released(obj.get("status") or {}),
+            replaced=replaced,
         )
         self._state.set_caps(pool, _caps(obj.get("status") or {}))
         if parsed:
@@ -755,6 +849,7 @@ class Ledger:
             increase=_quantities(entry.get("charge")),
             charge=_quantities(entry.get("expected")),
             after=after,
+            preview=entry.get("dryRun") is True,
         )
 
     def _replace(self, items: list[Obj]) -> None:
@@ -1005,15 +1100,52 @@ def _released(status: Mapping[str, Any]) -> dict[str, int]:
 
 
 def _hold_of(entry: Obj, decision: Decision, pool: str) -> Hold:
-    """The hold for an entry this replica writes, without parsing back what it formatted."""
+    """The hold for an entry this replica writes, without parsing back what it formatted
+    (an entry replacing previews holds more than the decision charged: it is parsed)."""
     kind, namespace, name = str(entry["application"]).split("/", 2)
+    increase = dict(decision.charged_pools[pool])
+    if entry["charge"] != rl.to_strings(increase):
+        increase = _quantities(entry["charge"])
     return Hold(
         id=str(entry["id"]),
         key=(kind, namespace, name),
         namespace=pool,
-        increase=dict(decision.charged_pools[pool]),
+        increase=increase,
         charge=dict(decision.expected or {}),
+        preview=entry.get("dryRun") is True,
     )
+
+
+def _key(request: AdmissionRequest) -> AppKey:
+    return (request.kind, request.namespace, request.name)
+
+
+def _decide_replacing(
+    request: AdmissionRequest, state: ReservationState, policy: Policy
+) -> Decision:
+    """``decide``, without the holds of the object's own previews (the write replaces them)."""
+    previews = state.pending.previews(_key(request))
+    for hold in previews:
+        state.pending.adjust(hold.namespace, rl.scale(hold.increase, Decimal(-1)))
+    try:
+        return decide(request, state, policy)
+    finally:
+        for hold in previews:  # undone exactly: a batch being written keeps its adjustments
+            state.pending.adjust(hold.namespace, hold.increase)
+
+
+def _previews(request: AdmissionRequest, entries: Iterable[Obj], taken: set[str]) -> list[str]:
+    """The ids of the preview entries among ``entries`` that ``request`` replaces: dry-run
+    entries of the same object (never a real one, never the request's own, never ``taken``)."""
+    application = f"{request.kind}/{request.namespace}/{request.name}"
+    return [
+        str(entry["id"])
+        for entry in entries
+        if entry.get("dryRun") is True
+        and entry.get("application") == application
+        and entry.get("id") != request.uid
+        and entry.get("id") not in taken
+    ]
 
 
 def _size(entry: Mapping[str, Any]) -> int:
@@ -1028,7 +1160,7 @@ def _size(entry: Mapping[str, Any]) -> int:
 
 
 def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    return all(a.get(k) == b.get(k) for k in ("application", "charge", "expected"))
+    return all(a.get(k) == b.get(k) for k in ("application", "charge", "expected", "dryRun"))
 
 
 def _with_after(hold: Hold, after: int) -> Hold:
@@ -1040,6 +1172,7 @@ def _with_after(hold: Hold, after: int) -> Hold:
         charge=hold.charge,
         expires=hold.expires,
         after=after,
+        preview=hold.preview,
     )
 
 

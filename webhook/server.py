@@ -91,6 +91,7 @@ class LiveServices:
                 replica=settings.replica,
                 grace_seconds=settings.grace_seconds,
                 read_timeout=settings.watch_read_timeout,
+                dry_run_holds=settings.dry_run_holds,
                 namespace_share=settings.ledger_namespace_share,
             ),
         )

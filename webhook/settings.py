@@ -62,6 +62,8 @@ class Settings:
     replica: str = field(default_factory=socket.gethostname)
     lease_name: str = "reservation-webhook"
     pending_grace_seconds: float = 0.0  # 0: twice the webhook timeout plus five seconds
+    # Hold a dry run's increase like a write's: cozystack-api stores what it calls a dry run.
+    dry_run_holds: bool = True
     watch_read_timeout: float = 90.0
     # The share of a pool's ledger (MAX_ENTRIES entries) one tenant's unsettled holds may take.
     ledger_namespace_share: float = 0.1
@@ -118,6 +120,7 @@ _SPELLINGS: Final = {
     "replica": ("POD_NAME", "replica"),
     "lease_name": ("WEBHOOK_LEASE_NAME", "leaseName"),
     "pending_grace_seconds": ("WEBHOOK_PENDING_GRACE_SECONDS", "pendingGraceSeconds"),
+    "dry_run_holds": ("WEBHOOK_DRY_RUN_HOLDS", "dryRunHolds"),
     "watch_read_timeout": ("WEBHOOK_WATCH_READ_TIMEOUT", "watchReadTimeout"),
     "ledger_namespace_share": ("WEBHOOK_LEDGER_NAMESPACE_SHARE", "ledgerNamespaceShare"),
 }
@@ -202,6 +205,8 @@ def _build(raw: Mapping[str, Any]) -> Settings:
             if number <= 0:
                 raise SettingsError(f"{name.replace('_', '-')}: must be positive")
             values[name] = number
+    if "dry_run_holds" in raw:
+        values["dry_run_holds"] = _switch("dry-run-holds", raw["dry_run_holds"])
     if "ledger_namespace_share" in raw:
         share = _number("ledger-namespace-share", raw["ledger_namespace_share"], integer=False)
         if not 0 < share <= 1:
@@ -242,6 +247,18 @@ def _number(name: str, value: Any, *, integer: bool) -> float:
     except (TypeError, ValueError):
         raise SettingsError(f"{name}: {value!r} is not a number") from None
     return number
+
+
+def _switch(name: str, value: Any) -> bool:
+    """``on``/``off`` (also ``true``/``false``, as YAML and environment variables spell them)."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("on", "true", "yes", "1"):
+        return True
+    if text in ("off", "false", "no", "0"):
+        return False
+    raise SettingsError(f"{name}: {str(value)[:64]!r} is not on or off")
 
 
 def _mode(name: str, value: Any) -> Mode:

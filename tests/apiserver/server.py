@@ -242,6 +242,8 @@ class Resource:
     kind: str
     namespaced: bool = True
     status: bool = False
+    # Served as cozystack-api serves applications (see "Aggregated resources" in the README).
+    aggregated: bool = False
 
     @property
     def api_version(self) -> str:
@@ -404,6 +406,7 @@ class _Watcher:
     selection: _Selection
     queue: asyncio.Queue[tuple[str, Obj] | _Signal] = field(default_factory=asyncio.Queue)
     silenced: bool = False
+    deaf: bool = False  # told nothing of any change (cozystack-api's watch from "0")
 
 
 @dataclass
@@ -602,11 +605,13 @@ class EmulatedAPIServer:
         *,
         namespaced: bool = True,
         status: bool = False,
+        aggregated: bool = False,
     ) -> Resource:
-        """Register a resource type; the same registration twice is harmless."""
+        """Register a resource type; the same registration twice is harmless. ``aggregated``
+        serves its lists and watches as cozystack-api does (see the README)."""
         if not group and version != "v1":
             raise ValueError("the core group is served as /api/v1 only")
-        resource = Resource(group, version, plural, kind, namespaced, status)
+        resource = Resource(group, version, plural, kind, namespaced, status, aggregated)
         existing = self._resources.get((group, plural))
         if existing is not None and existing != resource:
             raise ValueError(f"{resource.group_resource} is already registered as {existing}")
@@ -717,7 +722,7 @@ class EmulatedAPIServer:
         while len(self._history) > self._history_limit:
             self._floor = self._history.popleft().revision
         for watcher in self._watchers:
-            if watcher.resource == resource and not watcher.silenced:
+            if watcher.resource == resource and not watcher.silenced and not watcher.deaf:
                 event = self._translate(change, watcher.selection)
                 if event is not None:
                     watcher.queue.put_nowait(event)
@@ -1024,6 +1029,8 @@ class EmulatedAPIServer:
         return state
 
     def _list(self, resource: Resource, selection: _Selection, query: Mapping[str, str]) -> Obj:
+        if resource.aggregated:
+            return self._aggregated_list(resource, selection)
         version = query.get("resourceVersion", "")
         match = query.get("resourceVersionMatch", "")
         token = query.get("continue", "")
@@ -1083,6 +1090,18 @@ class EmulatedAPIServer:
             "apiVersion": resource.api_version,
             "metadata": metadata,
             "items": [state[k] for k in keys],
+        }
+
+    def _aggregated_list(self, resource: Resource, selection: _Selection) -> Obj:
+        """cozystack-api's list: every match at once (no pages), at the largest
+        resourceVersion among the kind's objects, ``"0"`` when it has none."""
+        bucket = self._store[resource]
+        largest = max((int(o["metadata"]["resourceVersion"]) for o in bucket.values()), default=0)
+        return {
+            "kind": f"{resource.kind}List",
+            "apiVersion": resource.api_version,
+            "metadata": {"resourceVersion": str(largest)},
+            "items": [bucket[k] for k in sorted(bucket) if selection.matches(bucket[k])],
         }
 
     @staticmethod
@@ -1148,6 +1167,8 @@ class EmulatedAPIServer:
                 )
         watcher = _Watcher(resource, selection)
         queue = watcher.queue
+        if resource.aggregated:
+            return self._open_aggregated_watch(watcher, version)
         send_current = version in ("", "0") if initial_param is None else _flag(initial_param)
         if send_current:
             bucket = self._store[resource]
@@ -1170,6 +1191,29 @@ class EmulatedAPIServer:
                         event = self._translate(change, selection)
                         if event is not None:
                             queue.put_nowait(event)
+        self._watchers.add(watcher)
+        return watcher
+
+    def _open_aggregated_watch(self, watcher: _Watcher, version: str) -> _Watcher:
+        """cozystack-api's watch: from ``""`` or ``"0"``, one initial-events-end bookmark and
+        then nothing, ever; from N, every object newer than N as ADDED (the objects as they
+        are now: nothing of the history, so a delete before the watch opened is never told),
+        then every change. Never 410."""
+        resource = watcher.resource
+        if version in ("", "0"):
+            bookmark = self._bookmark(resource, initial_end=True)
+            bookmark["metadata"]["resourceVersion"] = version
+            watcher.queue.put_nowait((BOOKMARK, bookmark))
+            watcher.deaf = True
+        else:
+            since = _parse_revision(version)
+            bucket = self._store[resource]
+            for key in sorted(bucket):
+                obj = bucket[key]
+                if int(obj["metadata"]["resourceVersion"]) > since and watcher.selection.matches(
+                    obj
+                ):
+                    watcher.queue.put_nowait((ADDED, obj))
         self._watchers.add(watcher)
         return watcher
 
@@ -1405,7 +1449,8 @@ class EmulatedAPIServer:
         self, request: web.Request, resource: Resource, selection: _Selection
     ) -> web.StreamResponse:
         query = request.query
-        bookmarks = _flag(query.get("allowWatchBookmarks"))
+        # cozystack-api asks its own watch for bookmarks only on a WatchList request.
+        bookmarks = _flag(query.get("allowWatchBookmarks")) and not resource.aggregated
         timeout = self._int_param(query, "timeoutSeconds")
         watcher = self._open_watch(resource, selection, query)
         response = web.StreamResponse(

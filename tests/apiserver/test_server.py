@@ -878,3 +878,66 @@ async def test_the_official_client_lists_and_watches_through_the_emulator(
         listed, events = await asyncio.to_thread(list_then_watch)
     assert [item["metadata"]["name"] for item in listed["items"]] == ["acme"]
     assert events == [("ADDED", "acme")]
+
+
+# --- aggregated resources: served as cozystack-api serves applications -------------------------
+
+
+@pytest.fixture
+async def aggregated() -> AsyncIterator[EmulatedAPIServer]:
+    api = EmulatedAPIServer(bookmark_interval=0.1)
+    api.resource(GROUP, VERSION, "tenants", "Tenant", aggregated=True)
+    api.resource("", "v1", "configmaps", "ConfigMap")
+    async with api:
+        yield api
+
+
+async def test_an_aggregated_list_is_at_its_newest_object_or_at_0_when_empty(
+    aggregated: EmulatedAPIServer,
+) -> None:
+    headers = {"Authorization": "Bearer test-token"}
+    async with aiohttp.ClientSession(base_url=aggregated.base_url, headers=headers) as http:
+        _, empty = await send(http, "GET", TENANTS, limit="1")
+        assert empty["metadata"] == {"resourceVersion": "0"}
+        first = aggregated.create(tenant("a"))
+        aggregated.create(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "c", "namespace": "alpha"},
+            }
+        )
+        aggregated.create(tenant("b"))
+        aggregated.create(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "d", "namespace": "alpha"},
+            }
+        )
+        _, full = await send(http, "GET", TENANTS, limit="1")
+    assert full["metadata"] == {
+        "resourceVersion": str(int(first["metadata"]["resourceVersion"]) + 2)
+    }
+    assert [i["metadata"]["name"] for i in full["items"]] == ["a", "b"], "no pages"
+
+
+async def test_an_aggregated_watch_from_0_is_deaf_and_from_n_sends_what_is_newer(
+    aggregated: EmulatedAPIServer,
+) -> None:
+    headers = {"Authorization": "Bearer test-token"}
+    async with aiohttp.ClientSession(base_url=aggregated.base_url, headers=headers) as http:
+        old = aggregated.create(tenant("old"))
+        async with asyncio.timeout(LIMIT), watching(http, resourceVersion="0") as deaf:
+            bookmark = await deaf.next()
+            assert bookmark["type"] == "BOOKMARK"
+            assert bookmark["object"]["metadata"]["annotations"] == {
+                "k8s.io/initial-events-end": "true"
+            }
+            aggregated.create(tenant("new"))
+            assert await deaf.silent_for(0.3)
+        since = old["metadata"]["resourceVersion"]
+        async with asyncio.timeout(LIMIT), watching(http, resourceVersion=since) as live:
+            assert await live.types_and_names(1) == [("ADDED", "new")]
+            aggregated.create(tenant("newer"))
+            assert await live.types_and_names(1) == [("ADDED", "newer")]

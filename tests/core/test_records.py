@@ -407,3 +407,29 @@ def test_a_label_only_update_of_an_object_that_no_longer_evaluates_is_not_refuse
         old_annotations=notes,
     )
     assert not decide(replayed, current, ENFORCE).allowed
+
+
+def test_a_dry_run_record_a_server_ignoring_dry_runs_would_store_is_never_believed() -> None:
+    current = state({"tenant-acme": {"memory": "64Gi"}})
+    review = request("VMInstance", "tenant-acme", "vm", BIG, dry_run=True)
+    (operation,) = patch_of(mutate(review, current, ENFORCE))
+    value = operation["value"]
+    text = value[CHARGE_ANNOTATION] if isinstance(value, dict) else value
+    record = parse_recorded_charge(str(text))
+    assert record is not None
+    assert record.dry, "marked as a dry run's"
+    stored = Application("VMInstance", "tenant-acme", "vm", BIG, recorded=record)
+    assert current.trusted(stored) is None, "never believed for its charge once stored"
+
+
+def test_a_dry_run_still_loses_a_planted_record() -> None:
+    current = state({"tenant-acme": {"memory": "64Gi"}})
+    planted = {CHARGE_ANNOTATION: forged({"memory": "1Gi"})}
+    review = request("VMInstance", "tenant-acme", "vm", BIG, dry_run=True, annotations=planted)
+    (operation,) = patch_of(mutate(review, current, ENFORCE))
+    value = operation["value"]
+    text = value[CHARGE_ANNOTATION] if isinstance(value, dict) else value
+    assert text != planted[CHARGE_ANNOTATION]
+    record = parse_recorded_charge(str(text))
+    assert record is not None
+    assert record.dry

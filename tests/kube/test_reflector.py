@@ -248,3 +248,21 @@ async def test_one_event_the_consumer_cannot_take_does_not_stop_the_watch(
     assert watcher.synced
     stop.set()
     await task
+
+
+async def test_a_kind_cozystack_api_lists_empty_is_still_followed(tmp_path: Path) -> None:
+    """cozystack-api lists a kind with no objects at resourceVersion "0", and its watch from
+    "0" is deaf: watched from there, the first object would never be seen."""
+    emulated = EmulatedAPIServer(bookmark_interval=0.1)
+    emulated.resource("example.io", "v1", "things", "Thing", aggregated=True)
+    async with emulated, kube_client(emulated.kubeconfig(tmp_path / "kubeconfig")) as client:
+        mirror = Mirror()
+        watching = reflector(client, mirror, read_timeout=5.0, watch_timeout=30)
+        stop, task = await run(watching)
+        try:
+            await eventually(lambda: watching.synced)
+            emulated.create(thing("first", 1))
+            await eventually(lambda: mirror.items == {"first": 1})
+        finally:
+            stop.set()
+            await task

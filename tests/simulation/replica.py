@@ -57,6 +57,9 @@ class Replica:
                 reconcile_seconds=RECONCILE_SECONDS,
                 read_timeout=READ_TIMEOUT,
                 watch_timeout=WATCH_TIMEOUT,
+                # The simulated API server honours dry runs, and the at-rest probe decides with
+                # them: nothing is stored, so nothing is held.
+                dry_run_holds=False,
             ),
             clock=wall,
         )

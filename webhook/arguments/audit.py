@@ -86,6 +86,12 @@ def _add_state(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="manifests the log starts from (repeatable), e.g. fixtures/cozystack",
     )
+    parser.add_argument(
+        "--dry-runs-stored",
+        action="store_true",
+        help="the API server stored what it answered as dry runs (cozystack-api does): "
+        "apply them to the history like any write",
+    )
 
 
 def _add_record_keys(parser: argparse.ArgumentParser) -> None:

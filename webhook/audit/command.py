@@ -149,7 +149,9 @@ def _history(
         if body.get("apiVersion") == APPS_API_VERSION and isinstance(metadata, dict):
             key = (str(body.get("kind")), str(metadata.get("namespace")), str(metadata.get("name")))
             objects[key] = dict(body)
-    return History(state, objects, budgets=budgets)
+    return History(
+        state, objects, budgets=budgets, stored_dry_runs=getattr(args, "dry_runs_stored", False)
+    )
 
 
 def _keys(args: argparse.Namespace) -> RecordKeys | None:

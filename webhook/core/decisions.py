@@ -66,12 +66,23 @@ from webhook.core.volumes import RELEASED, Held, hold
 
 Factors = dict[str, Decimal]
 
-__all__ = ["MODES", "Decision", "Mode", "Policy", "decide", "errored", "mutate"]
+__all__ = [
+    "DRY_RUN_NOTE",
+    "MODES",
+    "Decision",
+    "Mode",
+    "Policy",
+    "decide",
+    "errored",
+    "held_dry_run",
+    "mutate",
+]
 
 
 # The API server truncates warnings over 256 characters and drops them past 4096 in total
 # (k8s.io/apiserver/pkg/warning); we aim for 120 so kubectl prints each on one line.
 WARNING_TARGET: Final = 120
+DRY_RUN_NOTE: Final = "dry run: nothing was reserved"
 WARNING_LIMIT: Final = 256
 # A Tenant budget key Kubernetes would refuse in a ResourceQuota, or a count nothing counts:
 # refused in warn mode too, since admitting it protects nobody (the chart's ResourceQuota fails
@@ -816,7 +827,7 @@ def _apply_mode(mode: Mode, decision: Decision, request: AdmissionRequest) -> De
         allowed, outcome = True, "warned"
         warnings = (_fit(f"would be denied: {decision.message}"), *warnings)
     if request.dry_run and allowed:
-        warnings = (*warnings, "dry run: nothing was reserved")
+        warnings = (*warnings, DRY_RUN_NOTE)
     audit = _audit(decision, outcome=outcome, mode=mode, allowed=allowed)
     if outcome == "warned":
         audit["would-deny"] = decision.message
@@ -893,6 +904,23 @@ def _usage_warning(
 
 
 # -- named constructors ------------------------------------------------------------------------
+
+
+def held_dry_run(decision: Decision, seconds: float) -> Decision:
+    """An allowed dry run the ledger held as a write: say so instead of "nothing was reserved".
+
+    An API server that ignores ``dryRun`` stores the object all the same (cozystack-api does),
+    so the charge is held until the object is seen or ``seconds`` pass; the next write of the
+    same object takes the hold over rather than adding to it.
+    """
+    note = (
+        f"dry run: held like a write for up to {seconds:g}s (the API server may store it); "
+        "the same write for real replaces the hold"
+    )
+    warnings = tuple(note if w == DRY_RUN_NOTE else w for w in decision.warnings)
+    if note not in warnings:
+        warnings = (*warnings, note)
+    return replace(decision, warnings=warnings, audit={**decision.audit, "dry-run": "held"})
 
 
 def skipped(message: str, *, mode: Mode = "enforce", kind: str = "") -> Decision:

@@ -32,7 +32,9 @@ exact under concurrency:
 * **Ids are the request's.** An id seen settled is remembered while the ledger still lists it, so
   a later delete of the object does not make it count again.
 
-Only increases are held: a shrink counts when it is observed, never before.
+Only increases are held: a shrink counts when it is observed, never before. A dry run may be
+held too (an API server that ignores dry runs stores it): its hold is a *preview*, which the
+next admitted write of the same object replaces rather than adds to (see :mod:`webhook.ledger`).
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class Hold:
     charge: Mapping[str, Decimal]  # the charge the object is expected to carry once stored
     expires: float = 0.0
     after: int = 0  # the ledger revision that admitted it: only newer observations settle it
+    preview: bool = False  # admitted for a dry run: a later write of the same object absorbs it
 
 
 class PendingCharges:
@@ -125,10 +128,14 @@ class PendingCharges:
         *,
         version: int,
         released: Mapping[str, int] | None = None,
+        replaced: Iterable[str] = (),
     ) -> None:
         """``pool``'s ledger object, at resourceVersion ``version``, lists exactly ``entries``
-        and has had ``released`` entries of each kind removed (``None``: the object is gone)."""
+        and has had ``released`` entries of each kind removed (``None``: the object is gone).
+        ``replaced`` names previews a listed entry took over (it holds at least as much), so
+        they stop counting at once rather than waiting for the state as departed entries do."""
         listed = {entry.id: entry for entry in entries}
+        taken_over = set(replaced)
         before = self._entries.get(pool, {})
         if released is None:
             self._released.pop(pool, None)
@@ -136,7 +143,10 @@ class PendingCharges:
             self._fence(pool, before, listed, released, version)
         for hold_id in before.keys() - listed.keys():
             slot = (pool, hold_id)
-            if slot in self._counted:
+            if slot in self._counted and hold_id in taken_over and before[hold_id].preview:
+                self._uncount(slot)
+                self._departed.pop(slot, None)
+            elif slot in self._counted:
                 self._departed.setdefault(slot, version)
         for hold_id, entry in listed.items():
             slot = (pool, hold_id)
@@ -204,6 +214,16 @@ class PendingCharges:
         adjusted = self._adjusted.pop(pool, None)
         if adjusted:
             self._tree.add_usage(pool, rl.scale(adjusted, Decimal(-1)))
+
+    def previews(self, key: AppKey) -> list[Hold]:
+        """The preview holds of ``key`` the ledger lists now (not departed), in every pool."""
+        return [
+            hold
+            for slot in sorted(self._by_key.get(key, ()))
+            if (hold := self._counted[slot]).preview
+            and slot not in self._departed
+            and hold.id in self._entries.get(slot[0], {})
+        ]
 
     def counted(self, pool: str, hold_id: str) -> Hold | None:
         """The entry ``hold_id`` of ``pool`` if it is counted now."""

@@ -139,6 +139,12 @@ class Reflector:
     async def _list(self) -> None:
         version, items = await self.read(self.reduce or _whole)
         self.resource_version = version
+        if self.resource_version == "0":
+            # cozystack-api lists a kind with no objects at resourceVersion "0" (the largest of
+            # its HelmReleases', of none), and its watch from "0" sends one bookmark and then
+            # never an event. From "1" it sends every object newer than that (all of them: no
+            # object is at 1) and then every change.
+            self.resource_version = "1"
         self.on_replace(items)
         self.listed = True
         self.list_error = ""

@@ -58,8 +58,12 @@ class History:
         objects: Mapping[AppKey, Mapping[str, Any]] | None = None,
         *,
         budgets: Mapping[str, Mapping[str, Decimal]] | None = None,
+        stored_dry_runs: bool = False,
     ) -> None:
         self.state = state
+        # The API server stored what it answered as dry runs (cozystack-api ignores dryRun):
+        # a successful one changed the objects like any write.
+        self.stored_dry_runs = stored_dry_runs
         self.objects: dict[AppKey, dict[str, Any]] = {
             key: _without_charge(obj) for key, obj in (objects or {}).items()
         }
@@ -139,7 +143,7 @@ class History:
 
     def apply(self, write: AuditWrite, decision: Decision | None = None) -> bool:
         """Apply what ``write`` stored; return whether the state changed."""
-        if write.dry_run or not write.succeeded:
+        if (write.dry_run and not self.stored_dry_runs) or not write.succeeded:
             return False
         kind = self.kind_of(write)
         key = (kind, write.namespace, write.name)
