@@ -390,3 +390,39 @@ async def test_a_sub_tenant_admitted_in_warn_never_fills_the_pool_for_enforced_t
         assert cap["declared"] == {"memory": "1000Ti"}, "the overshoot stays visible"
         assert cap["counted"] == {"memory": "0"}
         assert "reservation_capped_carve_outs 1.0" in await metrics(webhook.metrics_port)
+
+
+async def test_one_tenants_sub_tenants_over_budget_in_warn_never_use_up_the_pools_caps(
+    tmp_path: Path,
+    certs: Path,
+    caller: Caller,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Tenant a fills the pool's caps with sub-tenants it keeps stored over budget (a cap stays
+    # while its Tenant declares its quota); tenant b's own over-budget Tenant, let through in
+    # warn, must still be warned, not refused for caps a took.
+    monkeypatch.setattr("webhook.ledger.MAX_CAPS", 10)  # a's share: 1 of 10
+    members = [(POOL, "a"), (POOL, "b")]
+    rollout: dict[str, Any] = {"mode_for": {"Tenant": "warn"}}
+    async with serving(tmp_path, certs, caller, {"memory": "64Gi"}, members, **rollout) as (
+        server,
+        webhook,
+    ):
+        huge = {"resourceQuotas": {"memory": "1000Ti"}}
+        flood = [
+            await caller.validate(
+                webhook.port, review("Tenant", "tenant-acme-a", f"x{i}", huge, uid=f"a{i}")
+            )
+            for i in range(12)
+        ]
+        assert flood[0]["allowed"], flood[0]
+        refused = [answer for answer in flood if not answer["allowed"]]
+        assert refused, "a tenant's caps are bounded by its share"
+        assert all("tenant-acme-a" in r["status"]["message"] for r in refused), refused
+        other = await caller.validate(
+            webhook.port, review("Tenant", "tenant-acme-b", "y", huge, uid="b0")
+        )
+        assert other["allowed"], other
+        tres = server.get("reservation.cozystack.io", "tenantreservations", POOL, POOL)
+        assert tres is not None
+        assert "tenant-acme-b-y" in tres["status"]["capped"]
