@@ -8,6 +8,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -315,16 +316,44 @@ async def test_a_stream_of_missed_entries_of_a_quiet_kind_costs_spaced_reads(
         server,
         webhook,
     ):
-        before = len(bucket_lists(server))
-        started = time.monotonic()
-        for i in range(6):  # each version jumps past one more Bucket entry
-            set_ledger_status(server, {"released": {"Bucket": i + 1}})
-            await asyncio.sleep(0.05)
-            body = review("VMInstance", POOL, f"vm{i}", {"instanceType": "u1.micro"}, uid=f"v{i}")
-            assert (await caller.validate(webhook.port, body))["allowed"]
-        elapsed = time.monotonic() - started
-        reads = len(bucket_lists(server)) - before
+        reads, elapsed, answers = await stream_missed_buckets(server, webhook, caller, 6)
+        assert all(answer["allowed"] for answer in answers), answers
         assert 1 <= reads <= 1 + elapsed / 0.5, f"{reads} reads in {elapsed:.1f}s"
+
+
+async def test_a_stream_of_missed_entries_of_a_kind_with_many_objects_reads_it_rarely(
+    tmp_path: Path,
+    certs: Path,
+    caller: Caller,
+) -> None:
+    # Every consistent read lists every Bucket in the cluster: a tenant that keeps reads wanted
+    # must not make the API server list a large kind twice a second.
+    ledger = ledger_object(POOL, {})
+    buckets = [app("Bucket", POOL, f"b{i}", {}) for i in range(40)]
+    async with serving(
+        tmp_path, certs, caller, {"memory": "64Gi"}, [], [ledger, *buckets], **QUIET
+    ) as (server, webhook):
+        assert webhook.services is not None
+        live = webhook.services.live
+        live.settings = replace(live.settings, confirm_objects=20.0)  # 40 Buckets: one per 2 s
+        reads, elapsed, _ = await stream_missed_buckets(server, webhook, caller, 8)
+        assert 1 <= reads <= 1 + elapsed / 2.0, f"{reads} reads in {elapsed:.1f}s"
+
+
+async def stream_missed_buckets(
+    server: Any, webhook: WebhookServer, caller: Caller, writes: int
+) -> tuple[int, float, list[dict[str, Any]]]:
+    """``writes`` VMInstance CREATEs, each after the ledger's version jumps past one more
+    Bucket entry: the Bucket reads they caused, the seconds they took and their answers."""
+    before = len(bucket_lists(server))
+    started = time.monotonic()
+    answers = []
+    for i in range(writes):
+        set_ledger_status(server, {"released": {"Bucket": i + 1}})
+        await asyncio.sleep(0.05)
+        body = review("VMInstance", POOL, f"vm{i}", {"instanceType": "u1.micro"}, uid=f"v{i}")
+        answers.append(await caller.validate(webhook.port, body))
+    return len(bucket_lists(server)) - before, time.monotonic() - started, answers
 
 
 def bucket_lists(server: Any) -> list[Any]:
@@ -390,3 +419,39 @@ async def test_a_sub_tenant_admitted_in_warn_never_fills_the_pool_for_enforced_t
         assert cap["declared"] == {"memory": "1000Ti"}, "the overshoot stays visible"
         assert cap["counted"] == {"memory": "0"}
         assert "reservation_capped_carve_outs 1.0" in await metrics(webhook.metrics_port)
+
+
+async def test_one_tenants_sub_tenants_over_budget_in_warn_never_use_up_the_pools_caps(
+    tmp_path: Path,
+    certs: Path,
+    caller: Caller,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Tenant a fills the pool's caps with sub-tenants it keeps stored over budget (a cap stays
+    # while its Tenant declares its quota); tenant b's own over-budget Tenant, let through in
+    # warn, must still be warned, not refused for caps a took.
+    monkeypatch.setattr("webhook.ledger.MAX_CAPS", 10)  # a's share: 1 of 10
+    members = [(POOL, "a"), (POOL, "b")]
+    rollout: dict[str, Any] = {"mode_for": {"Tenant": "warn"}}
+    async with serving(tmp_path, certs, caller, {"memory": "64Gi"}, members, **rollout) as (
+        server,
+        webhook,
+    ):
+        huge = {"resourceQuotas": {"memory": "1000Ti"}}
+        flood = [
+            await caller.validate(
+                webhook.port, review("Tenant", "tenant-acme-a", f"x{i}", huge, uid=f"a{i}")
+            )
+            for i in range(12)
+        ]
+        assert flood[0]["allowed"], flood[0]
+        refused = [answer for answer in flood if not answer["allowed"]]
+        assert refused, "a tenant's caps are bounded by its share"
+        assert all("tenant-acme-a" in r["status"]["message"] for r in refused), refused
+        other = await caller.validate(
+            webhook.port, review("Tenant", "tenant-acme-b", "y", huge, uid="b0")
+        )
+        assert other["allowed"], other
+        tres = server.get("reservation.cozystack.io", "tenantreservations", POOL, POOL)
+        assert tres is not None
+        assert "tenant-acme-b-y" in tres["status"]["capped"]

@@ -15,7 +15,7 @@ import yaml
 from tests.apiserver.server import EmulatedAPIServer
 from tests.builders import FIXTURES
 from tests.capacity import hostile_mixed_cluster, node_object, vm_objects
-from webhook.core.rebalancing import Goal, fair_order, find_goals, tenant_of
+from webhook.core.rebalancing import Goal, fair_order, find_goals, for_tenant, tenant_of
 from webhook.kube.client import KubeClient
 from webhook.rebalance import Rebalancer, RebalanceSettings
 
@@ -401,3 +401,44 @@ def test_bounds_that_would_not_bound_are_refused_at_start(
 
     assert main(["rebalance", "--kubeconfig", "/nonexistent", *flag]) == 2
     assert flag[0] in capsys.readouterr().err
+
+
+async def test_a_tenant_asking_for_room_is_never_told_which_vms_of_others_would_move(
+    tmp_path: Path,
+) -> None:
+    # Tenant t-big opts its own pending VM in and reads the Events on it: the plan moves the
+    # VMs of tenant-acme and tenant-bank, which must not be named there.
+    objects = [
+        node_object("a", 24 * 1024, 16_000),
+        node_object("b", 10 * 1024, 16_000),
+        node_object("c", 10 * 1024, 16_000),
+        *vm_objects("tenant-acme-dev", "payroll", 8 * 1024, 0, "a"),
+        *vm_objects("tenant-bank", "ledger", 8 * 1024, 0, "a"),
+        *vm_objects("tenant-big", "vm", 20 * 1024, 0, None),
+    ]
+    async with cluster(tmp_path, objects) as (api, client, _kubevirt):
+        rebalancer = Rebalancer(client, settings())
+        try:
+            assert await rebalancer.round() == [(Goal("place", "tenant-big/vm"), "planned")]
+        finally:
+            rebalancer.close()
+        (event,) = api.objects("", "events")
+        assert event["metadata"]["namespace"] == "tenant-big"
+        message = event["message"]
+        assert message.startswith("dry run: 2 live migration(s): 1. a VM of another tenant "), (
+            message
+        )
+        for secret in ("payroll", "ledger", "tenant-acme", "tenant-bank"):
+            assert secret not in message, message
+        assert "2. a VM of another tenant" in message
+
+
+def test_only_other_tenants_vms_are_left_unnamed() -> None:
+    keys = ["tenant-a/vm", "tenant-a-dev/db", "tenant-b/vm", "tenant-b/vm-2", "kube-system/x"]
+    text = "1. tenant-b/vm-2 a -> b; 2. tenant-b/vm a -> c; 3. tenant-a-dev/db c -> b; "
+    text += "kube-system/x"
+    shown = for_tenant(text, "tenant-a", keys)
+    assert shown == (
+        "1. a VM of another tenant a -> b; 2. a VM of another tenant a -> c; "
+        "3. tenant-a-dev/db c -> b; a VM of another tenant"
+    )

@@ -87,7 +87,13 @@ from webhook.core.pending import Hold, PendingCharges
 from webhook.core.quantities import parse_quantity
 from webhook.core.reviews import AdmissionRequest
 from webhook.core.state import ReservationState
-from webhook.core.tenants import TENANT_KIND, ancestors, owned_namespace, parse_budget
+from webhook.core.tenants import (
+    TENANT_KIND,
+    ancestors,
+    owned_namespace,
+    parent_namespace,
+    parse_budget,
+)
 from webhook.kube.client import ApiError, KubeClient, ResourceRef
 from webhook.kube.reflector import Reflector
 
@@ -140,6 +146,11 @@ class LedgerSettings:
     def share_limit(self) -> int:
         """How many entries one tenant may have listed in one pool's ledger."""
         return max(1, int(MAX_ENTRIES * self.namespace_share))
+
+    @property
+    def cap_share_limit(self) -> int:
+        """How many caps one tenant's sub-tenants may have listed in one pool's ledger."""
+        return max(1, int(MAX_CAPS * self.namespace_share))
 
 
 class StateSource(Protocol):
@@ -310,7 +321,10 @@ class Ledger:
     async def _write_cap(self, pool: str, owned: str, cap: Cap) -> Decision | None:
         """Make ``pool``'s ledger list ``cap`` for ``owned``; ``None`` once written, else the
         answer to give. A cap whose Tenant is not stored with its quota within the grace
-        period is dropped by the next write (see :meth:`_status`)."""
+        period is dropped by the next write (see :meth:`_status`). One tenant's caps take at
+        most its share of :data:`MAX_CAPS`, as its entries do of :data:`MAX_ENTRIES`: past it
+        only that tenant is refused."""
+        who = _cap_holder(pool, owned)
         raw = {
             "digest": cap.digest,
             "declared": rl.to_strings(cap.declared),
@@ -333,6 +347,9 @@ class Ledger:
                 caps = {**_raw_caps(status), owned: raw}
                 if len(caps) > MAX_CAPS:
                     return _too_many_caps(pool)
+                mine = sum(1 for other in caps if _cap_holder(pool, str(other)) == who)
+                if mine > self.settings.cap_share_limit:
+                    return _cap_share_full(pool, who, self.settings)
                 outcome = await self._attempt(pool, current, {**status, "capped": caps})
                 if outcome == "written":
                     return None
@@ -1009,6 +1026,23 @@ def _too_many_caps(pool: str) -> Decision:
         f"tenant reservations: pool {pool} has {MAX_CAPS} sub-tenants admitted in warn mode "
         "beyond what fits; fix their quotas, then try again",
     )
+
+
+def _cap_share_full(pool: str, who: str, settings: LedgerSettings) -> Decision:
+    return errored(
+        429,
+        "TooManyRequests",
+        "ledger-share",
+        f"tenant reservations: {who} already has {settings.cap_share_limit} sub-tenants "
+        f"admitted in warn mode beyond what fits in pool {pool}, its share "
+        f"({settings.namespace_share * 100:g}% of {MAX_CAPS}); fix their quotas, then try again",
+    )
+
+
+def _cap_holder(pool: str, owned: str) -> str:
+    """Whose share of ``pool``'s caps a cap for the Tenant owning ``owned`` takes: that of
+    the tenant it was created in (see :func:`holder`)."""
+    return holder(pool, parent_namespace(owned) or owned)
 
 
 def _raw_caps(status: Mapping[str, Any]) -> dict[str, Any]:

@@ -59,7 +59,7 @@ from webhook.core.planner import (
     plan_placement,
     replay,
 )
-from webhook.core.rebalancing import Goal, fair_order, find_goals, tenant_of
+from webhook.core.rebalancing import Goal, fair_order, find_goals, for_tenant, tenant_of
 from webhook.core.snapshot import HOSTNAME, Snapshot, snapshot_from_objects
 from webhook.kube.client import ApiError, KubeClient, ResourceRef
 from webhook.waits import sleep_unless_stopped
@@ -138,6 +138,7 @@ class Rebalancer:
         self._clock = clock
         # The last message reported per goal: a plan that did not change is not re-announced.
         self._reported: dict[Goal, str] = {}
+        self._vm_keys: frozenset[str] = frozenset()  # the VMs of the round's snapshot
         # When each migration a tenant's pending VMs caused was created, within the period.
         self._caused: dict[str, deque[float]] = {}
         self._turn = 0  # which of a tenant's pending VMs come first this round
@@ -167,6 +168,7 @@ class Rebalancer:
         apply mode carry out the first plan that has moves, then stop planning the rest."""
         objects = await self._objects()
         snapshot = await asyncio.to_thread(snapshot_from_objects, objects)
+        self._vm_keys = frozenset(vm.key for vm in snapshot.vms)
         goals = fair_order(
             find_goals(objects, all_vms=self.settings.all_vms),
             per_tenant=self.settings.tenant_goals,
@@ -348,6 +350,11 @@ class Rebalancer:
         self._reported[goal] = message
         if goal.kind == "place":
             namespace, name = goal.key.split("/", 1)
+            # An Event the tenant reads: other tenants' VMs are not named (the log names them).
+            shown = for_tenant(message, tenant_of(namespace), self._vm_keys)
+            if shown != message:
+                log.info("make-room event", extra={"goal": str(goal), "message": message})
+            message = shown
             involved = {
                 "apiVersion": "kubevirt.io/v1",
                 "kind": "VirtualMachineInstance",

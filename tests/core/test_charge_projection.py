@@ -8,6 +8,7 @@ was priced before them; contracts whose paths could reach past their root key re
 from __future__ import annotations
 
 import datetime
+import json
 from typing import Any
 
 import pytest
@@ -145,18 +146,20 @@ def test_a_contract_with_namespaced_instance_types_keys_its_cache_on_the_namespa
     assert not plain.namespaced
 
 
-def test_a_yaml_date_does_not_share_a_cached_charge_with_its_text() -> None:
+def _counting_lb_when(path: str, equals: object) -> Platform:
+    """A platform of one kind, ``Probe``, charging one load balancer when ``path`` equals
+    ``equals``."""
     definition = {
         "apiVersion": "cozystack.io/v1alpha1",
         "kind": "ApplicationDefinition",
-        "metadata": {"name": "dated"},
+        "metadata": {"name": "probe"},
         "spec": {
-            "application": {"kind": "Dated", "plural": "dateds", "openAPISchema": "{}"},
+            "application": {"kind": "Probe", "plural": "probes", "openAPISchema": "{}"},
             "reservation": {
                 "terms": [
                     {
                         "name": "lb",
-                        "when": {"path": "$.since", "equals": "2001-12-14"},
+                        "when": {"path": path, "equals": equals},
                         "objects": {"services.loadbalancers": 1},
                     }
                 ]
@@ -165,8 +168,26 @@ def test_a_yaml_date_does_not_share_a_cached_charge_with_its_text() -> None:
     }
     builder = PlatformBuilder({}, {})
     builder.add(definition, source="test")
-    dated = builder.build()
-    text = dated.charge("Dated", {"since": "2001-12-14"})
+    return builder.build()
+
+
+def test_a_yaml_date_does_not_share_a_cached_charge_with_its_text() -> None:
+    dated = _counting_lb_when("$.since", "2001-12-14")
+    text = dated.charge("Probe", {"since": "2001-12-14"})
     assert dict(text.resources) == {"services.loadbalancers": 1}
-    date = dated.charge("Dated", {"since": datetime.date(2001, 12, 14)})  # what YAML makes of it
+    date = dated.charge("Probe", {"since": datetime.date(2001, 12, 14)})  # what YAML makes of it
     assert dict(date.resources) == {}
+
+
+@pytest.mark.parametrize("key", [True, None, 1])
+def test_a_yaml_key_that_is_not_text_does_not_share_a_cached_charge_with_its_text(
+    key: object,
+) -> None:
+    # JSON writes the keys true, null and 1 as the texts "true", "null" and "1": a digest of
+    # that text would price {true: on} (what YAML makes of it) as {"true": on}.
+    text = json.dumps(key)
+    flagged = _counting_lb_when("$.flags", {text: "on"})
+    typed = flagged.charge("Probe", {"flags": {key: "on"}})
+    assert dict(typed.resources) == {}, "not the text key: the condition does not hold"
+    plain = flagged.charge("Probe", {"flags": {text: "on"}})
+    assert dict(plain.resources) == {"services.loadbalancers": 1}

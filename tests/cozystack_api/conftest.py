@@ -378,7 +378,8 @@ class CozystackAPI:
         """Until every replica charges ``namespace`` to its own pool (its watch of Tenants,
         through the aggregation layer, has delivered the Tenant) and, given ``reserved``, counts
         that much reserved there: asked with an UPDATE that changes a value the charge does not
-        read (one that changes nothing is skipped), which holds nothing (its ``reserved-after`` is the pool's usage as the replica counts it)."""
+        read (one that changes nothing is skipped), which holds nothing (its ``reserved-after``
+        is the pool's usage as the replica counts it)."""
         if not namespace or not self.replicas:
             return
         body = review(

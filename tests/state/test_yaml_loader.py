@@ -15,6 +15,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from webhook.state import manifests
 from webhook.state.manifests import _yaml_documents
 
 LOOKALIKES = [
@@ -113,3 +114,14 @@ def test_anchors_merge_keys_and_timestamps_read_as_safe_load_reads_them() -> Non
     assert found["vm"] == {"cpu": 2, "memory": "1Gi"}
     assert found["old"] == 511
     assert isinstance(found["when"], datetime.datetime)
+
+
+def test_long_plain_scalars_a_tenant_wrote_are_not_kept_after_the_load() -> None:
+    # Tag resolution is cached per distinct plain scalar for the life of the process; a
+    # tenant's long distinct strings (a description per application) must not stay in memory
+    # once their manifests are read.
+    texts = [f"description{i}" + "x" * 100_000 for i in range(20)]
+    documents = loaded("".join(f"---\nd: {text}\n" for text in texts))
+    assert [document["d"] for document in documents] == texts  # type: ignore[index]
+    kept = sum(len(value) for value in manifests._PLAIN_TAGS)
+    assert kept < 1_000_000, f"{kept} characters of plain scalars kept"

@@ -186,8 +186,15 @@ _EXACT = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=Tr
 
 def _exact_sha256(values: object) -> bytes:
     """The SHA-256 of canonical JSON of plain JSON values; raises ``TypeError`` for anything
-    else (no value is turned into text that another value could also be)."""
-    return hashlib.sha256(_EXACT.encode(values).encode("utf-8", "surrogatepass")).digest()
+    else (no value is turned into text that another value could also be).
+
+    The encoder writes a key ``true``, ``null`` or ``1`` (YAML makes them of ``{true: x}``) as
+    the text ``"true"``, ``"null"`` or ``"1"``, and a tuple as a list; only values the text
+    reads back as are plain JSON."""
+    text = _EXACT.encode(values)
+    if json.loads(text) != values:
+        raise TypeError("not plain JSON")
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
 
 
 def _entry_bytes(charge: Charge) -> int:

@@ -13,15 +13,17 @@ making sub-tenants does not multiply its share).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-__all__ = ["OPT_IN_ANNOTATION", "Goal", "fair_order", "find_goals", "tenant_of"]
+__all__ = ["OPT_IN_ANNOTATION", "Goal", "fair_order", "find_goals", "for_tenant", "tenant_of"]
 
 OPT_IN_ANNOTATION: Final = "reservation.cozystack.io/make-room"
 # The scheduler's words for a pod that no node has room for (NodeResourcesFit).
 _RESOURCE_SHORTAGE: Final = "Insufficient"
+_FOREIGN_VM: Final = "a VM of another tenant"
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,25 @@ def tenant_of(namespace: str) -> str:
     if parts[0] != "tenant" or len(parts) < 2 or not parts[1]:
         return namespace
     return f"tenant-{parts[1]}"
+
+
+def for_tenant(message: str, tenant: str, vm_keys: Iterable[str]) -> str:
+    """``message`` as the tenant ``tenant`` may read it (an Event in its namespace): every VM of
+    ``vm_keys`` (``namespace/name``) that belongs to another tenant is named only as such.
+
+    A plan for a tenant's pending VM moves other tenants' VMs, and the tenant chose to ask for
+    it (the opt-in annotation is on its own VM): naming those VMs would tell it what others run
+    and where, which the room warning at admission is careful never to say.
+    """
+    foreign = sorted(
+        (key for key in set(vm_keys) if tenant_of(key.split("/", 1)[0]) != tenant),
+        key=len,
+        reverse=True,
+    )
+    for key in foreign:
+        if key in message:
+            message = re.sub(rf"(?<![\w.-]){re.escape(key)}(?![\w.-])", _FOREIGN_VM, message)
+    return message
 
 
 def fair_order(

@@ -95,6 +95,10 @@ class LiveSettings:
     confirm_interval: float = 0.5
     confirm_reads: int = 3
     confirm_wait: float = 2.0
+    # Objects the consistent reads of one kind list per second at most, on average: a read
+    # lists every object of the kind in the cluster, and a tenant can make reads wanted at
+    # every interval, so a kind of 100,000 objects is read every 20 s, not twice a second.
+    confirm_objects: float = 5_000.0
 
 
 @dataclass
@@ -157,6 +161,7 @@ class LiveState:
         self._wanted: dict[str, int] = {}
         self._confirming: dict[str, asyncio.Task[None]] = {}
         self._last_read: dict[str, float] = {}  # kind -> when its last consistent read began
+        self._last_items: dict[str, int] = {}  # kind -> how many objects that read listed
         self._releases_readable = True  # until a HelmRelease list is refused or not served
         self.consistent_reads = 0
 
@@ -600,8 +605,9 @@ class LiveState:
         seen every write of the kind up to ``R``. An object deleted since is still held, so
         the state can only count too much, never too little. One confirmation per kind runs
         at a time, at most :attr:`LiveSettings.confirm_reads` reads spaced by
-        :attr:`LiveSettings.confirm_interval`; never called from a request it would delay
-        beyond the ledger's own bounded wait.
+        :attr:`LiveSettings.confirm_interval`, or longer as the kind's last read listed more
+        objects (:attr:`LiveSettings.confirm_objects`); never called from a request it would
+        delay beyond the ledger's own bounded wait.
         """
         if self.observed_version(kind) >= revision:
             return
@@ -616,11 +622,15 @@ class LiveState:
             await asyncio.sleep(self.settings.confirm_delay)
             for _ in range(self.settings.confirm_reads):
                 # Reads of one kind are spaced, across confirmations too: at most one per
-                # interval, whatever a tenant's writes ask for.
+                # interval, and fewer as the kind has more objects to list (at most
+                # ``confirm_objects`` a second), whatever a tenant's writes ask for.
                 last = self._last_read.get(kind)
                 if last is not None:
-                    spacing = last + self.settings.confirm_interval - loop.time()
-                    await asyncio.sleep(max(0.0, spacing))
+                    gap = max(
+                        self.settings.confirm_interval,
+                        self._last_items.get(kind, 0) / self.settings.confirm_objects,
+                    )
+                    await asyncio.sleep(max(0.0, last + gap - loop.time()))
                 if self.observed_version(kind) >= self._wanted.get(kind, 0):
                     break
                 self._last_read[kind] = loop.time()
@@ -643,6 +653,7 @@ class LiveState:
         reflector = watch.reflector
         self.consistent_reads += 1
         listed, items = await self._read_kind(kind, reflector)
+        self._last_items[kind] = len(items)
         revision = resource_version(listed)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.confirm_wait

@@ -59,6 +59,9 @@ Progress = Callable[[int, int, int], None]
 _BASE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _PLAIN_TAGS: dict[str, str] = {}  # plain scalar -> its resolved tag (a function of the text)
 _PLAIN_TAGS_MAX = 8192
+# Only short scalars (keys, names, sizes: those that recur) are cached: the cache lives as long
+# as the process, and a tenant's long strings would stay in it after their manifests are read.
+_PLAIN_TAG_CHARS = 256
 
 
 class _Loader(_BASE_LOADER):  # type: ignore[misc]
@@ -71,7 +74,7 @@ class _Loader(_BASE_LOADER):  # type: ignore[misc]
             tag = _PLAIN_TAGS.get(value)
             if tag is None:
                 tag = super().resolve(kind, value, implicit)
-                if len(_PLAIN_TAGS) < _PLAIN_TAGS_MAX:
+                if len(_PLAIN_TAGS) < _PLAIN_TAGS_MAX and len(value) <= _PLAIN_TAG_CHARS:
                     _PLAIN_TAGS[value] = tag
             return tag
         if self.yaml_path_resolvers:  # pragma: no cover - safe loading registers none
