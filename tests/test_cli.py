@@ -439,3 +439,20 @@ def test_review_refuses_a_replayed_record_that_carries_a_revoked_factor(
     assert not replay["allowed"]
     assert replay["status"]["code"] == 403
     assert "only the record of this very write" in replay["status"]["message"]
+
+
+def test_review_refuses_filling_a_sub_tenant_namespace_before_its_tenant_is_seen(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Sub-Tenant qa of acme was just created; no state shows it yet. Charged to acme's pool (or
+    # to none), its VMs would pass qa's own budget: refused until qa is seen, in enforce mode.
+    vm = {"instanceType": "u1.micro"}
+    body = review("VMInstance", "tenant-acme-qa", "vm", vm)
+    _, out, _ = run(capsys, "review", *STATE, write(tmp_path, "vm.json", body))
+    (answer,) = responses(out)
+    assert not answer["allowed"]
+    assert answer["status"]["code"] == 503
+    assert "tenant-acme-qa is not known yet" in answer["status"]["message"]
+    known = review("VMInstance", "tenant-acme-dev", "vm", vm)
+    _, out, _ = run(capsys, "review", *STATE, write(tmp_path, "known.json", known))
+    assert responses(out)[0]["allowed"]

@@ -413,7 +413,7 @@ async def test_a_request_for_a_namespace_no_tenant_owns_is_never_held() -> None:
     a = Replica(cluster, "a", {POOL: {"memory": "1Gi"}})
     decision = await a.admit(create("x", "1Gi", namespace="tenant-acme-ghost"))
     assert not decision.allowed
-    assert "belongs to no tenant" in decision.message
+    assert "tenant-acme-ghost is not known yet" in decision.message
     assert cluster.writes == 0
     assert (await a.admit(create("y", "1Gi"))).allowed
 

@@ -421,6 +421,9 @@ class TenantMoves(RuleBasedStateMachine):
         notes = self.notes(key, {OVERCOMMIT_ANNOTATION: value})
         decision = self.write(*key, obj["spec"], annotations=notes)
         vouched = self.factors.get(key)
+        if self.tenant_gone(key[1]):
+            assert decision.reason == "tenant-not-synced"  # no Tenant owns its namespace now
+            return
         if (parse_factors(value) if value is not None else None) == vouched:
             assert decision.allowed  # it states the factor the record vouches for: no change
             return
@@ -446,7 +449,12 @@ class TenantMoves(RuleBasedStateMachine):
         if stored is not None:
             notes = self.notes(("Thing", namespace, name), {CHARGE_ANNOTATION: None})
             decision = self.write("Thing", namespace, name, stored["spec"], annotations=notes)
-            assert decision.allowed
+            assert decision.allowed or self.tenant_gone(namespace)
+
+    def tenant_gone(self, namespace: str) -> bool:
+        """Whether ``namespace`` is Tenant e's while e is not stored: no write there is decided."""
+        name, parent = SUB_TENANT
+        return namespace == f"{parent}-{name}" and (TENANT_KIND, parent, name) not in self.stored
 
     def notes(self, key: Key, changes: Mapping[str, str | None]) -> dict[str, str]:
         """The stored object's annotations with ``changes`` (``None`` removes one)."""

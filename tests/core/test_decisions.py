@@ -431,3 +431,28 @@ def test_an_allowed_request_says_what_it_reserves_and_where_the_pool_stands() ->
     assert decision.warnings == (
         "reserves cpu=1, memory=1Gi; pool tenant-acme at memory 8Gi/16Gi (50%)",
     )
+
+
+def test_applications_in_a_sub_tenant_created_just_now_are_not_charged_to_an_ancestor() -> None:
+    """Behind cozystack-api the watches lag: a tenant admin creates sub-Tenant ``dev`` with a
+    small budget and at once fills ``tenant-acme-dev`` before any replica has seen ``dev``.
+    Charged to acme's pool, or to none, the writes would pass ``dev``'s own budget."""
+    current = state({"tenant-acme": {"cpu": "64"}})
+    grab = {"cpu": "32"}
+    decision = decide(request("Thing", "tenant-acme-dev", "grab", grab), current, Policy())
+    assert not decision.allowed
+    assert decision.code == 503
+    assert decision.reason == "tenant-not-synced"
+    assert "tenant-acme-dev" in decision.message
+    assert "try again" in decision.message
+    nested = {"resourceQuotas": {"cpu": "64"}}
+    below = decide(request("Tenant", "tenant-acme-dev", "deep", nested), current, Policy())
+    assert below.reason == "tenant-not-synced"  # nor a Tenant below it
+    fresh = decide(request("Thing", "tenant-new", "grab", grab), current, Policy())
+    assert fresh.reason == "tenant-not-synced"  # nor under the root
+    current.observe(tenant("tenant-acme-dev", {"cpu": "1"}))
+    decision = decide(request("Thing", "tenant-acme-dev", "grab", grab), current, Policy())
+    assert not decision.allowed
+    assert "exceeded tenant quota" in decision.message
+    assert decide(request("Thing", "tenant-root", "ok", grab), current, Policy()).allowed
+    assert decide(request("Thing", "tenant-acme", "ok", grab), current, Policy()).allowed

@@ -22,7 +22,13 @@ from webhook.core.decisions import Policy, decide
 from webhook.core.quantities import parse_quantity
 from webhook.core.reviews import parse_review
 from webhook.core.state import ReservationState
-from webhook.core.tenants import owner_release, parent_namespace, parse_budget
+from webhook.core.tenants import (
+    ROOT_NAMESPACE,
+    ancestors,
+    owner_release,
+    parent_namespace,
+    parse_budget,
+)
 
 CASES: dict[str, Any] = yaml.safe_load(
     (FIXTURES / "conformance" / "pool-cases.yaml").read_text(encoding="utf-8")
@@ -131,7 +137,11 @@ def test_overcommitted(case: dict[str, Any]) -> None:
 def admission_state(case: dict[str, Any]) -> tuple[ReservationState, str]:
     """The tree a Go admission case describes; returns the namespace the child is created in."""
     home = case.get("parentNamespaceOfChild", "tenant-foo")
-    tenants: dict[str, dict[str, str] | None] = {}
+    # A tenant namespace exists only under its ancestors' Tenants (unbounded unless the case
+    # says otherwise): tenant-foo-bar is tenant-foo's.
+    tenants: dict[str, dict[str, str] | None] = {
+        namespace: None for namespace in ancestors(home)[1:] if namespace != ROOT_NAMESPACE
+    }
     if case["parent"] != "missing":
         tenants[home] = case["parent"]
     for name, budget in {**case.get("siblings", {}), **case.get("existingSelf", {})}.items():

@@ -206,6 +206,21 @@ def decide(request: AdmissionRequest, state: ReservationState, policy: Policy) -
             ),
             request,
         )
+    unseen = state.unseen_tenant(request.namespace)
+    if unseen:
+        # Behind cozystack-api the watches lag: a namespace whose Tenant was just created would
+        # otherwise be charged to an ancestor's pool, or to none, past its own budget.
+        return _apply_mode(
+            mode,
+            errored(
+                503,
+                "ServiceUnavailable",
+                "tenant-not-synced",
+                f"tenant reservations: the Tenant owning namespace {unseen} is not known yet "
+                "(just created, or deleted); try again shortly",
+            ),
+            request,
+        )
     decision = _decide_application(request, state, policy)
     if request.kind == TENANT_KIND and not decision.allowed and mode != "enforce":
         # Refused before its budget's keys were looked at (a value that does not parse, a spec

@@ -47,7 +47,13 @@ from webhook.core.records import (
     values_digest,
     verifies,
 )
-from webhook.core.tenants import TENANT_KIND, ancestors, owned_namespace, parse_budget
+from webhook.core.tenants import (
+    ROOT_NAMESPACE,
+    TENANT_KIND,
+    ancestors,
+    owned_namespace,
+    parse_budget,
+)
 from webhook.core.volumes import RELEASED, hold
 
 __all__ = ["AppRecord", "ReservationState", "recount"]
@@ -133,6 +139,21 @@ class ReservationState:
         """Why writes of ``kind`` cannot be decided now (its applications cannot be listed, or
         are not listed yet) while the rest of the state can; empty when they can."""
         return self._unavailable(kind) if self._unavailable is not None else ""
+
+    def unseen_tenant(self, namespace: str) -> str:
+        """The tenant namespace, ``namespace`` or an ancestor below the root, whose Tenant the
+        state has not seen (created too recently for the watch, or gone); ``""`` when every
+        Tenant on the way up is known or ``namespace`` is no tenant's. A state that has seen no
+        Tenant at all (one whose Tenants are not listed) knows no namespace to refuse."""
+        if not self._owned:
+            return ""
+        for current in ancestors(namespace):
+            if current == ROOT_NAMESPACE:
+                break
+            node = self.tree.get(current)
+            if node is None or not node.declared:
+                return current
+        return ""
 
     # -- observing ---------------------------------------------------------------------------
 
