@@ -399,3 +399,21 @@ async def test_a_published_key_is_accepted_before_any_replica_signs_with_it(
         assert second.live.keys.current_id == promoted_again
         assert second.live.keys.previous == ()
         del emulated
+
+
+# -- 5. a Tenant the state has not seen yet ----------------------------------------------------
+
+
+@pytest.mark.parametrize("where", BACKENDS)
+async def test_filling_a_new_tenants_namespace_before_the_watch_shows_its_tenant_is_refused(
+    tmp_path: Path, certs: Path, where: str
+) -> None:
+    """Tenant newco (16Gi) was just created under the unbounded root; its namespace exists, but
+    no replica's watch shows the Tenant yet. Charged to no pool, 16 u1.xlarge VMs (256Gi) would
+    be admitted in tenant-newco before its budget is known."""
+    async with backend(where, tmp_path, certs) as api:
+        grab = await api.write("VMInstance", "tenant-newco", "vm0", XLARGE)
+        assert not grab.allowed
+        assert "tenant-newco is not known yet" in grab.reason
+        assert "try again" in grab.reason
+        assert (await api.write("VMInstance", NS, "vm0", MICRO)).allowed
