@@ -1,4 +1,4 @@
-"""Four ways past a pool's budget, and two mis-decisions, each played as a hostile tenant plays it.
+"""Five ways past a pool's budget, and two mis-decisions, each played as a hostile tenant plays it.
 
 Every write goes through the shipped webhook configurations (their ``matchConditions`` evaluated
 with a CEL library), ``/mutate`` then ``/validate`` over TLS, and is stored: on a webhook server
