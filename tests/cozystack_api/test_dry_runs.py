@@ -5,6 +5,7 @@ so every dry run the webhook allows becomes an object)."""
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -25,10 +26,19 @@ def env(cozystack_api: CozystackAPI) -> CozystackAPI:
     return cozystack_api
 
 
+RETRIES = 6
+
+
 def burst(env: CozystackAPI, namespace: str, count: int) -> list[tuple[int, str, str]]:
     def one(i: int) -> tuple[int, str, str]:
         body = yaml.safe_dump(vm(f"vm{i}", namespace))
-        done = env.kubectl("create", "--dry-run=server", "-f", "-", stdin=body, check=False)
+        # A refusal that says "try again" (a replica still catching up, a busy ledger) is
+        # retried as a client would; whatever the retries, the pool must not overshoot.
+        for _ in range(RETRIES):
+            done = env.kubectl("create", "--dry-run=server", "-f", "-", stdin=body, check=False)
+            if done.returncode == 0 or "try again" not in done.stderr:
+                break
+            time.sleep(0.5)
         return done.returncode, done.stdout, done.stderr
 
     with ThreadPoolExecutor(count) as pool:
