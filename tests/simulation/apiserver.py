@@ -34,6 +34,7 @@ Key = tuple[str, str, str]  # plural, namespace, name
 T = TypeVar("T")
 
 PLATFORM_BOOKMARK_SECONDS = 30.0
+CLOCK_RESOLUTION = 1e-6  # well above an event loop's clock resolution at any simulated instant
 HELM_RELEASES = "helmreleases"
 KIND_LABEL = "apps.cozystack.io/application.kind"
 NAME_LABEL = "apps.cozystack.io/application.name"
@@ -332,8 +333,11 @@ class SimClient(KubeClient):
         try:
             while True:
                 left = ends - loop.time()
-                if left <= 0:
-                    return  # the server closes the watch; the client reopens it
+                # The server closes the watch; the client reopens it. A remainder below the
+                # event loop's clock resolution is no time at all: a timer that short is ready at
+                # once, so waiting it out would yield bookmarks at one instant forever.
+                if left <= CLOCK_RESOLUTION:
+                    return
                 wait = min(left, PLATFORM_BOOKMARK_SECONDS if platform else read_timeout)
                 try:
                     event = await asyncio.wait_for(stream.queue.get(), wait)
