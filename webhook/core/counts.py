@@ -38,6 +38,8 @@ __all__ = [
     "COUNT_PREFIX",
     "MAX_BUDGET_KEYS",
     "MAX_KEY_CHARS",
+    "OBJECT_COUNTS",
+    "SIZE_KEYS",
     "check_budget_keys",
     "count_key",
     "counted_plural",
@@ -79,7 +81,8 @@ _PLAIN_KEYS: Final = (
     "replicationcontrollers",
     "resourcequotas",
 )
-_OBJECT_COUNTS: Final = frozenset(_PLAIN_KEYS[4:])
+SIZE_KEYS: Final = frozenset(_PLAIN_KEYS[:4])  # the compute sizes a ResourceQuota names
+OBJECT_COUNTS: Final = frozenset(_PLAIN_KEYS[4:])  # object counts it names without count/
 _SHOWN: Final = 60  # characters of a hostile key quoted back in a message
 
 
@@ -118,7 +121,7 @@ def key_problem(key: object, value: Decimal, plurals: Collection[str]) -> str:
         return qualified
     if "/" not in key:
         if key in _PLAIN_KEYS:
-            return _whole_problem(key, value) if key in _OBJECT_COUNTS else ""
+            return _whole_problem(key, value) if key in OBJECT_COUNTS else ""
         hint = closest_name(key, _PLAIN_KEYS)
         return (
             f"not a resource a ResourceQuota can limit: a key without a '/' is one of "

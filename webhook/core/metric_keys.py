@@ -18,27 +18,16 @@ from decimal import Decimal
 from typing import Final
 
 from webhook.core.contracts import FirstOf, FromResources, MaxOf, SizeSource
+from webhook.core.counts import OBJECT_COUNTS, SIZE_KEYS
 from webhook.core.platform import Platform
 
 __all__ = ["OTHER", "fold", "known_keys", "label", "quota_keys"]
 
 OTHER: Final = "other"
-# Compute resources a ResourceQuota names (core/v1 ResourceName) and the shorthand budgets use.
-_RESOURCES: Final = frozenset({"cpu", "memory", "storage", "ephemeral-storage"})
-# Object counts a ResourceQuota names without ``count/`` (core/v1 types.go).
-_COUNTS: Final = frozenset(
-    {
-        "pods",
-        "services",
-        "services.loadbalancers",
-        "services.nodeports",
-        "configmaps",
-        "secrets",
-        "persistentvolumeclaims",
-        "replicationcontrollers",
-        "resourcequotas",
-    }
-)
+# Compute resources a ResourceQuota names (core/v1 ResourceName), the shorthand budgets use,
+# and the object counts it names without ``count/`` (core/v1 types.go): one list, in counts.
+_RESOURCES: Final = SIZE_KEYS
+_COUNTS: Final = OBJECT_COUNTS
 
 
 def known_keys(platform: Platform) -> frozenset[str]:
