@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.builders import FIXTURES, platform, review, state
@@ -215,8 +215,17 @@ def test_hostile_reviews_get_a_4xx_or_a_well_formed_answer_never_a_5xx(
         assert evaluable(body), answer
 
 
+def _deep_update() -> dict[str, Any]:
+    """An UPDATE whose old and new specs both nest past what Python compares recursively."""
+    body = review("VMInstance", "tenant-acme", "vm", {}, operation="UPDATE", old_spec={})
+    body["request"]["object"]["spec"] = Deep(5000)
+    body["request"]["oldObject"]["spec"] = Deep(5000)
+    return body
+
+
 @FUZZ
 @given(body=reviews())
+@example(body=_deep_update())
 def test_the_review_path_decides_or_refuses_hostile_reviews_never_raises(body: Any) -> None:
     body = built(body)
     current = state({"tenant-acme": {"memory": "16Gi"}})

@@ -234,9 +234,14 @@ def _unchanged(request: AdmissionRequest) -> bool:
     """An UPDATE whose spec and ``reservation.cozystack.io/`` annotations are the stored ones."""
     if request.operation != "UPDATE" or request.object is None or request.old_object is None:
         return False
-    if request.object.get("spec") != request.old_object.get("spec"):
+    try:
+        if request.object.get("spec") != request.old_object.get("spec"):
+            return False
+        return _reservation_annotations(request.object) == _reservation_annotations(
+            request.old_object
+        )
+    except RecursionError:  # nested deeper than Python compares: evaluated, and refused there
         return False
-    return _reservation_annotations(request.object) == _reservation_annotations(request.old_object)
 
 
 def _reservation_annotations(obj: Mapping[str, object]) -> dict[str, object]:
