@@ -18,10 +18,10 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from webhook.core.applications import Application
-from webhook.core.decisions import Policy, decide
-from webhook.core.reviews import parse_review
-from webhook.core.state import ReservationState
+from webhook.core.admission.decisions import Policy, decide
+from webhook.core.admission.reviews import parse_review
+from webhook.core.admission.state import ReservationState
+from webhook.core.tenancy.applications import Application
 from webhook.state.manifests import load_platform
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from tests.cluster import app, cluster, tenant
-from webhook.core.applications import CHARGE_ANNOTATION
-from webhook.core.platform import Platform
-from webhook.core.records import RecordKeys, signed_annotation, values_digest
+from webhook.core.pricing.platform import Platform
+from webhook.core.tenancy.applications import CHARGE_ANNOTATION
+from webhook.core.tenancy.records import RecordKeys, signed_annotation, values_digest
 from webhook.state.manifests import load_platform
 
 ROOT = Path(__file__).resolve().parent.parent

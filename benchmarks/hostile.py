@@ -21,8 +21,8 @@ from typing import Any
 from aiohttp.test_utils import TestClient, TestServer
 
 from tests.builders import review, state
-from webhook.admission import Admission
-from webhook.core.decisions import Policy
+from webhook.admission.admit import Admission
+from webhook.core.admission.decisions import Policy
 from webhook.http.app import create_app
 from webhook.settings import Settings
 

@@ -29,9 +29,9 @@ import time
 import highspy
 import numpy as np
 
-from webhook.core.overhead import LauncherShape, memory_overhead
-from webhook.core.planner import plan_placement
-from webhook.core.snapshot import VM, Node, Placement, Pod, Snapshot
+from webhook.core.capacity.overhead import LauncherShape, memory_overhead
+from webhook.core.capacity.planner import plan_placement
+from webhook.core.capacity.snapshot import VM, Node, Placement, Pod, Snapshot
 
 NODES = 200
 PER_NODE = 20

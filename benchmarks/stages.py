@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.server import BODIES, kubernetes_review, vm_review
-from webhook.core.decisions import Decision, Policy, decide
-from webhook.core.reviews import AdmissionRequest, parse_review, review_response
-from webhook.core.state import ReservationState
+from webhook.core.admission.decisions import Decision, Policy, decide
+from webhook.core.admission.reviews import AdmissionRequest, parse_review, review_response
+from webhook.core.admission.state import ReservationState
 from webhook.http import app as http_app
 from webhook.http.metrics import Metrics
 from webhook.logs import configure as configure_logs

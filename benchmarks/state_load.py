@@ -57,8 +57,8 @@ def rss() -> int:
 def write_state(directory: Path, applications: int, *, as_json: bool = False) -> None:
     """Tenants and VMInstances as a cluster dump would hold them (charge annotation included):
     YAML documents, or with ``as_json`` the same objects as ``kubectl get -o json`` Lists."""
-    from webhook.core.applications import CHARGE_ANNOTATION
-    from webhook.core.records import RecordKeys, signed_annotation, values_digest
+    from webhook.core.tenancy.applications import CHARGE_ANNOTATION
+    from webhook.core.tenancy.records import RecordKeys, signed_annotation, values_digest
     from webhook.state.manifests import load_platform
 
     platform = load_platform([ROOT / "fixtures" / "cozystack"])
@@ -126,9 +126,9 @@ def measure_load(directory: str) -> dict[str, Any]:
 
 def measure_creates(size: int) -> dict[str, Any]:
     from benchmarks.decide import build
-    from webhook.admission import apply_admitted
-    from webhook.core.decisions import Policy, decide
-    from webhook.core.reviews import parse_review
+    from webhook.admission.admit import apply_admitted
+    from webhook.core.admission.decisions import Policy, decide
+    from webhook.core.admission.reviews import parse_review
     from webhook.state.manifests import load_platform
 
     platform = load_platform([ROOT / "fixtures" / "cozystack"])

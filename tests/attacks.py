@@ -27,8 +27,8 @@ import cel
 import yaml
 
 from tests.builders import ADMIN, ROOT
-from webhook.core.applications import CHARGE_ANNOTATION
-from webhook.core.records import parse_recorded_charge
+from webhook.core.tenancy.applications import CHARGE_ANNOTATION
+from webhook.core.tenancy.records import parse_recorded_charge
 
 Obj = dict[str, Any]
 Key = tuple[str, str, str]

@@ -9,17 +9,17 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from webhook.core.applications import Application
-from webhook.core.platform import Platform, PlatformBuilder
-from webhook.core.records import (
+from webhook.core.admission.reviews import AdmissionRequest, parse_review
+from webhook.core.admission.state import ReservationState
+from webhook.core.pricing.platform import Platform, PlatformBuilder
+from webhook.core.tenancy.applications import Application
+from webhook.core.tenancy.records import (
     RecordedCharge,
     RecordKeys,
     parse_recorded_charge,
     record_annotation,
     sign,
 )
-from webhook.core.reviews import AdmissionRequest, parse_review
-from webhook.core.state import ReservationState
 from webhook.defaults import default_contracts, default_presets
 from webhook.state.manifests import read_manifests
 
@@ -109,7 +109,7 @@ def signed(
     """The charge annotation the webhook would write (signed with ``keys``) for these values."""
     from decimal import Decimal
 
-    from webhook.core.quantities import parse_quantity
+    from webhook.core.base.quantities import parse_quantity
 
     values = ReservationState(platform(), keys=keys).values_digest(kind, spec)
     resources = {k: v if isinstance(v, Decimal) else parse_quantity(v) for k, v in charge.items()}
@@ -129,7 +129,7 @@ def signed_marks(
     keys: RecordKeys = KEYS,
 ) -> str:
     """A record carrying volume high marks, as the webhook writes one after a shrink."""
-    from webhook.core.quantities import parse_quantity
+    from webhook.core.base.quantities import parse_quantity
 
     values = ReservationState(platform(), keys=keys).values_digest(kind, spec)
     resources = {k: parse_quantity(v) for k, v in charge.items()}

@@ -3,8 +3,8 @@
 Every write goes through the shipped webhook configurations (their ``matchConditions`` evaluated
 with a CEL library), ``/mutate`` then ``/validate`` over TLS, and is stored: on a webhook server
 running on a manifest state, and on a live replica of the emulated API server (two replicas for
-the key rotation). ``tests/core/test_volumes.py`` and ``tests/test_cli.py`` play the same attacks
-through the pure decision and ``webhook review``.
+the key rotation). ``tests/core/pricing/test_volumes.py`` and ``tests/commands/test_cli.py`` play
+the same attacks through the pure decision and ``webhook review``.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ import pytest
 from tests.attacks import ADMIN, REMOVE, ApiServer, eventually, tls_post
 from tests.builders import FIXTURES
 from tests.cluster import cluster, tenant
-from webhook.core.applications import CHARGE_ANNOTATION, application_from_object
-from webhook.core.overcommit import OVERCOMMIT_ANNOTATION
-from webhook.core.records import parse_recorded_charge
+from webhook.core.tenancy.applications import CHARGE_ANNOTATION, application_from_object
+from webhook.core.tenancy.overcommit import OVERCOMMIT_ANNOTATION
+from webhook.core.tenancy.records import parse_recorded_charge
 from webhook.kube.client import KubeClient
-from webhook.record_keys import RECORD_KEY_SECRET, keys_from_file
 from webhook.server import LiveServices, WebhookServer
 from webhook.settings import Settings
 from webhook.state.manifests import load_state
+from webhook.tenancy.record_keys import RECORD_KEY_SECRET, keys_from_file
 from webhook.tls.certificates import generate
 
 GI = 1024**3

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from tests.builders import FIXTURES, review, state
+from tests.commands.test_cli import responses, run, write
 from tests.http.test_metrics import samples
-from tests.test_cli import responses, run, write
-from webhook.core.applications import Application
-from webhook.core.guard import Quota, QuotaBook, render_tenant_quota
-from webhook.core.quantities import parse_quantity
+from webhook.core.base.quantities import parse_quantity
+from webhook.core.capacity.guard import Quota, QuotaBook, render_tenant_quota
+from webhook.core.tenancy.applications import Application
 from webhook.http.metrics import Metrics
 
 VMS = "count/vminstances.apps.cozystack.io"

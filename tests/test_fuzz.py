@@ -30,12 +30,16 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.builders import FIXTURES, platform, review, state
-from webhook.admission import Admission, admit
-from webhook.cli import main
-from webhook.core.applications import CHARGE_ANNOTATION, Application, application_from_object
-from webhook.core.decisions import Policy
-from webhook.core.errors import ReservationError
-from webhook.core.reviews import ReviewError
+from webhook.admission.admit import Admission, admit
+from webhook.commands.cli import main
+from webhook.core.admission.decisions import Policy
+from webhook.core.admission.reviews import ReviewError
+from webhook.core.base.errors import ReservationError
+from webhook.core.tenancy.applications import (
+    CHARGE_ANNOTATION,
+    Application,
+    application_from_object,
+)
 from webhook.http.app import create_app
 from webhook.settings import Settings
 from webhook.state.manifests import load_state

@@ -17,19 +17,19 @@ import aiohttp
 import pytest
 
 from tests.builders import ADMIN, FIXTURES, review, state
-from webhook.cli import main
-from webhook.core.applications import Application
-from webhook.core.decisions import Policy, decide
-from webhook.core.overcommit import OVERCOMMIT_ANNOTATION
-from webhook.core.reviews import AdmissionRequest, parse_review
-from webhook.core.state import ReservationState
-from webhook.report import (
+from webhook.admission.report import (
     build_report,
     explain_charge,
     explain_factor,
     render_explanation,
     render_report,
 )
+from webhook.commands.cli import main
+from webhook.core.admission.decisions import Policy, decide
+from webhook.core.admission.reviews import AdmissionRequest, parse_review
+from webhook.core.admission.state import ReservationState
+from webhook.core.tenancy.applications import Application
+from webhook.core.tenancy.overcommit import OVERCOMMIT_ANNOTATION
 from webhook.server import WebhookServer
 from webhook.settings import Settings
 from webhook.state.manifests import load_state

@@ -17,7 +17,7 @@ from tests.cluster import app, cluster, kube_client
 from tests.cluster import tenant as tenant_object
 from tests.realkube import kubectl, real_apiserver
 from tests.test_live import MICRO, certs, eventually, replica  # noqa: F401  (fixture)
-from webhook.core.policy_reports import REPORT_NAME, build_reports
+from webhook.core.admission.policy_reports import REPORT_NAME, build_reports
 from webhook.kube.client import KubeClient
 from webhook.kube.reports import ABSENT_SECONDS, ReportWriter
 
@@ -254,7 +254,7 @@ async def test_a_report_full_of_hostile_unicode_is_still_stored_by_a_real_api_se
 ) -> None:
     """Reasons quoting emoji are 12 bytes a character as sent: a report of 500 of them would
     be refused, and the stale report would stand. The bounded one is stored, its fail counted."""
-    from webhook.core.applications import Application
+    from webhook.core.tenancy.applications import Application
 
     hostile = "\U0001f600" * 5000
     apps = [

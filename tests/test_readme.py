@@ -1,4 +1,5 @@
-"""The README opens with two commands, CI runs its test command, and its commands all run."""
+"""The README opens with two commands, CI runs its test command, and every command and link
+of the README and docs/ is true."""
 
 import os
 import re
@@ -40,12 +41,19 @@ BIN = Path(sys.executable).parent
 NEEDS_A_CLUSTER = ("webhook serve",)
 
 
+def pages() -> list[Path]:
+    """The README and every page of docs/."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
 def readme_commands() -> list[tuple[str, int]]:
-    """Every `webhook ...` and `kubectl reservation ...` line in a ```sh block, with the exit
-    status the README documents for it (a trailing `# exit N`, else 0)."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    """Every `webhook ...` and `kubectl reservation ...` line in a ```sh block of the README or
+    docs/, with the exit status the page documents for it (a trailing `# exit N`, else 0)."""
+    fenced = re.compile(r"^( *)```sh\n(.*?)\n\1```", flags=re.DOTALL | re.MULTILINE)
+    # A block may be indented under a list item: it ends at a fence indented as far.
+    blocks = [block for page in pages() for _, block in fenced.findall(page.read_text("utf-8"))]
     commands = []
-    for block in re.findall(r"```sh\n(.*?)\n```", text, flags=re.DOTALL):
+    for block in blocks:
         for raw in block.replace("\\\n", " ").splitlines():
             match = re.fullmatch(r"(.*?)(?:\s+#\s*(.*))?", raw.strip())
             assert match is not None
@@ -86,3 +94,32 @@ def test_a_readme_command_runs_and_exits_as_documented(command: str, status: int
     )
     assert "Traceback" not in done.stderr
     assert done.returncode == status, done.stderr
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def prose(text: str) -> str:
+    """A page without its code blocks."""
+    return re.sub(r"```.*?```", "", text, flags=re.DOTALL)
+
+
+def anchors(page: Path) -> set[str]:
+    return {slug(h) for h in re.findall(r"^#{1,6} (.+)$", prose(page.read_text()), re.MULTILINE)}
+
+
+def test_every_link_in_the_readme_and_docs_resolves() -> None:
+    broken = []
+    for page in pages():
+        for link in re.findall(r"\]\(([^)\s]+)\)", prose(page.read_text(encoding="utf-8"))):
+            if re.match(r"[a-z]+:", link):
+                continue
+            path, _, anchor = link.partition("#")
+            target = (page.parent / path).resolve() if path else page
+            if not target.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {link} (no such file)")
+            elif anchor and target.suffix == ".md" and anchor not in anchors(target):
+                broken.append(f"{page.relative_to(ROOT)}: {link} (no such heading)")
+    assert broken == []

@@ -18,7 +18,7 @@ import pytest
 from cryptography import x509
 
 from tests.builders import FIXTURES, ROOT, free_port
-from webhook.cli import main as cli
+from webhook.commands.cli import main as cli
 from webhook.server import WebhookServer
 from webhook.settings import Settings
 from webhook.state.manifests import load_state

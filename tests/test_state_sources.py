@@ -13,10 +13,10 @@ import yaml
 
 from tests.builders import FIXTURES, KEYS, request, signed
 from tests.cluster import app, cluster, kube_client, tenant
-from webhook.core.applications import CHARGE_ANNOTATION
-from webhook.core.decisions import Decision, Policy, decide
-from webhook.core.reviews import AdmissionRequest
-from webhook.core.state import ReservationState
+from webhook.core.admission.decisions import Decision, Policy, decide
+from webhook.core.admission.reviews import AdmissionRequest
+from webhook.core.admission.state import ReservationState
+from webhook.core.tenancy.applications import CHARGE_ANNOTATION
 from webhook.state.live import LiveSettings, LiveState
 from webhook.state.manifests import load_state
 

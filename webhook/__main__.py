@@ -2,6 +2,6 @@
 
 import sys
 
-from webhook.cli import main
+from webhook.commands.cli import main
 
 sys.exit(main())

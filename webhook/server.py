@@ -19,16 +19,19 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from webhook.admission import Admission
-from webhook.core.guard import QuotaBook
-from webhook.core.platform import Platform
-from webhook.core.policy_reports import (
+from webhook.admission.admit import Admission
+from webhook.admission.ledger import MAX_ENTRIES, Ledger, LedgerSettings
+from webhook.capacity.quotas import QuotaWatch
+from webhook.capacity.room import RoomWatch
+from webhook.core.admission.policy_reports import (
     ReportContext,
     assemble_report,
     report_findings,
     report_namespaces,
 )
-from webhook.core.state import ReservationState, recount
+from webhook.core.admission.state import ReservationState, recount
+from webhook.core.capacity.guard import QuotaBook
+from webhook.core.pricing.platform import Platform
 from webhook.http.app import (
     create_app,
     create_metrics_app,
@@ -41,12 +44,9 @@ from webhook.kube.client import KubeClient
 from webhook.kube.config import connect, in_cluster
 from webhook.kube.lease import LeaderElector
 from webhook.kube.reports import ReportWriter
-from webhook.ledger import MAX_ENTRIES, Ledger, LedgerSettings
-from webhook.record_keys import RecordKeySecret
 from webhook.settings import Settings
 from webhook.state.live import LiveSettings, LiveState
-from webhook.state.quotas import QuotaWatch
-from webhook.state.room import RoomWatch
+from webhook.tenancy.record_keys import RecordKeySecret
 from webhook.tls.contexts import CertificateReloader
 from webhook.tls.rotation import MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS, CertificateRotator
 from webhook.waits import sleep_unless_stopped

@@ -18,9 +18,14 @@ from typing import Any, Final, cast
 
 import yaml
 
-from webhook.core.decisions import MODES, Mode, Policy
-from webhook.core.overcommit import DEFAULT_ADMINS, DEFAULT_MAXIMUM, DEFAULT_STEP, OvercommitRules
-from webhook.core.spelling import did_you_mean
+from webhook.core.admission.decisions import MODES, Mode, Policy
+from webhook.core.base.spelling import did_you_mean
+from webhook.core.tenancy.overcommit import (
+    DEFAULT_ADMINS,
+    DEFAULT_MAXIMUM,
+    DEFAULT_STEP,
+    OvercommitRules,
+)
 
 __all__ = ["LOG_LEVELS", "Settings", "SettingsError", "check_mode_kinds", "load_settings"]
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from tests.builders import request, state
-from webhook.admission import Admission
-from webhook.core.decisions import Policy
-from webhook.core.room import RoomBook
+from webhook.admission.admit import Admission
+from webhook.core.admission.decisions import Policy
+from webhook.core.capacity.room import RoomBook
 
 Mi = 1024**2
 VM = {"instanceType": "", "resources": {"cpu": "1", "sockets": 1, "memory": "16Gi"}}

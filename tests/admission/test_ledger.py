@@ -13,12 +13,12 @@ from typing import Any
 from tests.builders import review
 from tests.builders import state as build_state
 from tests.cluster import app, cluster
-from webhook.core.applications import Application
-from webhook.core.decisions import Decision, Policy
-from webhook.core.reviews import AdmissionRequest, parse_review
-from webhook.core.state import ReservationState
+from webhook.admission.ledger import MAX_ENTRIES, MAX_ENTRY_BYTES, Ledger, LedgerSettings
+from webhook.core.admission.decisions import Decision, Policy
+from webhook.core.admission.reviews import AdmissionRequest, parse_review
+from webhook.core.admission.state import ReservationState
+from webhook.core.tenancy.applications import Application
 from webhook.kube.client import ApiError, KubeClient, ResourceRef
-from webhook.ledger import MAX_ENTRIES, MAX_ENTRY_BYTES, Ledger, LedgerSettings
 
 POLICY = Policy()
 POOL = "tenant-acme"

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from webhook.audit.reader import EventReader
+from webhook.core.admission.state import ReservationState
 from webhook.core.audit.events import AuditWrite, write_from_event
 from webhook.core.audit.history import History
-from webhook.core.platform import Platform
-from webhook.core.state import ReservationState
+from webhook.core.pricing.platform import Platform
 from webhook.state.manifests import load_platform, load_state
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.audit.logs import LOG, PLATFORM, RULE_CHANGE, WEBHOOK, altered_copy
-from webhook.cli import main
+from webhook.commands.cli import main
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any, str]:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.audit.logs import AUDIT, PLATFORM
-from webhook.cli import main
+from webhook.commands.cli import main
 from webhook.core.audit.events import write_from_event
 from webhook.core.audit.history import History
 from webhook.state.manifests import load_state

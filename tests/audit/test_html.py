@@ -13,7 +13,7 @@ import pytest
 
 from tests.audit.logs import LOG, PLATFORM, events
 from webhook.audit.html import CELL_KEYS, CHART_KEYS, CHART_POOLS, render_page
-from webhook.cli import main
+from webhook.commands.cli import main
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

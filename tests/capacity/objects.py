@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from webhook.core.rebalancing import OPT_IN_ANNOTATION
+from webhook.core.capacity.rebalance import OPT_IN_ANNOTATION
 
 Obj = dict[str, Any]
 

@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from tests.builders import FIXTURES, review
-from webhook.cli import main
-from webhook.core.guard import render_tenant_quota
-from webhook.core.quantities import format_quantity
+from webhook.commands.cli import main
+from webhook.core.base.quantities import format_quantity
+from webhook.core.capacity.guard import render_tenant_quota
 
 BUDGET = {"cpu": Decimal(16), "memory": Decimal(16 * 1024**3)}
 SOLO = {

@@ -15,8 +15,8 @@ import yaml
 
 from tests.apiserver.server import EmulatedAPIServer
 from tests.builders import FIXTURES
-from tests.capacity import hostile_mixed_cluster
-from webhook.cli import main
+from tests.capacity.objects import hostile_mixed_cluster
+from webhook.commands.cli import main
 
 SEED = str(FIXTURES / "capacity" / "seed-snapshot.yaml")
 LLAMA = "tenant-demo/rhel7-red-llama"
@@ -149,7 +149,7 @@ async def test_kubectl_accepts_the_migrations(
 async def test_without_a_snapshot_it_reads_the_cluster(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tests.test_rebalance import register, seed_objects
+    from tests.capacity.test_rebalance import register, seed_objects
 
     async with EmulatedAPIServer() as api:
         register(api)

@@ -14,10 +14,10 @@ import yaml
 
 from tests.apiserver.server import EmulatedAPIServer
 from tests.builders import FIXTURES
-from tests.capacity import hostile_mixed_cluster, node_object, vm_objects
-from webhook.core.rebalancing import Goal, fair_order, find_goals, for_tenant, tenant_of
+from tests.capacity.objects import hostile_mixed_cluster, node_object, vm_objects
+from webhook.capacity.rebalance import Rebalancer, RebalanceSettings
+from webhook.core.capacity.rebalance import Goal, fair_order, find_goals, for_tenant, tenant_of
 from webhook.kube.client import KubeClient
-from webhook.rebalance import Rebalancer, RebalanceSettings
 
 Obj = dict[str, Any]
 LLAMA = "tenant-demo/rhel7-red-llama"
@@ -397,7 +397,7 @@ def test_a_hundred_pending_vms_of_one_tenant_cost_a_round_only_its_share_of_goal
 def test_bounds_that_would_not_bound_are_refused_at_start(
     flag: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from webhook.cli import main
+    from webhook.commands.cli import main
 
     assert main(["rebalance", "--kubeconfig", "/nonexistent", *flag]) == 2
     assert flag[0] in capsys.readouterr().err

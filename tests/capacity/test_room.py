@@ -6,9 +6,9 @@ import asyncio
 from pathlib import Path
 
 from tests.apiserver.server import EmulatedAPIServer
-from tests.test_rebalance import register, seed_objects
+from tests.capacity.test_rebalance import register, seed_objects
+from webhook.capacity.room import RoomWatch
 from webhook.kube.client import KubeClient
-from webhook.state.room import RoomWatch
 
 Mi = 1024**2
 

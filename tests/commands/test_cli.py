@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.builders import FIXTURES, review
-from webhook.cli import main
+from webhook.commands.cli import main
 
 STATE = ["--state", str(FIXTURES / "cozystack"), "--state", str(FIXTURES / "tenants")]
 
@@ -377,8 +377,8 @@ def test_review_refuses_a_replayed_record_that_carries_a_revoked_factor(
 ) -> None:
     """The record an admin's factor was signed into, put back after the factor was removed."""
     from tests.builders import request as build
-    from webhook.core.decisions import Policy, mutate
-    from webhook.core.records import RecordKeys
+    from webhook.core.admission.decisions import Policy, mutate
+    from webhook.core.tenancy.records import RecordKeys
     from webhook.state.manifests import load_state
 
     key = tmp_path / "record.key"

@@ -19,11 +19,11 @@ import pytest
 
 from tests.builders import FIXTURES, ROOT, free_port
 from webhook import __version__
-from webhook.cli import main
-from webhook.console import load_state_showing_progress
-from webhook.core.state import ReservationState
+from webhook.commands.cli import main
+from webhook.commands.console import load_state_showing_progress
+from webhook.commands.plugin import main as plugin
+from webhook.core.admission.state import ReservationState
 from webhook.defaults import defaults_digest, platform_dir
-from webhook.plugin import main as plugin
 from webhook.server import serve
 from webhook.settings import Settings
 from webhook.state.manifests import load_state

@@ -12,7 +12,7 @@ import yaml
 
 from tests.builders import FIXTURES, THING_DEFINITION
 from tests.cluster import app, cluster, tenant
-from webhook.plugin import main
+from webhook.commands.plugin import main
 
 STATE = [
     "--state",

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from tests.cozystack_api.conftest import CozystackAPI, vm
-from webhook.core.applications import CHARGE_ANNOTATION
+from webhook.core.tenancy.applications import CHARGE_ANNOTATION
 
 pytestmark = pytest.mark.cozystack_api
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from webhook.core.errors import EvaluationError
-from webhook.core.platform import Platform
+from webhook.core.base.errors import EvaluationError
+from webhook.core.pricing.platform import Platform
 from webhook.defaults import default_contracts
 from webhook.state.manifests import load_platform
 

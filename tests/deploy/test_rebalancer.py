@@ -8,8 +8,9 @@ import pytest
 from tests.deploy.test_manifests import KUBERNETES_VERSION, render
 
 OVERLAY = "deploy/overlays/rebalancer"
-# (apiGroup, resource, verb) for every call `webhook rebalance` makes; tests/test_rebalance.py
-# checks the calls it makes against the emulated API server are among these.
+# (apiGroup, resource, verb) for every call `webhook rebalance` makes;
+# tests/capacity/test_rebalance.py checks the calls it makes against the emulated API server are
+# among these.
 CALLS = {
     *(("", r, v) for r in ("nodes", "pods") for v in ("get", "list", "watch")),
     *(("kubevirt.io", "virtualmachineinstances", v) for v in ("get", "list", "watch")),

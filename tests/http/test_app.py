@@ -15,10 +15,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from tests.builders import review, state
-from webhook.admission import Admission
-from webhook.core.applications import CHARGE_ANNOTATION
-from webhook.core.decisions import Decision, Policy
-from webhook.core.reviews import AdmissionRequest
+from webhook.admission.admit import Admission
+from webhook.core.admission.decisions import Decision, Policy
+from webhook.core.admission.reviews import AdmissionRequest
+from webhook.core.tenancy.applications import CHARGE_ANNOTATION
 from webhook.http.app import create_app, create_metrics_app, metrics_key, readiness_key
 from webhook.logs import JsonFormatter
 from webhook.settings import Settings

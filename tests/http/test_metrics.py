@@ -5,9 +5,9 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.builders import state
-from webhook.core.applications import Application
-from webhook.core.guard import Quota, QuotaBook
-from webhook.core.quantities import parse_quantity
+from webhook.core.base.quantities import parse_quantity
+from webhook.core.capacity.guard import Quota, QuotaBook
+from webhook.core.tenancy.applications import Application
 from webhook.http.metrics import Metrics
 
 

@@ -25,7 +25,7 @@ from tests.monitoring.scrape import TARGET, Scrape, unexported
 pytestmark = pytest.mark.promtool
 
 OVERLAY: Final = "deploy/overlays/monitoring"
-README: Final = Path(__file__).resolve().parents[2] / "README.md"
+README: Final = Path(__file__).resolve().parents[2] / "docs/operators/policy-reports-and-alerts.md"
 MINUTES: Final = 180  # samples per series in a case, one a minute (or one an hour, see below)
 
 Labels = dict[str, str]
@@ -202,8 +202,11 @@ def test_every_alert_has_a_case_and_a_runbook_section() -> None:
     assert set(found) == set(CASES)
     headings = README.read_text()
     for name, rule in found.items():
-        assert rule["annotations"]["runbook_url"] == f"README.md#alert-{name.lower()}"
-        assert f"#### Alert: {name}\n" in headings, f"README has no runbook section for {name}"
+        assert (
+            rule["annotations"]["runbook_url"]
+            == f"docs/operators/policy-reports-and-alerts.md#alert-{name.lower()}"
+        )
+        assert f"#### Alert: {name}\n" in headings, f"the docs have no runbook section for {name}"
 
 
 def test_the_rules_pass_promtools_check(tmp_path: Path) -> None:

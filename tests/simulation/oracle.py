@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from webhook.core.quantities import parse_quantity
-from webhook.core.tenants import owned_namespace, parent_namespace
+from webhook.core.base.quantities import parse_quantity
+from webhook.core.tenancy.tenants import owned_namespace, parent_namespace
 
 Obj = dict[str, Any]
 THINGS = "count/things.apps.cozystack.io"

@@ -15,8 +15,8 @@ import contextlib
 from collections.abc import Callable
 
 from tests.simulation.apiserver import SimAPI, SimClient
-from webhook.core.records import RecordKeys
-from webhook.ledger import Ledger, LedgerSettings
+from webhook.admission.ledger import Ledger, LedgerSettings
+from webhook.core.tenancy.records import RecordKeys
 from webhook.state.live import LiveSettings, LiveState
 from webhook.waits import sleep_unless_stopped
 

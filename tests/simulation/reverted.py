@@ -18,9 +18,9 @@ from collections.abc import Iterator, Mapping
 from decimal import Decimal
 from typing import Any
 
-from webhook.core.applications import AppKey
-from webhook.core.pending import Hold, PendingCharges
-from webhook.core.state import ReservationState
+from webhook.core.admission.pending import Hold, PendingCharges
+from webhook.core.admission.state import ReservationState
+from webhook.core.tenancy.applications import AppKey
 
 
 @contextlib.contextmanager

@@ -48,14 +48,14 @@ from tests.simulation.apiserver import SimAPI
 from tests.simulation.loop import VirtualLoop
 from tests.simulation.oracle import THINGS, Figures, lowered, overshoots, pools
 from tests.simulation.replica import GRACE_SECONDS, READ_TIMEOUT, Replica
-from webhook.core import kinds as kinds_module
-from webhook.core.applications import application_from_object
-from webhook.core.contracts import Contract, compile_contract
-from webhook.core.decisions import Decision, Policy, mutate
-from webhook.core.records import MIN_KEY_BYTES, RecordKeys
-from webhook.core.reviews import parse_review
-from webhook.core.state import ReservationState
-from webhook.core.tenants import parent_namespace
+from webhook.core.admission.decisions import Decision, Policy, mutate
+from webhook.core.admission.reviews import parse_review
+from webhook.core.admission.state import ReservationState
+from webhook.core.pricing import kinds as kinds_module
+from webhook.core.pricing.contracts import Contract, compile_contract
+from webhook.core.tenancy.applications import application_from_object
+from webhook.core.tenancy.records import MIN_KEY_BYTES, RecordKeys
+from webhook.core.tenancy.tenants import parent_namespace
 from webhook.kube import reflector as reflector_module
 from webhook.kube.client import ApiError
 from webhook.state import live as live_module

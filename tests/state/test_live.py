@@ -13,7 +13,7 @@ from tests.apiserver.server import EmulatedAPIServer
 from tests.builders import review
 from tests.cluster import app, cluster, tenant
 from tests.test_live import MICRO, Caller, eventually, replica, wait_ready
-from webhook.report import build_report, render_report
+from webhook.admission.report import build_report, render_report
 from webhook.server import WebhookServer
 from webhook.state.live import LiveState
 

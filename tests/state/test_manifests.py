@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from tests.builders import FIXTURES
-from webhook.core.applications import APPS_API_VERSION, CHARGE_ANNOTATION
-from webhook.core.errors import ContractError, ManifestError
-from webhook.report import build_report, render_report
+from webhook.admission.report import build_report, render_report
+from webhook.core.base.errors import ContractError, ManifestError
+from webhook.core.tenancy.applications import APPS_API_VERSION, CHARGE_ANNOTATION
 from webhook.state.manifests import load_platform, load_state, read_manifests
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.cluster import cluster, kube_client
-from webhook.core.records import RecordKeys
-from webhook.record_keys import (
+from webhook.core.tenancy.records import RecordKeys
+from webhook.tenancy.record_keys import (
     RECORD_KEY_SECRET,
     SECRETS,
     RecordKeyError,
@@ -90,7 +90,7 @@ def _secret(**data: bytes) -> dict[str, object]:
 
 
 def test_a_previous_key_is_accepted_until_its_window_ends_then_counts_for_marks_only() -> None:
-    from webhook.record_keys import keys_from_secret
+    from webhook.tenancy.record_keys import keys_from_secret
 
     secret = _secret(current=b"c" * 32, previous=b"p" * 32, previous_until=b"2026-12-01T10:00:00Z")
     during = keys_from_secret(secret, "s", now=1_764_579_600.0)  # 2025: long before
@@ -101,7 +101,7 @@ def test_a_previous_key_is_accepted_until_its_window_ends_then_counts_for_marks_
 
 
 def test_a_previous_key_without_a_window_gets_the_default_one_from_first_sight() -> None:
-    from webhook.record_keys import DEFAULT_WINDOW_SECONDS, keys_from_secret
+    from webhook.tenancy.record_keys import DEFAULT_WINDOW_SECONDS, keys_from_secret
 
     seen: dict[bytes, float] = {}
     secret = _secret(current=b"c" * 32, previous=b"p" * 32)
@@ -111,8 +111,8 @@ def test_a_previous_key_without_a_window_gets_the_default_one_from_first_sight()
 
 
 def test_a_published_key_verifies_and_never_signs() -> None:
-    from webhook.core.records import sign
-    from webhook.record_keys import keys_from_secret
+    from webhook.core.tenancy.records import sign
+    from webhook.tenancy.record_keys import keys_from_secret
 
     keys = keys_from_secret(_secret(current=b"c" * 32, next=b"n" * 32), "s")
     assert keys.published == (b"n" * 32,)
@@ -122,7 +122,7 @@ def test_a_published_key_verifies_and_never_signs() -> None:
 
 
 def test_a_window_that_is_not_a_time_is_refused_naming_the_field() -> None:
-    from webhook.record_keys import keys_from_secret
+    from webhook.tenancy.record_keys import keys_from_secret
 
     secret = _secret(current=b"c" * 32, previous=b"p" * 32, previous_until=b"soon")
     with pytest.raises(RecordKeyError, match="previous-until is not an RFC 3339 time"):

@@ -16,13 +16,20 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final, Protocol
 
-from webhook.core.applications import CHARGE_ANNOTATION
-from webhook.core.decisions import WARNING_LIMIT, Decision, Policy, decide, errored, mutate
-from webhook.core.guard import QuotaBook, guard_warning
-from webhook.core.records import parse_recorded_charge
-from webhook.core.reviews import AdmissionRequest, parse_review, review_response
-from webhook.core.room import RoomBook, room_warning
-from webhook.core.state import ReservationState
+from webhook.core.admission.decisions import (
+    WARNING_LIMIT,
+    Decision,
+    Policy,
+    decide,
+    errored,
+    mutate,
+)
+from webhook.core.admission.reviews import AdmissionRequest, parse_review, review_response
+from webhook.core.admission.state import ReservationState
+from webhook.core.capacity.guard import QuotaBook, guard_warning
+from webhook.core.capacity.room import RoomBook, room_warning
+from webhook.core.tenancy.applications import CHARGE_ANNOTATION
+from webhook.core.tenancy.records import parse_recorded_charge
 
 __all__ = [
     "Admission",
@@ -54,7 +61,7 @@ class Outcome:
 
 
 class Reserver(Protocol):
-    """Admits through a ledger shared with other replicas (see ``webhook.ledger``)."""
+    """Admits through a ledger shared with other replicas (see ``webhook.admission.ledger``)."""
 
     async def admit(self, request: AdmissionRequest, policy: Policy) -> Decision: ...
 

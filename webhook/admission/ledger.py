@@ -3,8 +3,8 @@
 Kubernetes' ResourceQuota admission is the model. Each tenant pool has a ``TenantReservation``
 (in the pool's namespace, named after it) whose ``status.pending`` lists the admitted increases
 not yet observed as objects. Every replica counts those entries into its pools' usage, derived
-from its newest copy of each object (see :mod:`webhook.core.pending` for the settle and release
-rules), and admits an increase only by adding its entry with a write conditional on the
+from its newest copy of each object (see :mod:`webhook.core.admission.pending` for the settle and
+release rules), and admits an increase only by adding its entry with a write conditional on the
 object's resourceVersion: two requests that each fit alone but not together never both pass.
 
 **Group commit.** Admissions for one pool queue while a write for that pool is in flight; the
@@ -40,8 +40,8 @@ try again. Expiries are RFC 3339 in one fixed UTC form, so comparing one costs a
 comparison, not a parse.
 
 **Caps.** A sub-Tenant allowed only because Tenant is in warn, beyond what fits, is recorded in
-the pool's ``status.capped`` before the answer (:mod:`webhook.core.carveouts`): it then counts
-no more than before the write, and nothing is held for it.
+the pool's ``status.capped`` before the answer (:mod:`webhook.core.admission.carveouts`): it then
+counts no more than before the write, and nothing is held for it.
 
 **Dry runs.** An API server that ignores ``dryRun`` stores what it calls a dry run (cozystack-api
 does: its HelmRelease writes drop the option), so with ``dry_run_holds`` (the default) a dry run
@@ -71,10 +71,8 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Final, Protocol
 
-from webhook.core import resources as rl
-from webhook.core.applications import AppKey, resource_version
-from webhook.core.carveouts import Cap, capped, kept_budget, overshoot
-from webhook.core.decisions import (
+from webhook.core.admission.carveouts import Cap, capped, kept_budget, overshoot
+from webhook.core.admission.decisions import (
     WARNING_LIMIT,
     Decision,
     Policy,
@@ -82,12 +80,14 @@ from webhook.core.decisions import (
     errored,
     held_dry_run,
 )
-from webhook.core.errors import UNEVALUABLE
-from webhook.core.pending import Hold, PendingCharges
-from webhook.core.quantities import parse_quantity
-from webhook.core.reviews import AdmissionRequest
-from webhook.core.state import ReservationState
-from webhook.core.tenants import (
+from webhook.core.admission.pending import Hold, PendingCharges
+from webhook.core.admission.reviews import AdmissionRequest
+from webhook.core.admission.state import ReservationState
+from webhook.core.base import resources as rl
+from webhook.core.base.errors import UNEVALUABLE
+from webhook.core.base.quantities import parse_quantity
+from webhook.core.tenancy.applications import AppKey, resource_version
+from webhook.core.tenancy.tenants import (
     TENANT_KIND,
     ancestors,
     owned_namespace,
@@ -304,7 +304,7 @@ class Ledger:
         """A Tenant whose quota does not fit, allowed only because Tenant is in warn: record in
         the pool above, before answering, that it counts no more than before the write (a
         cap), so nothing is held and nobody else's room is taken; the answer is still the
-        warning with the full overshoot (see :mod:`webhook.core.carveouts`)."""
+        warning with the full overshoot (see :mod:`webhook.core.admission.carveouts`)."""
         state = self._current()
         declared = _declared_budget(request.object, state)
         pool_node = state.tree.pool_root(request.namespace)

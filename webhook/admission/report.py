@@ -18,15 +18,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any, Final
 
-from webhook.core import resources as rl
-from webhook.core.applications import Application
-from webhook.core.counts import counted_plural, is_count_key
-from webhook.core.evaluation import Charge
-from webhook.core.overcommit import apply_factors, format_factors
-from webhook.core.quantities import format_quantity, parse_quantity
-from webhook.core.state import ReservationState
-from webhook.core.tenants import TENANT_KIND, ancestors
-from webhook.core.volumes import hold, mark_key
+from webhook.core.admission.state import ReservationState
+from webhook.core.base import resources as rl
+from webhook.core.base.quantities import format_quantity, parse_quantity
+from webhook.core.pricing.evaluation import Charge
+from webhook.core.pricing.volumes import hold, mark_key
+from webhook.core.tenancy.applications import Application
+from webhook.core.tenancy.counts import counted_plural, is_count_key
+from webhook.core.tenancy.overcommit import apply_factors, format_factors
+from webhook.core.tenancy.tenants import TENANT_KIND, ancestors
 
 __all__ = [
     "FAIL_ON",

@@ -1,6 +1,6 @@
 """``webhook audit summary|replay|verify``: the shell around the pure audit review.
 
-Its flags are defined in :mod:`webhook.arguments.audit`. Reads events (:mod:`.reader`), feeds
+Its flags are defined in :mod:`webhook.commands.audit`. Reads events (:mod:`.reader`), feeds
 them one at a time to the pure folds in ``webhook.core.audit``, and prints a table on a
 terminal or JSON/YAML for tools; ``--html`` writes a self-contained page (:mod:`.html`). Exit
 status: 0, or 1 when ``verify`` found something, 2 for bad input.
@@ -18,17 +18,17 @@ from typing import Any, cast
 
 from webhook.audit.reader import MALFORMED_KEPT, EventReader, ReadError
 from webhook.audit.render import render_replay, render_summary, render_verify
-from webhook.core.applications import APPS_API_VERSION, AppKey
+from webhook.core.admission.decisions import Policy
+from webhook.core.admission.modes import MODES, Mode
 from webhook.core.audit.events import AuditWrite, parse_time, write_from_event
 from webhook.core.audit.history import History
 from webhook.core.audit.replay import Replayer
 from webhook.core.audit.summary import Filters, SummaryBuilder
 from webhook.core.audit.verify import Verifier
-from webhook.core.decisions import Policy
-from webhook.core.errors import QuantityError, ReservationError
-from webhook.core.modes import MODES, Mode
-from webhook.core.quantities import parse_quantity
-from webhook.core.records import RecordKeys
+from webhook.core.base.errors import QuantityError, ReservationError
+from webhook.core.base.quantities import parse_quantity
+from webhook.core.tenancy.applications import APPS_API_VERSION, AppKey
+from webhook.core.tenancy.records import RecordKeys
 
 __all__ = ["AuditInputError", "replay", "summary", "verify"]
 
@@ -157,7 +157,7 @@ def _history(
 def _keys(args: argparse.Namespace) -> RecordKeys | None:
     if not args.record_key_file:
         return None
-    from webhook.record_keys import RecordKeyError, keys_from_file
+    from webhook.tenancy.record_keys import RecordKeyError, keys_from_file
 
     try:
         return keys_from_file(args.record_key_file)

@@ -25,8 +25,8 @@ from decimal import Decimal
 from typing import Any, Final
 
 from webhook.core.audit.events import parse_time
-from webhook.core.errors import QuantityError
-from webhook.core.quantities import parse_quantity
+from webhook.core.base.errors import QuantityError
+from webhook.core.base.quantities import parse_quantity
 
 __all__ = ["CELL_KEYS", "CHART_KEYS", "CHART_POOLS", "render_page"]
 

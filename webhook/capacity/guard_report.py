@@ -14,9 +14,12 @@ from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any, Final
 
-from webhook.core import resources as rl
-from webhook.core.errors import QuantityError
-from webhook.core.guard import (
+from webhook.admission.report import dump, human_quantity
+from webhook.core.admission.state import ReservationState
+from webhook.core.base import resources as rl
+from webhook.core.base.errors import QuantityError
+from webhook.core.base.quantities import format_quantity, parse_quantity
+from webhook.core.capacity.guard import (
     COUNTS_NOTE,
     QuotaBook,
     factor_for_mix,
@@ -25,9 +28,6 @@ from webhook.core.guard import (
     render_tenant_quota,
     smallest_factor,
 )
-from webhook.core.quantities import format_quantity, parse_quantity
-from webhook.core.state import ReservationState
-from webhook.report import dump, human_quantity
 
 __all__ = ["build_guard_report", "parse_mixes", "print_guard_report", "render_guard_report"]
 

@@ -4,7 +4,7 @@ Prints the plan as JSON, as ``VirtualMachineInstanceMigration`` objects ready fo
 ``kubectl apply -f -`` (one per step, in order), or as a table for a person. Exit codes follow
 the CLI: 0 a plan exists, 1 no plan within the cap or the search's bound (candidates,
 seconds; the reason says what was searched), 2 bad input. Its
-flags are defined in :mod:`webhook.arguments.plan`.
+flags are defined in :mod:`webhook.commands.plan`.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Final
 
 import yaml
 
-from webhook.cluster_snapshot import load_snapshot, read_cluster
-from webhook.core.planner import MAX_MOVES_CAP, Bound, Plan, plan_drain, plan_placement
-from webhook.core.quantities import format_quantity
-from webhook.core.snapshot import HOSTNAME, Snapshot, SnapshotError
+from webhook.capacity.snapshot import load_snapshot, read_cluster
+from webhook.core.base.quantities import format_quantity
+from webhook.core.capacity.planner import MAX_MOVES_CAP, Bound, Plan, plan_drain, plan_placement
+from webhook.core.capacity.snapshot import HOSTNAME, Snapshot, SnapshotError
 from webhook.kube.client import ApiError, KubeClient
 
 __all__ = ["migrations", "plan_json", "run"]

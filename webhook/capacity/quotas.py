@@ -3,8 +3,8 @@
 One reflector over ``resourcequotas`` in every namespace feeds a :class:`QuotaBook`. The guard
 only adds warnings, so readiness never waits for it: until the first list arrives the book is
 empty and no warning is given. A quota that does not parse is kept with the keys that do
-(:func:`~webhook.core.guard.quota_from_object`), and a bad event is logged and skipped, never
-raised out of the reflector.
+(:func:`~webhook.core.capacity.guard.quota_from_object`), and a bad event is logged and skipped,
+never raised out of the reflector.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import asyncio
 import logging
 from typing import Any, Final
 
-from webhook.core.guard import QuotaBook, quota_from_object
+from webhook.core.capacity.guard import QuotaBook, quota_from_object
 from webhook.kube.client import KubeClient, ResourceRef
 from webhook.kube.reflector import Reflector
 

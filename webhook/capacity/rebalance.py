@@ -39,9 +39,9 @@ from typing import Any, Final, Literal
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from webhook.cluster_snapshot import NODES, PODS, VMIS
-from webhook.core.errors import ReservationError
-from webhook.core.plan_limits import (
+from webhook.capacity.snapshot import NODES, PODS, VMIS
+from webhook.core.base.errors import ReservationError
+from webhook.core.capacity.plan_limits import (
     DEFAULT_MAX_CANDIDATES,
     DEFAULT_PLAN_SECONDS,
     DEFAULT_PLANNERS,
@@ -49,7 +49,7 @@ from webhook.core.plan_limits import (
     DEFAULT_TENANT_MIGRATIONS,
     DEFAULT_TENANT_PERIOD,
 )
-from webhook.core.planner import (
+from webhook.core.capacity.planner import (
     DEFAULT_MAX_MOVES,
     MAX_MOVES_CAP,
     Bound,
@@ -59,14 +59,14 @@ from webhook.core.planner import (
     plan_placement,
     replay,
 )
-from webhook.core.rebalancing import Goal, fair_order, find_goals, for_tenant, tenant_of
-from webhook.core.snapshot import HOSTNAME, Snapshot, snapshot_from_objects
+from webhook.core.capacity.rebalance import Goal, fair_order, find_goals, for_tenant, tenant_of
+from webhook.core.capacity.snapshot import HOSTNAME, Snapshot, snapshot_from_objects
 from webhook.kube.client import ApiError, KubeClient, ResourceRef
 from webhook.waits import sleep_unless_stopped
 
 __all__ = ["RebalanceSettings", "Rebalancer", "run"]
 
-log = logging.getLogger("webhook.rebalance")
+log = logging.getLogger("webhook.capacity.rebalance")
 
 MIGRATIONS: Final = ResourceRef("kubevirt.io", "v1", "virtualmachineinstancemigrations")
 EVENTS: Final = ResourceRef("", "v1", "events")

@@ -1,9 +1,9 @@
 """The largest free node memory, re-read out of band for the admission warning on room.
 
 Every ``interval`` seconds one LIST of nodes and one of pods feed
-:func:`~webhook.core.room.largest_free`, kept only as coarse as a warning uses it
-(:func:`~webhook.core.room.coarse_room`). It is off unless the server may read nodes and pods:
-a 403 turns it off (no warning is ever given from a guess) and it asks again much later. Any
+:func:`~webhook.core.capacity.room.largest_free`, kept only as coarse as a warning uses it
+(:func:`~webhook.core.capacity.room.coarse_room`). It is off unless the server may read nodes and
+pods: a 403 turns it off (no warning is ever given from a guess) and it asks again much later. Any
 other failure clears the figure until the next good read, so a warning never rests on a stale
 snapshot.
 """
@@ -15,8 +15,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Final
 
-from webhook.core.room import RoomBook, coarse_room, largest_free
-from webhook.core.snapshot import snapshot_from_objects
+from webhook.core.capacity.room import RoomBook, coarse_room, largest_free
+from webhook.core.capacity.snapshot import snapshot_from_objects
 from webhook.kube.client import ApiError, KubeClient, ResourceRef
 from webhook.waits import sleep_unless_stopped
 

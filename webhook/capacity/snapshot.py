@@ -3,8 +3,8 @@
 A file is what ``kubectl get nodes,pods,virtualmachineinstances -A -o yaml`` prints: a ``List``
 (or several YAML documents, or JSON). The cluster is read with three LIST calls through the
 project's API client. Either way the objects go to the pure
-:func:`~webhook.core.snapshot.snapshot_from_objects`; this module only does the I/O, and turns
-unreadable input into :class:`~webhook.core.snapshot.SnapshotError` naming the file.
+:func:`~webhook.core.capacity.snapshot.snapshot_from_objects`; this module only does the I/O, and
+turns unreadable input into :class:`~webhook.core.capacity.snapshot.SnapshotError` naming the file.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Final
 
 import yaml
 
-from webhook.core.snapshot import Snapshot, SnapshotError, snapshot_from_objects
+from webhook.core.capacity.snapshot import Snapshot, SnapshotError, snapshot_from_objects
 from webhook.kube.client import KubeClient, ResourceRef
 
 __all__ = ["NODES", "PODS", "VMIS", "load_snapshot", "read_cluster", "snapshot_objects"]

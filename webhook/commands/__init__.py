@@ -1,7 +1,9 @@
-"""The flags of the commands whose code is heavy, apart from that code.
+"""The command lines: one module per command family, the parser and the conventions.
 
-Building the ``webhook`` parser imports every command's flags. Each module here defines one
-command's flags with argparse and constants only, and a handler that imports the command's
-module (aiohttp, the Kubernetes client, the audit review ...) when that command runs, so a
-command that reads files starts fast.
+``cli`` is ``webhook``: the shared parser and the handlers of the commands whose code is light;
+``plugin`` is ``kubectl reservation``; ``console`` holds what every command shares (one-line
+errors, documented exit codes, closed pipes, progress). A heavy command's flags live in a module
+named after it (``audit``, ``plan``, ``rebalance``) beside a handler that imports the command's
+body (``webhook.audit``, ``webhook.capacity``) only when it runs, so building the parser imports
+nothing heavy. Commands may use everything below them; nothing imports them.
 """

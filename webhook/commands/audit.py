@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from webhook.core.modes import MODES
+from webhook.core.admission.modes import MODES
 
 __all__ = ["add_parser"]
 

@@ -2,12 +2,12 @@
 
 Each command is a thin shell over the core: parse arguments, load what it needs, call one pure
 function, print. A command is a subparser with ``set_defaults(handler=...)``; :func:`main` runs
-every handler through :func:`webhook.console.run`, so each one, present or added later, fails
-the same way: one line on stderr naming the file, flag or path and the fix, exit status 2 (the
+every handler through :func:`webhook.commands.console.run`, so each one, present or added later,
+fails the same way: one line on stderr naming the file, flag or path and the fix, exit status 2 (the
 exit codes are in ``--help``). Heavy modules (aiohttp, the Kubernetes client, the audit review)
 are imported by the commands that use them, so a command that reads files starts fast: building
 the parser imports argparse-level code only (a heavy command's flags are in
-:mod:`webhook.arguments`), and ``tests/test_cli_startup.py`` keeps it so.
+:mod:`webhook.commands`), and ``tests/commands/test_cli_startup.py`` keeps it so.
 """
 
 from __future__ import annotations
@@ -21,10 +21,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from webhook.arguments.audit import add_parser as add_audit_parser
-from webhook.arguments.plan import add_parser as add_plan_parser
-from webhook.arguments.rebalance import add_parser as add_rebalance_parser
-from webhook.console import (
+from webhook.commands.audit import add_parser as add_audit_parser
+from webhook.commands.console import (
     EXIT_CODES,
     EXIT_FOUND,
     EXIT_INPUT,
@@ -36,14 +34,16 @@ from webhook.console import (
     load_state_showing_progress,
     run,
 )
-from webhook.core.modes import MODES, Mode
+from webhook.commands.plan import add_parser as add_plan_parser
+from webhook.commands.rebalance import add_parser as add_rebalance_parser
+from webhook.core.admission.modes import MODES, Mode
 
 if TYPE_CHECKING:
-    from webhook.core.decisions import Policy
-    from webhook.core.guard import QuotaBook
-    from webhook.core.platform import Platform
-    from webhook.core.records import RecordKeys
-    from webhook.core.state import ReservationState
+    from webhook.core.admission.decisions import Policy
+    from webhook.core.admission.state import ReservationState
+    from webhook.core.capacity.guard import QuotaBook
+    from webhook.core.pricing.platform import Platform
+    from webhook.core.tenancy.records import RecordKeys
 
 __all__ = ["main"]
 
@@ -249,7 +249,7 @@ def _add_record_key(parser: argparse.ArgumentParser) -> None:
 
 
 def _record_keys(path: str | None) -> RecordKeys | None:
-    from webhook.record_keys import RecordKeyError, keys_from_file
+    from webhook.tenancy.record_keys import RecordKeyError, keys_from_file
 
     if not path:
         return None
@@ -307,7 +307,7 @@ def _require_platform(platform: Platform, paths: Sequence[str]) -> None:
 
 
 def _policy(args: argparse.Namespace, known: Sequence[str]) -> Policy:
-    from webhook.core.decisions import Policy
+    from webhook.core.admission.decisions import Policy
     from webhook.settings import SettingsError, check_mode_kinds, load_settings
 
     per_kind: dict[str, Mode] = {}
@@ -335,9 +335,9 @@ def _overcommit_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _review(args: argparse.Namespace) -> int:
-    from webhook.admission import admit, apply_admitted
-    from webhook.core.guard import QuotaBook
-    from webhook.core.reviews import ReviewError
+    from webhook.admission.admit import admit, apply_admitted
+    from webhook.core.admission.reviews import ReviewError
+    from webhook.core.capacity.guard import QuotaBook
 
     quotas = QuotaBook()
     state = _load_state(args.state, quotas=quotas, keys=_record_keys(args.record_key_file))
@@ -432,7 +432,7 @@ def _serve(args: argparse.Namespace) -> int:
             )
     modes = {kind: settings.policy.mode_for(kind) for kind in sorted({*kinds, *settings.mode_for})}
     log.info("modes", extra={"fields": {"default": settings.mode, "modes": modes}})
-    from webhook.core.guard import QuotaBook
+    from webhook.core.capacity.guard import QuotaBook
 
     if settings.state and not settings.record_key_file:
         log.info(
@@ -486,8 +486,8 @@ def _load_state_logging(
 
 
 def _guard(args: argparse.Namespace) -> int:
-    from webhook.core.guard import QuotaBook
-    from webhook.guard_report import build_guard_report, parse_mixes, print_guard_report
+    from webhook.capacity.guard_report import build_guard_report, parse_mixes, print_guard_report
+    from webhook.core.capacity.guard import QuotaBook
 
     mixes = parse_mixes(args.mix)
     quotas = QuotaBook()
@@ -521,8 +521,8 @@ def _certs_generate(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from webhook.core.guard import QuotaBook
-    from webhook.report import build_report, dump, failures, render_report
+    from webhook.admission.report import build_report, dump, failures, render_report
+    from webhook.core.capacity.guard import QuotaBook
 
     quotas = QuotaBook()
     state = _load_state(args.state, quotas=quotas, keys=_record_keys(args.record_key_file))
@@ -531,7 +531,7 @@ def _report(args: argparse.Namespace) -> int:
         # What the leader writes: one OpenReports Report per tenant namespace, for kubectl apply.
         import yaml
 
-        from webhook.core.policy_reports import build_reports
+        from webhook.core.admission.policy_reports import build_reports
 
         reports = build_reports(state, quotas=quotas, namespace=args.namespace)
         print(yaml.safe_dump_all(list(reports.values()), sort_keys=False).rstrip("\n"))
@@ -547,8 +547,8 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from webhook.core.unknown_keys import unknown_key_warnings
-    from webhook.report import dump, explain_charge, render_explanation
+    from webhook.admission.report import dump, explain_charge, render_explanation
+    from webhook.core.pricing.unknown_keys import unknown_key_warnings
     from webhook.state.manifests import load_platform
 
     if args.state:
@@ -582,7 +582,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         kind, spec = args.kind, _read_document(args.values, allow_empty=True)
     found = platform.kind(kind)
     if found is None:
-        from webhook.core.spelling import did_you_mean
+        from webhook.core.base.spelling import did_you_mean
 
         raise CommandError(
             f"{kind}: unknown application kind{did_you_mean(kind, platform.kinds)}; "
@@ -618,7 +618,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _record_marks(metadata: object) -> Any:
     """The volume high marks the object's charge record carries (read, not verified: evaluate
     shows what they hold; admission believes only marks the webhook signed)."""
-    from webhook.core.applications import CHARGE_ANNOTATION, parse_recorded_charge
+    from webhook.core.tenancy.applications import CHARGE_ANNOTATION, parse_recorded_charge
 
     annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
     text = annotations.get(CHARGE_ANNOTATION) if isinstance(annotations, Mapping) else None
@@ -627,7 +627,7 @@ def _record_marks(metadata: object) -> Any:
 
 
 def _contract_schema(args: argparse.Namespace) -> int:
-    from webhook.core.contract_schema import CONTRACT_SCHEMA
+    from webhook.core.pricing.contract_schema import CONTRACT_SCHEMA
 
     print(json.dumps(CONTRACT_SCHEMA, indent=2))
     return 0

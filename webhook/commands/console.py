@@ -100,7 +100,7 @@ def _flush_logs() -> None:
 
 def _input_error(exc: Exception) -> str | None:
     """The one-line reason when ``exc`` is bad input (not a bug), else ``None``."""
-    from webhook.core.errors import ReservationError
+    from webhook.core.base.errors import ReservationError
     from webhook.kube.config import KubeConfigError
     from webhook.settings import SettingsError
 
@@ -151,8 +151,8 @@ def add_output(
 
 def fail_on(text: str) -> list[str]:
     """``--fail-on unknown,drift``: argparse type with a did-you-mean for each word."""
-    from webhook.core.spelling import did_you_mean
-    from webhook.report import FAIL_ON
+    from webhook.admission.report import FAIL_ON
+    from webhook.core.base.spelling import did_you_mean
 
     words = [w.strip() for w in text.split(",") if w.strip()]
     for word in words:

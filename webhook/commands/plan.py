@@ -1,11 +1,12 @@
-"""``webhook plan``'s flags; its code (:mod:`webhook.plan`, the Kubernetes client) loads to run."""
+"""``webhook plan``'s flags; its code (:mod:`webhook.capacity.plan`, the Kubernetes client) loads to
+run."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from webhook.core.plan_limits import (
+from webhook.core.capacity.plan_limits import (
     DEFAULT_MAX_CANDIDATES,
     DEFAULT_MAX_MOVES,
     DEFAULT_PLAN_SECONDS,
@@ -55,6 +56,6 @@ def add_parser(commands: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from webhook.plan import run
+    from webhook.capacity.plan import run
 
     return run(args)

@@ -10,7 +10,7 @@ Installed as ``kubectl-reservation`` on PATH, so kubectl finds it as a plugin:
 It follows kubectl's conventions: ``--kubeconfig``, ``$KUBECONFIG`` with several files,
 ``--context``, ``-n``/``-A``, ``-o json|yaml|wide``, ``--request-timeout``, short names
 (``vm/web1``). Against a cluster it reads only what the question needs (see
-``webhook.state.snapshot``) with a timeout on every request, so a tenant's user can ask about
+``webhook.state.one_shot``) with a timeout on every request, so a tenant's user can ask about
 its own namespace and nothing ever hangs; ``--state`` reads manifest directories instead.
 """
 
@@ -23,7 +23,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from webhook.console import (
+from webhook.commands.console import (
     EXIT_CODES,
     EXIT_FOUND,
     CommandError,
@@ -35,11 +35,11 @@ from webhook.console import (
 )
 
 if TYPE_CHECKING:
-    from webhook.core.applications import Application
-    from webhook.core.kinds import ApplicationKind
-    from webhook.core.platform import Platform
+    from webhook.core.pricing.kinds import ApplicationKind
+    from webhook.core.pricing.platform import Platform
+    from webhook.core.tenancy.applications import Application
     from webhook.kube.client import KubeClient
-    from webhook.state.snapshot import Snapshot
+    from webhook.state.one_shot import Snapshot
 
 __all__ = ["SHORT_NAMES", "main"]
 
@@ -153,11 +153,11 @@ def _duration(text: str) -> float:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from webhook.report import build_report, dump, failures, render_report
+    from webhook.admission.report import build_report, dump, failures, render_report
 
     namespace = "" if args.all_namespaces else args.namespace
     if args.state:
-        from webhook.console import load_state_showing_progress
+        from webhook.commands.console import load_state_showing_progress
 
         state = load_state_showing_progress(args.state)
         if not state.platform.kinds:
@@ -195,13 +195,13 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _guard(args: argparse.Namespace) -> int:
-    from webhook.core.guard import QuotaBook
-    from webhook.guard_report import build_guard_report, parse_mixes, print_guard_report
+    from webhook.capacity.guard_report import build_guard_report, parse_mixes, print_guard_report
+    from webhook.core.capacity.guard import QuotaBook
 
     namespace = "" if args.all_namespaces else args.namespace
     mixes = parse_mixes(args.mix)
     if args.state:
-        from webhook.console import load_state_showing_progress
+        from webhook.commands.console import load_state_showing_progress
 
         quotas = QuotaBook()
         state = load_state_showing_progress(args.state, quotas=quotas)
@@ -214,7 +214,7 @@ def _guard(args: argparse.Namespace) -> int:
 async def _guard_snapshot(
     client: KubeClient, args: argparse.Namespace, namespace: str
 ) -> tuple[Any, Any]:
-    from webhook.state.snapshot import read_quotas
+    from webhook.state.one_shot import read_quotas
 
     snapshot = await _snapshot(client, args, namespace)
     for note in snapshot.notes:
@@ -226,7 +226,7 @@ async def _guard_snapshot(
 
 
 async def _snapshot(client: KubeClient, args: argparse.Namespace, namespace: str) -> Snapshot:
-    from webhook.state.snapshot import read_snapshot
+    from webhook.state.one_shot import read_snapshot
 
     return await read_snapshot(
         client, namespace=namespace, webhook_namespace=args.webhook_namespace
@@ -234,9 +234,9 @@ async def _snapshot(client: KubeClient, args: argparse.Namespace, namespace: str
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from webhook.core.quantities import format_quantity
-    from webhook.core.state import ReservationState
-    from webhook.report import dump, explain_charge, explain_factor, render_explanation
+    from webhook.admission.report import dump, explain_charge, explain_factor, render_explanation
+    from webhook.core.admission.state import ReservationState
+    from webhook.core.base.quantities import format_quantity
 
     kind_text, _, name = str(args.target).partition("/")
     if not kind_text or not name:
@@ -285,8 +285,8 @@ def _explain(args: argparse.Namespace) -> int:
 async def _live_application(
     client: KubeClient, args: argparse.Namespace, kind_text: str, name: str
 ) -> tuple[Platform, Application]:
-    from webhook.core.applications import application_from_object
-    from webhook.state.snapshot import get_application, read_platform
+    from webhook.core.tenancy.applications import application_from_object
+    from webhook.state.one_shot import get_application, read_platform
 
     platform, notes = await read_platform(
         client, namespace=args.namespace, webhook_namespace=args.webhook_namespace
@@ -303,7 +303,7 @@ async def _live_application(
 def _ask(args: argparse.Namespace, question: Any) -> Any:
     """Connect as kubectl would and run ``question(client)``, closing the client after."""
     from webhook.kube.config import connect
-    from webhook.state.snapshot import SnapshotError
+    from webhook.state.one_shot import SnapshotError
 
     client = connect(args.kubeconfig, context=args.context, timeout=args.request_timeout)
 
@@ -320,7 +320,7 @@ def _ask(args: argparse.Namespace, question: Any) -> Any:
 
 
 def _kind(platform: Platform, text: str) -> ApplicationKind:
-    from webhook.core.spelling import did_you_mean
+    from webhook.core.base.spelling import did_you_mean
 
     wanted = SHORT_NAMES.get(text.lower(), text).lower()
     for kind in platform.kinds.values():
@@ -332,7 +332,7 @@ def _kind(platform: Platform, text: str) -> ApplicationKind:
 
 
 def _from_manifests(paths: list[str], kind: str, namespace: str, name: str) -> Application:
-    from webhook.core.applications import (
+    from webhook.core.tenancy.applications import (
         APPS_API_VERSION,
         application_from_helmrelease,
         application_from_object,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from webhook.core.plan_limits import (
+from webhook.core.capacity.plan_limits import (
     DEFAULT_MAX_CANDIDATES,
     DEFAULT_MAX_MOVES,
     DEFAULT_PLAN_SECONDS,
@@ -84,6 +84,6 @@ def add_parser(commands: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from webhook.rebalance import run
+    from webhook.capacity.rebalance import run
 
     return run(args)

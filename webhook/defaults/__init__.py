@@ -18,9 +18,9 @@ from typing import Any, Final
 
 import yaml
 
-from webhook.core.catalog import Preset, presets_from_table
-from webhook.core.contracts import Contract
-from webhook.core.platform import contracts_from_documents
+from webhook.core.pricing.catalog import Preset, presets_from_table
+from webhook.core.pricing.contracts import Contract
+from webhook.core.pricing.platform import contracts_from_documents
 
 __all__ = [
     "PLATFORM_SOURCE",

@@ -26,9 +26,14 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from webhook.admission import Admission, internal_error
-from webhook.core.decisions import Decision, errored
-from webhook.core.reviews import AdmissionRequest, ReviewError, parse_review, review_response
+from webhook.admission.admit import Admission, internal_error
+from webhook.core.admission.decisions import Decision, errored
+from webhook.core.admission.reviews import (
+    AdmissionRequest,
+    ReviewError,
+    parse_review,
+    review_response,
+)
 from webhook.http.edges import EdgeLog
 from webhook.http.metrics import Metrics
 from webhook.settings import MAX_REQUEST_BYTES, Settings

@@ -3,9 +3,9 @@
 Request latency by endpoint and decision; decisions by kind, reason and mode; pool budget and
 reserved figures, read from the state at scrape time; state readiness; certificate expiry; and
 the pod-level guard per namespace with a ResourceQuota (need, room, unknown applications).
-Resource labels carry only keys the platform knows (:mod:`webhook.core.metric_keys`); whatever
-else tenants write into budgets or ResourceQuotas is summed under ``other``, so no write grows
-the number of series.
+Resource labels carry only keys the platform knows (:mod:`webhook.core.pricing.metric_keys`);
+whatever else tenants write into budgets or ResourceQuotas is summed under ``other``, so no write
+grows the number of series.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from webhook.core.guard import QuotaBook, guard_room, namespace_need
-from webhook.core.metric_keys import fold, known_keys, label, quota_keys
-from webhook.core.platform import Platform
-from webhook.core.state import ReservationState
+from webhook.core.admission.state import ReservationState
+from webhook.core.capacity.guard import QuotaBook, guard_room, namespace_need
+from webhook.core.pricing.metric_keys import fold, known_keys, label, quota_keys
+from webhook.core.pricing.platform import Platform
 
 __all__ = ["Metrics"]
 

@@ -1,7 +1,7 @@
 """Writing the policy reports: one OpenReports ``Report`` per tenant namespace, by the leader.
 
-The content is computed in the core (:mod:`webhook.core.policy_reports`); this adapter only
-compares it with what is stored and writes the reports that differ, so an unchanged cluster
+The content is computed in the core (:mod:`webhook.core.admission.policy_reports`); this adapter
+only compares it with what is stored and writes the reports that differ, so an unchanged cluster
 costs one list per round and no write. Reports come one at a time and stored ones are kept only
 as a digest of their content and a resourceVersion, so memory stays a few bytes per namespace
 whatever the reports hold. The list selects by name (``metadata.name`` is a field
@@ -23,7 +23,7 @@ import time
 from collections.abc import AsyncIterable, Callable, Iterable, Mapping
 from typing import Any, Final
 
-from webhook.core.policy_reports import REPORT_NAME, report_content
+from webhook.core.admission.policy_reports import REPORT_NAME, report_content
 from webhook.kube.client import ApiError, KubeClient, ResourceRef, ResponseTooLarge
 
 __all__ = ["ABSENT_SECONDS", "PAGE", "PAGE_BYTES", "REPORTS", "ReportWriter"]

@@ -36,7 +36,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from webhook.core.applications import (
+from webhook.core.admission.state import ReservationState
+from webhook.core.base.errors import ManifestError, ReservationError
+from webhook.core.pricing.kinds import kind_from_definition
+from webhook.core.pricing.platform import PRESETS_CONFIGMAP, PRESETS_KEY, Platform, PlatformBuilder
+from webhook.core.tenancy.applications import (
     APPS_API_VERSION,
     CHARGE_ANNOTATION,
     AppKey,
@@ -44,12 +48,8 @@ from webhook.core.applications import (
     parse_recorded_charge,
     resource_version,
 )
-from webhook.core.errors import ManifestError, ReservationError
-from webhook.core.kinds import kind_from_definition
-from webhook.core.platform import PRESETS_CONFIGMAP, PRESETS_KEY, Platform, PlatformBuilder
-from webhook.core.records import RecordKeys
-from webhook.core.state import ReservationState
-from webhook.core.tenants import TENANT_KIND
+from webhook.core.tenancy.records import RecordKeys
+from webhook.core.tenancy.tenants import TENANT_KIND
 from webhook.defaults import default_contracts, default_presets
 from webhook.kube.client import ApiError, KubeClient, ResourceRef
 from webhook.kube.reflector import Reflector, consistent_read

@@ -19,18 +19,18 @@ from typing import Any, Final
 
 import yaml
 
-from webhook.core.applications import (
+from webhook.core.admission.state import ReservationState
+from webhook.core.base.errors import ManifestError
+from webhook.core.capacity.guard import QuotaBook, quota_from_object
+from webhook.core.pricing.platform import Platform, PlatformBuilder
+from webhook.core.tenancy.applications import (
     APPS_API_VERSION,
     Application,
     application_from_helmrelease,
     application_from_object,
     is_helmrelease,
 )
-from webhook.core.errors import ManifestError
-from webhook.core.guard import QuotaBook, quota_from_object
-from webhook.core.platform import Platform, PlatformBuilder
-from webhook.core.records import RecordKeys
-from webhook.core.state import ReservationState
+from webhook.core.tenancy.records import RecordKeys
 from webhook.defaults import default_contracts, default_presets
 
 __all__ = [

@@ -26,11 +26,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from webhook.core.applications import APPS_API_VERSION, application_from_object
-from webhook.core.guard import QuotaBook, quota_from_object
-from webhook.core.platform import Platform, PlatformBuilder
-from webhook.core.state import ReservationState
-from webhook.core.tenants import TENANT_KIND, ancestors, owned_namespace, owner_release
+from webhook.core.admission.state import ReservationState
+from webhook.core.capacity.guard import QuotaBook, quota_from_object
+from webhook.core.pricing.platform import Platform, PlatformBuilder
+from webhook.core.tenancy.applications import APPS_API_VERSION, application_from_object
+from webhook.core.tenancy.tenants import TENANT_KIND, ancestors, owned_namespace, owner_release
 from webhook.defaults import default_contracts, default_presets
 from webhook.kube.client import ApiError, KubeClient, ResourceRef
 

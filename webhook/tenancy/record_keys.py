@@ -1,4 +1,4 @@
-"""Where the key that signs charge records comes from (see :mod:`webhook.core.records`).
+"""Where the key that signs charge records comes from (see :mod:`webhook.core.tenancy.records`).
 
 In a cluster the key lives in a Secret of the webhook's namespace, managed like the TLS Secret:
 the first replica to start creates it with a random key (a create is atomic; a replica that
@@ -11,8 +11,8 @@ The Secret's data: ``current`` (the signing key, 32 bytes or more) and, during a
 ``current`` replaced, accepted until ``previous-until``, an RFC 3339 time) and ``retired-<id>``
 (keys past their window: what they signed still counts for its persistent volumes' high marks,
 which only ever raise a charge, and for nothing else; at most 8 are kept). Every record names
-the id of the key that signed it (:func:`webhook.core.records.key_id`), so a replica that meets
-an id it does not know re-reads the Secret at once (at most once a second, shared by the
+the id of the key that signed it (:func:`webhook.core.tenancy.records.key_id`), so a replica that
+meets an id it does not know re-reads the Secret at once (at most once a second, shared by the
 requests waiting) before it refuses anything: replicas that read the Secret at different times
 never refuse each other's records.
 
@@ -45,7 +45,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
-from webhook.core.records import MIN_KEY_BYTES, RecordKeys, key_id
+from webhook.core.tenancy.records import MIN_KEY_BYTES, RecordKeys, key_id
 from webhook.kube.client import ApiError, KubeClient, ResourceRef
 from webhook.waits import sleep_unless_stopped
 

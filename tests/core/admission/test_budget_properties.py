@@ -35,7 +35,7 @@ library), so a write they skip is stored undecided. Two replicas decide: the mut
 one, the validating side on the other, each with the record keys it last read; a key rotation
 publishes a new key to the Secret and only the mutating replica re-reads at once (the other
 re-reads when it meets a record signed with a key it does not know, through the same
-:class:`webhook.admission.Admission` the server runs). More attacks: annotation-only updates
+:class:`webhook.admission.admit.Admission` the server runs). More attacks: annotation-only updates
 that set, change or remove a factor or a record; the replay of any record the webhook ever
 minted (earlier versions, dry runs, deleted objects of the same name) onto any object; a factor
 planted with no webhook in the way and later sent back unchanged by an admin's resize; volume
@@ -74,15 +74,15 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from tests.attacks import offered
 from tests.builders import ADMIN, FIXTURES, THING_DEFINITION, review
-from webhook.admission import Admission
-from webhook.core.applications import CHARGE_ANNOTATION, application_from_object
-from webhook.core.decisions import Decision, Policy
-from webhook.core.overcommit import OVERCOMMIT_ANNOTATION, apply_factors, parse_factors
-from webhook.core.platform import Platform, PlatformBuilder
-from webhook.core.records import MIN_KEY_BYTES, RecordKeys, parse_recorded_charge
-from webhook.core.reviews import parse_review
-from webhook.core.state import ReservationState
-from webhook.core.tenants import (
+from webhook.admission.admit import Admission
+from webhook.core.admission.decisions import Decision, Policy
+from webhook.core.admission.reviews import parse_review
+from webhook.core.admission.state import ReservationState
+from webhook.core.pricing.platform import Platform, PlatformBuilder
+from webhook.core.tenancy.applications import CHARGE_ANNOTATION, application_from_object
+from webhook.core.tenancy.overcommit import OVERCOMMIT_ANNOTATION, apply_factors, parse_factors
+from webhook.core.tenancy.records import MIN_KEY_BYTES, RecordKeys, parse_recorded_charge
+from webhook.core.tenancy.tenants import (
     TENANT_KIND,
     ancestors,
     owned_namespace,

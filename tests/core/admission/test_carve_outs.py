@@ -6,10 +6,10 @@ from decimal import Decimal
 from typing import Any
 
 from tests.builders import request, state
-from webhook.admission import apply_admitted
-from webhook.core.decisions import Decision, Policy, decide
-from webhook.core.quantities import parse_quantity
-from webhook.core.state import ReservationState
+from webhook.admission.admit import apply_admitted
+from webhook.core.admission.decisions import Decision, Policy, decide
+from webhook.core.admission.state import ReservationState
+from webhook.core.base.quantities import parse_quantity
 
 ENFORCE = Policy()
 

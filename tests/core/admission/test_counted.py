@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.builders import platform, state, tenant
-from webhook.core.applications import Application
-from webhook.core.state import ReservationState, recount
+from webhook.core.admission.state import ReservationState, recount
+from webhook.core.tenancy.applications import Application
 
 VMS = "count/vminstances.apps.cozystack.io"
 TENANTS = "count/tenants.apps.cozystack.io"

@@ -9,12 +9,12 @@ from decimal import Decimal
 import pytest
 
 from tests.builders import request, signed, signed_record, state, tenant, thing
-from webhook.core.applications import (
+from webhook.core.admission.decisions import Decision, Policy, decide
+from webhook.core.admission.state import ReservationState
+from webhook.core.tenancy.applications import (
     CHARGE_ANNOTATION,
     Application,
 )
-from webhook.core.decisions import Decision, Policy, decide
-from webhook.core.state import ReservationState
 
 ENFORCE = Policy()
 MICRO = {"instanceType": "u1.micro"}  # KubeVirt u1.micro: 1 vCPU, 1Gi

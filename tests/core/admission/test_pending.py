@@ -8,8 +8,8 @@ from decimal import Decimal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from webhook.core.pending import Hold, PendingCharges
-from webhook.core.pools import TenantTree
+from webhook.core.admission.pending import Hold, PendingCharges
+from webhook.core.admission.pools import TenantTree
 
 POOL = "tenant-acme"
 GI = Decimal(1024**3)

@@ -13,15 +13,15 @@ from hypothesis import strategies as st
 
 from tests.builders import state, tenant, thing
 from tests.crd_schema import check, crd_schema
-from webhook.core.applications import Application
-from webhook.core.guard import Quota, QuotaBook
-from webhook.core.policy_reports import (
+from webhook.core.admission.policy_reports import (
     MAX_MESSAGE,
     MAX_RESULTS,
     TRUNCATED_ANNOTATION,
     build_reports,
     report_content,
 )
+from webhook.core.capacity.guard import Quota, QuotaBook
+from webhook.core.tenancy.applications import Application
 
 
 def valid(report: dict[str, Any]) -> dict[str, Any]:
@@ -212,7 +212,7 @@ def test_hostile_unicode_in_reasons_never_pushes_a_report_past_what_the_api_serv
 def test_any_text_in_any_number_of_findings_keeps_a_report_within_its_bytes(
     texts: list[str], count: int
 ) -> None:
-    from webhook.core.policy_reports import MAX_REPORT_BYTES, _Finding, assemble_report
+    from webhook.core.admission.policy_reports import MAX_REPORT_BYTES, _Finding, assemble_report
 
     findings = [
         (

@@ -17,12 +17,12 @@ import pytest
 import yaml
 
 from tests.builders import FIXTURES, review, state, thing
-from webhook.core import resources as rl
-from webhook.core.decisions import Policy, decide
-from webhook.core.quantities import parse_quantity
-from webhook.core.reviews import parse_review
-from webhook.core.state import ReservationState
-from webhook.core.tenants import (
+from webhook.core.admission.decisions import Policy, decide
+from webhook.core.admission.reviews import parse_review
+from webhook.core.admission.state import ReservationState
+from webhook.core.base import resources as rl
+from webhook.core.base.quantities import parse_quantity
+from webhook.core.tenancy.tenants import (
     ROOT_NAMESPACE,
     ancestors,
     owner_release,

@@ -7,8 +7,8 @@ import random
 import pytest
 
 from tests.builders import state, tenant, thing
-from webhook.core.applications import Application
-from webhook.core.state import ReservationState
+from webhook.core.admission.state import ReservationState
+from webhook.core.tenancy.applications import Application
 
 NAMESPACES = ["tenant-a", "tenant-a-b", "tenant-a-b-c", "tenant-a-d", "tenant-e", "tenant-e-f"]
 BUDGETS = [None, {"cpu": "10"}, {"memory": "8Gi"}, {"cpu": "4", "memory": "2Gi"}]

@@ -4,13 +4,13 @@ import json
 from decimal import Decimal
 
 from tests.builders import platform, signed, signed_record, state, tenant, thing
-from webhook.core.applications import (
+from webhook.core.admission.state import recount
+from webhook.core.tenancy.applications import (
     Application,
     application_from_helmrelease,
     parse_recorded_charge,
 )
-from webhook.core.records import record_annotation
-from webhook.core.state import recount
+from webhook.core.tenancy.records import record_annotation
 
 
 def test_observing_and_forgetting_an_application_moves_pool_usage() -> None:

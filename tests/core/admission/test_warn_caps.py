@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from tests.builders import state as build_state
 from tests.builders import tenant
-from webhook.core.carveouts import budget_digest, capped, effective_budget, kept_budget
-from webhook.core.pools import TenantTree
+from webhook.core.admission.carveouts import budget_digest, capped, effective_budget, kept_budget
+from webhook.core.admission.pools import TenantTree
 
 POOL = "tenant-acme"
 CHILD = "tenant-acme-x"

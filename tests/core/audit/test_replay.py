@@ -15,11 +15,11 @@ from tests.audit.logs import (
     truth,
     writes,
 )
+from webhook.core.admission.decisions import Policy
 from webhook.core.audit.events import parse_time
 from webhook.core.audit.replay import Replayer
 from webhook.core.audit.summary import Filters
-from webhook.core.decisions import Policy
-from webhook.core.quantities import parse_quantity
+from webhook.core.base.quantities import parse_quantity
 from webhook.state.manifests import load_state
 
 

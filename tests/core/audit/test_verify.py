@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from tests.audit.logs import RULE_CHANGE, WEBHOOK, altered_copy, history, writes
-from webhook.core.applications import CHARGE_ANNOTATION, parse_recorded_charge
 from webhook.core.audit.verify import Verifier
-from webhook.core.records import RecordKeys, record_annotation, sign
+from webhook.core.tenancy.applications import CHARGE_ANNOTATION, parse_recorded_charge
+from webhook.core.tenancy.records import RecordKeys, record_annotation, sign
 
 
 def verify(*sources: str | Path, keys: RecordKeys | None = None) -> dict[str, Any]:

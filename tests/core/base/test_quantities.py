@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubernetes.utils.quantity import parse_quantity as client_parse_quantity
 
-from webhook.core.errors import QuantityError
-from webhook.core.quantities import MAX_QUANTITY, format_quantity, parse_quantity
+from webhook.core.base.errors import QuantityError
+from webhook.core.base.quantities import MAX_QUANTITY, format_quantity, parse_quantity
 
 VALID = [
     pytest.param("0", Decimal(0), id="zero"),

@@ -2,7 +2,7 @@
 
 from decimal import Decimal
 
-from webhook.core import resources as rl
+from webhook.core.base import resources as rl
 
 
 def q(**values: str) -> dict[str, Decimal]:

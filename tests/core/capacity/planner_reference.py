@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from webhook.core.snapshot import VM, Node, Snapshot
+from webhook.core.capacity.snapshot import VM, Node, Snapshot
 
 Gi = 1024**3 * 1000  # milli-units
 

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from webhook.core.guard import (
+from webhook.core.base.quantities import parse_quantity
+from webhook.core.capacity.guard import (
     Quota,
     QuotaBook,
     factor_for_mix,
@@ -18,13 +19,12 @@ from webhook.core.guard import (
     render_tenant_quota,
     smallest_factor,
 )
-from webhook.core.quantities import parse_quantity
 
 Mi = Decimal(1024**2)
 Gi = Decimal(1024**3)
 ONE_GI_VM = {"cpu": Decimal(1), "memory": Gi}
 LAUNCHER_1GI = Gi + 270 * Mi  # guest + KubeVirt's overhead for a 1-vCPU VM
-RENDERING = Path(__file__).resolve().parents[2] / "fixtures/guard/tenant-quota-rendering.yaml"
+RENDERING = Path(__file__).resolve().parents[3] / "fixtures/guard/tenant-quota-rendering.yaml"
 
 
 def vms(count: int) -> list[tuple[tuple[str, str, str], dict[str, Decimal] | None]]:

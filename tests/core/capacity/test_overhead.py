@@ -6,8 +6,8 @@ from decimal import Decimal
 
 import pytest
 
-from webhook.core.errors import QuantityError
-from webhook.core.overhead import (
+from webhook.core.base.errors import QuantityError
+from webhook.core.capacity.overhead import (
     LauncherShape,
     buffer_needed,
     launcher_memory,

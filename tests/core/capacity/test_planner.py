@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.capacity import hostile_mixed_cluster
-from tests.core.planner_reference import brute_force, fits
-from webhook.core.planner import Bound, Plan, plan_drain, plan_placement, replay
-from webhook.core.snapshot import (
+from tests.capacity.objects import hostile_mixed_cluster
+from tests.core.capacity.planner_reference import brute_force, fits
+from webhook.core.capacity.planner import Bound, Plan, plan_drain, plan_placement, replay
+from webhook.core.capacity.snapshot import (
     VM,
     AntiAffinity,
     Node,

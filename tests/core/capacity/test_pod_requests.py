@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from webhook.core.pod_requests import pod_need
+from webhook.core.capacity.pod_requests import pod_need
 
 Mi = Decimal(1024**2)
 Gi = Decimal(1024**3)

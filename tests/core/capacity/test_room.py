@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.builders import FIXTURES
-from webhook.cluster_snapshot import load_snapshot
-from webhook.core.room import coarse_room, largest_free, room_warning
+from webhook.capacity.snapshot import load_snapshot
+from webhook.core.capacity.room import coarse_room, largest_free, room_warning
 
 Gi = Decimal(1024**3)
 SEED = str(FIXTURES / "capacity" / "seed-snapshot.yaml")

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.builders import platform
-from webhook.core.bounds import ValuesLimits, check_values
-from webhook.core.errors import EvaluationError
+from webhook.core.base.errors import EvaluationError
+from webhook.core.pricing.bounds import ValuesLimits, check_values
 
 
 def nested(depth: int) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import tracemalloc
 
 from tests.builders import FIXTURES
-from webhook.core.platform import CHARGE_CACHE_BYTES, CHARGE_CACHE_SIZE, PlatformBuilder
+from webhook.core.pricing.platform import CHARGE_CACHE_BYTES, CHARGE_CACHE_SIZE, PlatformBuilder
 from webhook.defaults import default_contracts, default_presets
 from webhook.state.manifests import read_manifests
 

@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.builders import platform
-from webhook.core.contracts import compile_contract
-from webhook.core.errors import UNEVALUABLE
-from webhook.core.evaluation import contract_reads
-from webhook.core.platform import Platform, PlatformBuilder
+from webhook.core.base.errors import UNEVALUABLE
+from webhook.core.pricing.contracts import compile_contract
+from webhook.core.pricing.evaluation import contract_reads
+from webhook.core.pricing.platform import Platform, PlatformBuilder
 
 KINDS = sorted(kind for kind, found in platform().kinds.items() if found.contract is not None)
 NAMES = ["u1.micro", "u1.small", "cx1.medium", "m1.large", "nano", "small", "large", "x", ""]

@@ -4,7 +4,8 @@ from typing import Any
 
 import pytest
 
-from webhook.core.contracts import (
+from webhook.core.base.errors import ContractError
+from webhook.core.pricing.contracts import (
     FirstOf,
     FromInstanceType,
     FromPreset,
@@ -14,7 +15,6 @@ from webhook.core.contracts import (
     compile_contract,
     compile_document,
 )
-from webhook.core.errors import ContractError
 
 
 def compile_terms(*terms: dict[str, Any]) -> Any:

@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from webhook.core.defaulting import apply_defaults
+from webhook.core.pricing.defaulting import apply_defaults
 
 SCHEMA: dict[str, Any] = {
     "type": "object",

@@ -6,11 +6,11 @@ from typing import Any
 import pytest
 from jsonpath_ng.jsonpath import JSONPath
 
-from webhook.core.catalog import InstanceType, Preset, StaticCatalog
-from webhook.core.contracts import compile_contract
-from webhook.core.errors import EvaluationError
-from webhook.core.evaluation import EvaluationLimits, evaluate
-from webhook.core.quantities import parse_quantity
+from webhook.core.base.errors import EvaluationError
+from webhook.core.base.quantities import parse_quantity
+from webhook.core.pricing.catalog import InstanceType, Preset, StaticCatalog
+from webhook.core.pricing.contracts import compile_contract
+from webhook.core.pricing.evaluation import EvaluationLimits, evaluate
 
 GI = 1024**3
 

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from webhook.core import evaluation
-from webhook.core.catalog import StaticCatalog
-from webhook.core.contracts import compile_contract
-from webhook.core.errors import EvaluationError
+from webhook.core.base.errors import EvaluationError
+from webhook.core.pricing import evaluation
+from webhook.core.pricing.catalog import StaticCatalog
+from webhook.core.pricing.contracts import compile_contract
 
 CONTRACT = compile_contract(
     "Thing",

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from tests.builders import platform, request, state
-from webhook.core.decisions import Policy, decide
-from webhook.core.unknown_keys import MAX_FINDINGS, unknown_key_warnings, unknown_keys
+from webhook.core.admission.decisions import Policy, decide
+from webhook.core.pricing.unknown_keys import MAX_FINDINGS, unknown_key_warnings, unknown_keys
 
 PLATFORM = platform()
 

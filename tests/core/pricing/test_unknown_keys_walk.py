@@ -14,9 +14,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from webhook.core import unknown_keys as module
-from webhook.core.spelling import did_you_mean
-from webhook.core.unknown_keys import MAX_FINDINGS, UnknownKey, unknown_keys
+from webhook.core.base.spelling import did_you_mean
+from webhook.core.pricing import unknown_keys as module
+from webhook.core.pricing.unknown_keys import MAX_FINDINGS, UnknownKey, unknown_keys
 
 SCHEMA: dict[str, Any] = {
     "properties": {

@@ -13,13 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.builders import platform, request, state
-from webhook.admission import apply_admitted
-from webhook.core.contracts import compile_contract
-from webhook.core.decisions import Decision, Policy, decide, mutate
-from webhook.core.evaluation import evaluate
-from webhook.core.records import parse_recorded_charge
-from webhook.core.state import ReservationState
-from webhook.core.volumes import hold
+from webhook.admission.admit import apply_admitted
+from webhook.core.admission.decisions import Decision, Policy, decide, mutate
+from webhook.core.admission.state import ReservationState
+from webhook.core.pricing.contracts import compile_contract
+from webhook.core.pricing.evaluation import evaluate
+from webhook.core.pricing.volumes import hold
+from webhook.core.tenancy.records import parse_recorded_charge
 from webhook.defaults import default_contracts
 
 GI = Decimal(1024**3)

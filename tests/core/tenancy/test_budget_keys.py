@@ -16,16 +16,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.builders import platform, request, state
-from webhook.core.counts import (
+from webhook.core.admission.decisions import Policy, decide
+from webhook.core.admission.reviews import AdmissionRequest
+from webhook.core.admission.state import ReservationState
+from webhook.core.tenancy.counts import (
     MAX_BUDGET_KEYS,
     MAX_KEY_CHARS,
     count_key,
     counted_plural,
     key_problem,
 )
-from webhook.core.decisions import Policy, decide
-from webhook.core.reviews import AdmissionRequest
-from webhook.core.state import ReservationState
 
 ENFORCE = Policy()
 WARN = Policy(mode="warn")

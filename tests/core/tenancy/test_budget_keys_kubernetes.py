@@ -23,9 +23,9 @@ import yaml
 
 from tests.builders import platform
 from tests.realkube import real_apiserver
-from webhook.core.counts import key_problem
-from webhook.core.guard import render_tenant_quota
-from webhook.core.quantities import format_quantity, parse_quantity
+from webhook.core.base.quantities import format_quantity, parse_quantity
+from webhook.core.capacity.guard import render_tenant_quota
+from webhook.core.tenancy.counts import key_problem
 
 pytestmark = pytest.mark.kube
 

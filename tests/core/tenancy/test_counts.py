@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from webhook.core.errors import EvaluationError
-from webhook.core.evaluation import MAX_COUNT, count
+from webhook.core.base.errors import EvaluationError
+from webhook.core.pricing.evaluation import MAX_COUNT, count
 
 
 @pytest.mark.parametrize(

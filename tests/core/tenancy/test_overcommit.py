@@ -9,17 +9,17 @@ from typing import Any
 import pytest
 
 from tests.builders import ADMIN, request, state, tenant, thing
-from webhook.admission import apply_admitted
-from webhook.core.applications import Application
-from webhook.core.decisions import Decision, Policy, decide
-from webhook.core.overcommit import (
+from webhook.admission.admit import apply_admitted
+from webhook.core.admission.decisions import Decision, Policy, decide
+from webhook.core.admission.state import ReservationState
+from webhook.core.tenancy.applications import Application
+from webhook.core.tenancy.overcommit import (
     OVERCOMMIT_ANNOTATION,
     OvercommitError,
     OvercommitRules,
     apply_factors,
     parse_factors,
 )
-from webhook.core.state import ReservationState
 
 GI = 1024**3
 ENFORCE = Policy()

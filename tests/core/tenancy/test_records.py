@@ -17,9 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.builders import KEYS, request, signed, state, thing
-from webhook.core.applications import CHARGE_ANNOTATION, Application
-from webhook.core.decisions import Policy, decide, mutate
-from webhook.core.records import (
+from webhook.core.admission.decisions import Policy, decide, mutate
+from webhook.core.admission.state import ReservationState
+from webhook.core.tenancy.applications import CHARGE_ANNOTATION, Application
+from webhook.core.tenancy.records import (
     RecordKeys,
     parse_recorded_charge,
     record_annotation,
@@ -27,7 +28,6 @@ from webhook.core.records import (
     values_digest,
     verifies,
 )
-from webhook.core.state import ReservationState
 
 GI = Decimal(1024**3)
 ENFORCE = Policy()

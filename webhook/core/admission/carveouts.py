@@ -1,8 +1,8 @@
 """Carve-outs admitted in warn mode: what they count in the pools above them.
 
 A Tenant's quota is a carve-out in its parent's pool: it occupies ``max(quota, usage)`` there
-(:mod:`webhook.core.pools`). With the Tenant kind in ``warn``, a tenant admin's sub-Tenant that
-does not fit (``memory: 1000Ti`` in a 64Gi pool) is allowed with a warning; counted at its
+(:mod:`webhook.core.admission.pools`). With the Tenant kind in ``warn``, a tenant admin's sub-Tenant
+that does not fit (``memory: 1000Ti`` in a 64Gi pool) is allowed with a warning; counted at its
 declared quota it would then fill the parent pool, and every *enforced* write of every other
 tenant there would be denied: a write admitted only because its kind is in warn would stop
 everyone else.
@@ -27,8 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
-from webhook.core import resources as rl
-from webhook.core.pools import TenantTree
+from webhook.core.admission.pools import TenantTree
+from webhook.core.base import resources as rl
 
 __all__ = ["Cap", "budget_digest", "capped", "effective_budget", "kept_budget", "overshoot"]
 

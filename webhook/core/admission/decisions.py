@@ -7,7 +7,7 @@ tenant whose budget limits that key, so a decrease always passes, even in an ove
 A Tenant's declared budget is a carve-out in its parent's pool, occupying ``max(budget, usage)``
 per key: setting, raising or removing it changes what the subtree reserves there, and increases
 are checked the same way; lowering it below usage is allowed (with a warning) but frees nothing.
-An overcommit factor (:mod:`webhook.core.overcommit`) divides what is reserved; only the
+An overcommit factor (:mod:`webhook.core.tenancy.overcommit`) divides what is reserved; only the
 platform may set, change or remove one, within bounds and steps, and a change re-prices the
 object (or every application under a Tenant) through the same check, allowed with a warning
 when it leaves a pool over budget.
@@ -27,19 +27,26 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any, Final
 
-from webhook.core import resources as rl
-from webhook.core.applications import (
+from webhook.core.admission.modes import MODES, Mode
+from webhook.core.admission.pools import Node
+from webhook.core.admission.reviews import AdmissionRequest, Response
+from webhook.core.admission.state import ReservationState
+from webhook.core.base import resources as rl
+from webhook.core.base.errors import UNEVALUABLE, EvaluationError, QuantityError
+from webhook.core.base.quantities import format_quantity, parse_quantity
+from webhook.core.pricing.evaluation import Charge
+from webhook.core.pricing.kinds import APPS_GROUP
+from webhook.core.pricing.platform import Values
+from webhook.core.pricing.unknown_keys import unknown_key_warnings
+from webhook.core.pricing.volumes import RELEASED, Held, hold
+from webhook.core.tenancy.applications import (
     CHARGE_ANNOTATION,
     AppKey,
     Application,
     application_from_object,
 )
-from webhook.core.counts import check_budget_keys, is_count_key
-from webhook.core.errors import UNEVALUABLE, EvaluationError, QuantityError
-from webhook.core.evaluation import Charge
-from webhook.core.kinds import APPS_GROUP
-from webhook.core.modes import MODES, Mode
-from webhook.core.overcommit import (
+from webhook.core.tenancy.counts import check_budget_keys, is_count_key
+from webhook.core.tenancy.overcommit import (
     OVERCOMMIT_ANNOTATION,
     OvercommitError,
     OvercommitRules,
@@ -47,10 +54,7 @@ from webhook.core.overcommit import (
     format_factors,
     parse_factors,
 )
-from webhook.core.platform import Values
-from webhook.core.pools import Node
-from webhook.core.quantities import format_quantity, parse_quantity
-from webhook.core.records import (
+from webhook.core.tenancy.records import (
     RecordedCharge,
     believed,
     parse_recorded_charge,
@@ -58,11 +62,7 @@ from webhook.core.records import (
     sign,
     verifies,
 )
-from webhook.core.reviews import AdmissionRequest, Response
-from webhook.core.state import ReservationState
-from webhook.core.tenants import TENANT_KIND, TENANT_NAME, owned_namespace, parse_budget
-from webhook.core.unknown_keys import unknown_key_warnings
-from webhook.core.volumes import RELEASED, Held, hold
+from webhook.core.tenancy.tenants import TENANT_KIND, TENANT_NAME, owned_namespace, parse_budget
 
 Factors = dict[str, Decimal]
 
@@ -441,7 +441,8 @@ def _uid(obj: Mapping[str, object] | None) -> str:
 def _held(
     request: AdmissionRequest, state: ReservationState, app: Application, charge: Charge
 ) -> Held:
-    """The charge with its persistent volumes at their high marks (:mod:`webhook.core.volumes`).
+    """The charge with its persistent volumes at their high marks
+    (:mod:`webhook.core.pricing.volumes`).
 
     The previous marks are the stored object's: from its record when that verifies for the old
     object (both webhooks read the same old object, so both compute the same marks), else what

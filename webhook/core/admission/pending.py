@@ -34,7 +34,8 @@ exact under concurrency:
 
 Only increases are held: a shrink counts when it is observed, never before. A dry run may be
 held too (an API server that ignores dry runs stores it): its hold is a *preview*, which the
-next admitted write of the same object replaces rather than adds to (see :mod:`webhook.ledger`).
+next admitted write of the same object replaces rather than adds to (see
+:mod:`webhook.admission.ledger`).
 """
 
 from __future__ import annotations
@@ -43,9 +44,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
-from webhook.core import resources as rl
-from webhook.core.applications import AppKey
-from webhook.core.pools import TenantTree
+from webhook.core.admission.pools import TenantTree
+from webhook.core.base import resources as rl
+from webhook.core.tenancy.applications import AppKey
 
 __all__ = ["Hold", "PendingCharges"]
 

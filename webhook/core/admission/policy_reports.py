@@ -32,12 +32,12 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final
 
-from webhook.core import resources as rl
-from webhook.core.applications import APPS_API_VERSION, AppKey
-from webhook.core.guard import QuotaBook, guard_room, namespace_need
-from webhook.core.quantities import format_quantity
-from webhook.core.state import AppRecord, ReservationState
-from webhook.core.tenants import ancestors, is_tenant_namespace
+from webhook.core.admission.state import AppRecord, ReservationState
+from webhook.core.base import resources as rl
+from webhook.core.base.quantities import format_quantity
+from webhook.core.capacity.guard import QuotaBook, guard_room, namespace_need
+from webhook.core.tenancy.applications import APPS_API_VERSION, AppKey
+from webhook.core.tenancy.tenants import ancestors, is_tenant_namespace
 
 __all__ = [
     "MANAGED_BY",

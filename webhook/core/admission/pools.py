@@ -30,8 +30,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from webhook.core import resources as rl
-from webhook.core.tenants import is_tenant_namespace, parent_namespace
+from webhook.core.base import resources as rl
+from webhook.core.tenancy.tenants import is_tenant_namespace, parent_namespace
 
 __all__ = ["Node", "PoolView", "TenantTree"]
 

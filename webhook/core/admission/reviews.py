@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypedDict, cast
 
-from webhook.core.errors import ReservationError
+from webhook.core.base.errors import ReservationError
 
 __all__ = [
     "OPERATIONS",

@@ -11,13 +11,13 @@ charge is *unknown*, and a pool holding an unknown application cannot grant more
 it could hold. Observing never raises: whatever an object holds (a value no evaluation can read,
 a nesting too deep to walk), the object is recorded as unknown with the reason and reported, so
 one poisoned object never stops the source that feeds the state. A recorded charge counts only
-when it verifies (:mod:`webhook.core.records`): signed with one of
+when it verifies (:mod:`webhook.core.tenancy.records`): signed with one of
 :attr:`ReservationState.keys` for exactly this object and its values as they stand; any other
 annotation is ignored and the application is evaluated as it stands. Every stored application,
 unknown ones included, also counts 1 of its kind's count key
-(:meth:`~webhook.core.platform.Platform.count_of`), from its key alone.
+(:meth:`~webhook.core.pricing.platform.Platform.count_of`), from its key alone.
 
-An overcommit factor (:mod:`webhook.core.overcommit`) divides what an application reserves.
+An overcommit factor (:mod:`webhook.core.tenancy.overcommit`) divides what an application reserves.
 A factor on a stored object is what its verified record says the platform set through
 admission (the annotation alone, written with no webhook in the way, is never believed); a
 Tenant's factor applies to its subtree, nearest wins, and changing it re-prices the
@@ -32,29 +32,29 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
-from webhook.core import resources as rl
-from webhook.core.applications import AppKey, Application
-from webhook.core.carveouts import Cap, budget_digest, effective_budget
-from webhook.core.errors import UNEVALUABLE, EvaluationError
-from webhook.core.overcommit import apply_factors
-from webhook.core.pending import Hold, PendingCharges
-from webhook.core.platform import Platform, Values
-from webhook.core.pools import TenantTree
-from webhook.core.records import (
+from webhook.core.admission.carveouts import Cap, budget_digest, effective_budget
+from webhook.core.admission.pending import Hold, PendingCharges
+from webhook.core.admission.pools import TenantTree
+from webhook.core.base import resources as rl
+from webhook.core.base.errors import UNEVALUABLE, EvaluationError
+from webhook.core.pricing.platform import Platform, Values
+from webhook.core.pricing.volumes import RELEASED, hold
+from webhook.core.tenancy.applications import AppKey, Application
+from webhook.core.tenancy.overcommit import apply_factors
+from webhook.core.tenancy.records import (
     RecordedCharge,
     RecordKeys,
     believed,
     values_digest,
     verifies,
 )
-from webhook.core.tenants import (
+from webhook.core.tenancy.tenants import (
     ROOT_NAMESPACE,
     TENANT_KIND,
     ancestors,
     owned_namespace,
     parse_budget,
 )
-from webhook.core.volumes import RELEASED, hold
 
 __all__ = ["AppRecord", "ReservationState", "recount"]
 
@@ -118,7 +118,7 @@ class ReservationState:
         self._tenant_factors: dict[str, dict[str, Decimal]] = {}  # owned namespace -> factor
         self._discount: dict[str, dict[str, Decimal]] = {}  # namespace -> committed - reserved
         self._by_namespace: dict[str, set[AppKey]] = {}  # for the pod-level guard
-        # Carve-outs admitted in warn beyond what fitted (:mod:`webhook.core.carveouts`):
+        # Carve-outs admitted in warn beyond what fitted (:mod:`webhook.core.admission.carveouts`):
         # the caps each pool's ledger lists, and what each Tenant declares.
         self._caps: dict[str, dict[str, Cap]] = {}  # pool -> owned namespace -> cap
         self._declared: dict[str, dict[str, Decimal]] = {}  # owned namespace -> its quota

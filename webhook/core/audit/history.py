@@ -24,7 +24,11 @@ from typing import Any
 
 import jsonpatch
 
-from webhook.core.applications import (
+from webhook.core.admission.decisions import Decision
+from webhook.core.admission.reviews import AdmissionRequest
+from webhook.core.admission.state import ReservationState
+from webhook.core.audit.events import APPS_GROUP, AuditWrite
+from webhook.core.tenancy.applications import (
     CHARGE_ANNOTATION,
     AppKey,
     Application,
@@ -32,11 +36,7 @@ from webhook.core.applications import (
     application_from_object,
     parse_recorded_charge,
 )
-from webhook.core.audit.events import APPS_GROUP, AuditWrite
-from webhook.core.decisions import Decision
-from webhook.core.reviews import AdmissionRequest
-from webhook.core.state import ReservationState
-from webhook.core.tenants import TENANT_KIND
+from webhook.core.tenancy.tenants import TENANT_KIND
 
 __all__ = ["History", "Rebuilt", "merge_patch"]
 

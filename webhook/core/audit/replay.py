@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Final, cast
 
-from webhook.core import resources as rl
+from webhook.core.admission.decisions import MODES, Decision, Mode, Policy, decide
 from webhook.core.audit.events import AuditWrite
 from webhook.core.audit.history import History
 from webhook.core.audit.summary import (
@@ -33,11 +33,11 @@ from webhook.core.audit.summary import (
     Filters,
     chart_point,
 )
-from webhook.core.counts import is_count_key
-from webhook.core.decisions import MODES, Decision, Mode, Policy, decide
-from webhook.core.errors import QuantityError
-from webhook.core.quantities import format_quantity, parse_quantity
-from webhook.core.tenants import TENANT_KIND
+from webhook.core.base import resources as rl
+from webhook.core.base.errors import QuantityError
+from webhook.core.base.quantities import format_quantity, parse_quantity
+from webhook.core.tenancy.counts import is_count_key
+from webhook.core.tenancy.tenants import TENANT_KIND
 
 __all__ = ["LEVEL_NOTE", "PoolTrack", "Replayer", "recorded_resources"]
 

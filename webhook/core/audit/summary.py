@@ -21,10 +21,10 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, Final
 
-from webhook.core.applications import CHARGE_ANNOTATION
 from webhook.core.audit.events import AuditWrite
-from webhook.core.errors import QuantityError
-from webhook.core.quantities import parse_quantity
+from webhook.core.base.errors import QuantityError
+from webhook.core.base.quantities import parse_quantity
+from webhook.core.tenancy.applications import CHARGE_ANNOTATION
 
 __all__ = [
     "OUTCOMES",

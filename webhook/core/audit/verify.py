@@ -11,7 +11,7 @@ Walking the log's stored history (see :mod:`.history`), for each write the webho
 - a stored write that should have reached the webhook must carry its decision.
 
 - with the webhook's record keys, the stored charge annotation must be a record the webhook
-  signed for exactly this object and values (:mod:`webhook.core.records`); without them
+  signed for exactly this object and values (:mod:`webhook.core.tenancy.records`); without them
   signatures are not checked, and verification rests on recomputing charges.
 
 Charges are recomputed under today's rules and contracts: a write the webhook admitted under
@@ -23,16 +23,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from webhook.core import resources as rl
-from webhook.core.applications import CHARGE_ANNOTATION, parse_recorded_charge
+from webhook.core.admission.decisions import Policy, decide
 from webhook.core.audit.events import AuditWrite
 from webhook.core.audit.history import History
 from webhook.core.audit.replay import recorded_resources
 from webhook.core.audit.summary import LIST_CAP
-from webhook.core.decisions import Policy, decide
-from webhook.core.errors import EvaluationError
-from webhook.core.records import RecordKeys, verifies
-from webhook.core.volumes import RELEASED, hold
+from webhook.core.base import resources as rl
+from webhook.core.base.errors import EvaluationError
+from webhook.core.pricing.volumes import RELEASED, hold
+from webhook.core.tenancy.applications import CHARGE_ANNOTATION, parse_recorded_charge
+from webhook.core.tenancy.records import RecordKeys, verifies
 
 __all__ = ["Verifier"]
 

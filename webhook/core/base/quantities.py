@@ -25,7 +25,7 @@ from decimal import ROUND_CEILING, Decimal, InvalidOperation, localcontext
 from functools import lru_cache
 from typing import Final
 
-from webhook.core.errors import QuantityError
+from webhook.core.base.errors import QuantityError
 
 __all__ = ["MAX_DIGITS", "MAX_QUANTITY", "format_quantity", "parse_quantity"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from decimal import Decimal
 
-from webhook.core.quantities import format_quantity
+from webhook.core.base.quantities import format_quantity
 
 __all__ = [
     "ResourceList",

@@ -34,12 +34,12 @@ from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import Any, Final
 
-from webhook.core import resources as rl
-from webhook.core.applications import AppKey
-from webhook.core.errors import QuantityError
-from webhook.core.overhead import LauncherShape, launcher_memory
-from webhook.core.pod_requests import ALLOCATION_RATIOS, PodNeed, pod_need
-from webhook.core.quantities import format_quantity, parse_quantity
+from webhook.core.base import resources as rl
+from webhook.core.base.errors import QuantityError
+from webhook.core.base.quantities import format_quantity, parse_quantity
+from webhook.core.capacity.overhead import LauncherShape, launcher_memory
+from webhook.core.capacity.pod_requests import ALLOCATION_RATIOS, PodNeed, pod_need
+from webhook.core.tenancy.applications import AppKey
 
 __all__ = [
     "COUNTS_NOTE",

@@ -42,8 +42,8 @@ from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_DOWN, Decimal
 from typing import Final, Literal
 
-from webhook.core.errors import QuantityError
-from webhook.core.quantities import parse_quantity
+from webhook.core.base.errors import QuantityError
+from webhook.core.base.quantities import parse_quantity
 
 __all__ = [
     "MEMORY_OVERHEAD_ANNOTATION",

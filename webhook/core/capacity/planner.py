@@ -32,8 +32,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from webhook.core.plan_limits import DEFAULT_MAX_CANDIDATES, DEFAULT_MAX_MOVES, MAX_MOVES_CAP
-from webhook.core.snapshot import PODS, VM, AntiAffinity, Node, Placement, Snapshot
+from webhook.core.capacity.plan_limits import (
+    DEFAULT_MAX_CANDIDATES,
+    DEFAULT_MAX_MOVES,
+    MAX_MOVES_CAP,
+)
+from webhook.core.capacity.snapshot import PODS, VM, AntiAffinity, Node, Placement, Snapshot
 
 __all__ = [
     "DEFAULT_MAX_MOVES",

@@ -4,8 +4,8 @@ Reservations count the sizes a tenant declared; the namespace's ResourceQuota co
 requests. The two differ by rules this module states, so the gap can be shown in numbers:
 
 - **VMInstance**: one virt-launcher pod per VM. Its memory request is the guest memory plus
-  KubeVirt's overhead (:mod:`webhook.core.overhead`, the model for a VM with no pod yet); its
-  CPU request is the guest vCPUs divided by KubeVirt's ``cpuAllocationRatio`` (default 10: "for
+  KubeVirt's overhead (:mod:`webhook.core.capacity.overhead`, the model for a VM with no pod yet);
+  its CPU request is the guest vCPUs divided by KubeVirt's ``cpuAllocationRatio`` (default 10: "for
   each requested virtual CPU, how much physical CPU to request", KubeVirt's
   ``DeveloperConfiguration``); each GPU is requested as is.
 - **VMDisk**: one PVC, ``requests.storage`` = its size.
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import Final, Literal
 
-from webhook.core.overhead import LauncherShape, launcher_memory
+from webhook.core.capacity.overhead import LauncherShape, launcher_memory
 
 __all__ = [
     "ALLOCATION_RATIOS",

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
 from typing import Final
 
-from webhook.core.overhead import LauncherShape, launcher_memory
-from webhook.core.quantities import format_quantity
-from webhook.core.snapshot import Placement, Snapshot
+from webhook.core.base.quantities import format_quantity
+from webhook.core.capacity.overhead import LauncherShape, launcher_memory
+from webhook.core.capacity.snapshot import Placement, Snapshot
 
 __all__ = ["RoomBook", "coarse_room", "largest_free", "room_warning"]
 

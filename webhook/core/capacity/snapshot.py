@@ -19,9 +19,13 @@ from dataclasses import dataclass, field
 from decimal import ROUND_CEILING
 from typing import Final
 
-from webhook.core.errors import QuantityError, ReservationError
-from webhook.core.overhead import MEMORY_OVERHEAD_ANNOTATION, launcher_memory, launcher_shape
-from webhook.core.quantities import parse_quantity
+from webhook.core.base.errors import QuantityError, ReservationError
+from webhook.core.base.quantities import parse_quantity
+from webhook.core.capacity.overhead import (
+    MEMORY_OVERHEAD_ANNOTATION,
+    launcher_memory,
+    launcher_shape,
+)
 
 __all__ = [
     "HOSTNAME",

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from webhook.core.errors import EvaluationError
+from webhook.core.base.errors import EvaluationError
 
 __all__ = ["DEFAULT_VALUES_LIMITS", "ValuesLimits", "check_values"]
 

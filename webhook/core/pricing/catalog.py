@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Protocol
 
-from webhook.core.errors import QuantityError
-from webhook.core.quantities import format_quantity, parse_quantity
+from webhook.core.base.errors import QuantityError
+from webhook.core.base.quantities import format_quantity, parse_quantity
 
 __all__ = [
     "CLUSTER_INSTANCETYPE",

@@ -3,7 +3,7 @@
 A contract is data: the ``spec`` of a ``ReservationContract`` document, or the
 ``spec.reservation`` block of an ApplicationDefinition. ``webhook contract-schema`` prints this
 schema so operators can validate contracts in their editors and CI. The meaning of each field is
-documented in :mod:`webhook.core.contracts`.
+documented in :mod:`webhook.core.pricing.contracts`.
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ _DEFINITIONS: dict[str, Any] = {
             "storage": {"$ref": "#/$defs/quantity"},
             # The term's storage is persistent volumes: "kept" when removed units keep theirs
             # (a StatefulSet's default), "released" when they are deleted with the unit. Either
-            # way a volume never shrinks: see webhook.core.volumes.
+            # way a volume never shrinks: see webhook.core.pricing.volumes.
             "volume": {"enum": ["kept", "released"]},
             "devices": _PATH,
             "objects": {

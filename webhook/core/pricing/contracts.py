@@ -1,9 +1,10 @@
 """Reservation contracts: how to read one kind's charge from its values.
 
-A contract is declarative data (validated by :data:`~webhook.core.contract_schema.CONTRACT_SCHEMA`)
-that is compiled once, when loaded, into the frozen values below; evaluation
-(:mod:`webhook.core.evaluation`) then walks them. Loading rejects a contract with a mistake and
-names its source and the path inside it, so a bad contract never reaches admission.
+A contract is declarative data (validated by
+:data:`~webhook.core.pricing.contract_schema.CONTRACT_SCHEMA`) that is compiled once, when loaded,
+into the frozen values below; evaluation (:mod:`webhook.core.pricing.evaluation`) then walks them.
+Loading rejects a contract with a mistake and names its source and the path inside it, so a bad
+contract never reaches admission.
 
 The language, in the order evaluation applies it::
 
@@ -51,9 +52,9 @@ import jsonschema
 from jsonpath_ng.jsonpath import JSONPath
 from jsonpath_ng.parser import parse as parse_jsonpath
 
-from webhook.core.contract_schema import CONTRACT_SCHEMA, DOCUMENT_SCHEMA
-from webhook.core.errors import ContractError, QuantityError
-from webhook.core.quantities import parse_quantity
+from webhook.core.base.errors import ContractError, QuantityError
+from webhook.core.base.quantities import parse_quantity
+from webhook.core.pricing.contract_schema import CONTRACT_SCHEMA, DOCUMENT_SCHEMA
 
 __all__ = [
     "Condition",

@@ -1,11 +1,11 @@
 """Evaluation: a contract applied to an application's values gives its charge.
 
 ``evaluate(contract, values, catalog) -> Charge`` is pure: the values are already defaulted (see
-:mod:`webhook.core.defaulting`), names resolve through the :class:`~webhook.core.catalog.Catalog`
-port, and nothing is read from a cluster or a file. Every failure is an
-:class:`~webhook.core.errors.EvaluationError` naming the values path and the reason, because the
-object under admission fails closed: a missing contract, an unknown instance type or a bad
-quantity is never a charge of zero.
+:mod:`webhook.core.pricing.defaulting`), names resolve through the
+:class:`~webhook.core.pricing.catalog.Catalog` port, and nothing is read from a cluster or a file.
+Every failure is an :class:`~webhook.core.base.errors.EvaluationError` naming the values path and
+the reason, because the object under admission fails closed: a missing contract, an unknown instance
+type or a bad quantity is never a charge of zero.
 
 Reservation charges declared sizes only: no allocation ratios, no virtualization overhead.
 """
@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from decimal import Decimal, localcontext
 from typing import Any, Final
 
-from webhook.core import resources as rl
-from webhook.core.catalog import Catalog
-from webhook.core.contracts import (
+from webhook.core.base import resources as rl
+from webhook.core.base.errors import EvaluationError, QuantityError
+from webhook.core.base.quantities import MAX_QUANTITY, format_quantity, parse_quantity
+from webhook.core.pricing.catalog import Catalog
+from webhook.core.pricing.contracts import (
     Condition,
     Contract,
     CountExpr,
@@ -42,8 +44,6 @@ from webhook.core.contracts import (
     Term,
     ValuePath,
 )
-from webhook.core.errors import EvaluationError, QuantityError
-from webhook.core.quantities import MAX_QUANTITY, format_quantity, parse_quantity
 
 __all__ = [
     "DEFAULT_LIMITS",

@@ -13,12 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from webhook.core.bounds import check_values
-from webhook.core.catalog import Catalog
-from webhook.core.contracts import Contract, compile_contract
-from webhook.core.defaulting import Defaulter, compile_defaults
-from webhook.core.errors import ContractError, EvaluationError
-from webhook.core.evaluation import (
+from webhook.core.base.errors import ContractError, EvaluationError
+from webhook.core.pricing.bounds import check_values
+from webhook.core.pricing.catalog import Catalog
+from webhook.core.pricing.contracts import Contract, compile_contract
+from webhook.core.pricing.defaulting import Defaulter, compile_defaults
+from webhook.core.pricing.evaluation import (
     DEFAULT_LIMITS,
     Charge,
     EvaluationLimits,

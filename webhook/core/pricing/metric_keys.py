@@ -17,9 +17,9 @@ from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from typing import Final
 
-from webhook.core.contracts import FirstOf, FromResources, MaxOf, SizeSource
-from webhook.core.counts import OBJECT_COUNTS, SIZE_KEYS
-from webhook.core.platform import Platform
+from webhook.core.pricing.contracts import FirstOf, FromResources, MaxOf, SizeSource
+from webhook.core.pricing.platform import Platform
+from webhook.core.tenancy.counts import OBJECT_COUNTS, SIZE_KEYS
 
 __all__ = ["OTHER", "fold", "known_keys", "label", "quota_keys"]
 

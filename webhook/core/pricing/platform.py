@@ -20,8 +20,8 @@ from typing import Any
 import yaml
 from cachetools import LRUCache
 
-from webhook.core.applications import AppKey
-from webhook.core.catalog import (
+from webhook.core.base.errors import ContractError, EvaluationError, ManifestError
+from webhook.core.pricing.catalog import (
     CLUSTER_INSTANCETYPE,
     NAMESPACED_INSTANCETYPE,
     InstanceType,
@@ -30,14 +30,14 @@ from webhook.core.catalog import (
     instance_type_from_manifest,
     presets_from_table,
 )
-from webhook.core.contract_schema import CONTRACT_API_VERSION, CONTRACT_KIND
-from webhook.core.contracts import Contract, compile_document
-from webhook.core.counts import count_key
-from webhook.core.errors import ContractError, EvaluationError, ManifestError
-from webhook.core.evaluation import Charge
-from webhook.core.kinds import ApplicationKind, kind_from_definition
-from webhook.core.records import canonical_sha256, digest_text
-from webhook.core.tenants import TENANT_KIND, owned_namespace
+from webhook.core.pricing.contract_schema import CONTRACT_API_VERSION, CONTRACT_KIND
+from webhook.core.pricing.contracts import Contract, compile_document
+from webhook.core.pricing.evaluation import Charge
+from webhook.core.pricing.kinds import ApplicationKind, kind_from_definition
+from webhook.core.tenancy.applications import AppKey
+from webhook.core.tenancy.counts import count_key
+from webhook.core.tenancy.records import canonical_sha256, digest_text
+from webhook.core.tenancy.tenants import TENANT_KIND, owned_namespace
 
 __all__ = [
     "APPLICATION_DEFINITION",
@@ -71,7 +71,8 @@ class Platform:
     and (when the contract looks instance types up there) the namespace: a cluster holds few
     distinct sizes next to the number of writes and stored objects, and an UPDATE re-evaluates
     its old object. Values are bounded
-    (:func:`~webhook.core.bounds.check_values`) before they are defaulted, encoded or evaluated.
+    (:func:`~webhook.core.pricing.bounds.check_values`) before they are defaulted, encoded or
+    evaluated.
     """
 
     kinds: Mapping[str, ApplicationKind] = field(default_factory=dict)
@@ -140,7 +141,7 @@ class Platform:
         """The charge of values prepared by :meth:`values`, from the cache when seen before.
 
         The cache keys on the digest of what the kind's contract reads of the defaulted values
-        (:class:`~webhook.core.evaluation.Reads`; all of them when its paths' reach is not
+        (:class:`~webhook.core.pricing.evaluation.Reads`; all of them when its paths' reach is not
         plain), and on the namespace only when the contract looks instance types up there: so
         applications that differ only in what no term reads share one entry.
         """
@@ -176,8 +177,8 @@ class Values:
 
     @property
     def digest(self) -> str:
-        """The values digest a signed record carries (:func:`~webhook.core.records.values_digest`
-        of the defaulted values)."""
+        """The values digest a signed record carries
+        (:func:`~webhook.core.tenancy.records.values_digest` of the defaulted values)."""
         return digest_text(self.sha256)
 
 

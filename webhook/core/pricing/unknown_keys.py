@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from webhook.core.spelling import did_you_mean
+from webhook.core.base.spelling import did_you_mean
 
 __all__ = ["MAX_FINDINGS", "UnknownKey", "unknown_key_warnings", "unknown_keys"]
 

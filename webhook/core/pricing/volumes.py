@@ -17,8 +17,8 @@ and its storage is charged at what the cluster may still hold while the applicat
   rounds up, never down). A forEach item that disappears keeps its marks: its volumes stay.
 - ``released``: each unit's size never drops below its high mark, times the units that exist.
 
-The marks travel in the signed record (:mod:`webhook.core.records`), so they survive replicas
-and restarts; they are raised by growth and released only by deleting the application. This
+The marks travel in the signed record (:mod:`webhook.core.tenancy.records`), so they survive
+replicas and restarts; they are raised by growth and released only by deleting the application. This
 module is the pure arithmetic: given a charge and the previous marks, the charge held at the
 marks, the new marks, and which terms are held (for ``explain`` and warnings).
 """
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Final
 
-from webhook.core.evaluation import Charge, TermCharge
+from webhook.core.pricing.evaluation import Charge, TermCharge
 
 __all__ = ["KEPT", "RELEASED", "Held", "hold", "mark_key"]
 

@@ -7,7 +7,7 @@ directory or a cache may hold either. Both become an :class:`Application`.
 
 The charge admitted for an application travels with it as the annotation
 :data:`CHARGE_ANNOTATION` (written by the mutating webhook): a record signed by the webhook
-(:mod:`webhook.core.records`). It is read here as a claim; it stays authoritative, once
+(:mod:`webhook.core.tenancy.records`). It is read here as a claim; it stays authoritative, once
 verified, until the application is next written, so a contract change never silently re-prices
 existing applications.
 """
@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from webhook.core.overcommit import OVERCOMMIT_ANNOTATION
-from webhook.core.records import RecordedCharge, parse_recorded_charge
+from webhook.core.tenancy.overcommit import OVERCOMMIT_ANNOTATION
+from webhook.core.tenancy.records import RecordedCharge, parse_recorded_charge
 
 __all__ = [
     "APPS_API_VERSION",
@@ -96,7 +96,7 @@ def resource_version(value: object) -> int:
     """A resourceVersion as a number to order by (0 when absent or not a plain revision).
 
     Kubernetes calls resourceVersions opaque, but every object of one etcd shares its revision
-    counter, and the ledger relies on that order (see ``webhook.ledger``)."""
+    counter, and the ledger relies on that order (see ``webhook.admission.ledger``)."""
     if isinstance(value, str) and value.isdigit() and len(value) <= 20:
         return int(value)
     return 0

@@ -30,8 +30,8 @@ from collections.abc import Collection, Iterable, Mapping
 from decimal import Decimal
 from typing import Final
 
-from webhook.core.errors import EvaluationError
-from webhook.core.spelling import closest_name
+from webhook.core.base.errors import EvaluationError
+from webhook.core.base.spelling import closest_name
 
 __all__ = [
     "COUNTED_GROUP",

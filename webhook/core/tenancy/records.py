@@ -15,14 +15,14 @@ digest matches the object's values as they stand *and* it was not minted by a dr
 uid, when it has one, is the object's. Anything else (forged, copied from another object or
 from a deleted one of the same name, left over from an older spec, signed with a retired key)
 is ignored and the object is evaluated as it stands. Which record an UPDATE may carry is
-narrower still, and decided by :mod:`webhook.core.decisions`: the stored object's own record,
-unchanged, or the one computed for this very request (:meth:`RecordedCharge.content`).
+narrower still, and decided by :mod:`webhook.core.admission.decisions`: the stored object's own
+record, unchanged, or the one computed for this very request (:meth:`RecordedCharge.content`).
 
 Keys carry an id (a fingerprint of the key, :func:`key_id`), so a replica that meets a record
 signed with a key it does not know can tell, and re-read the key Secret before it refuses.
 :class:`RecordKeys` holds the key that signs, keys published ahead of a rotation (accepted,
 never used to sign) and previous keys (accepted until the adapter drops them at the end of
-their window); see :mod:`webhook.record_keys` for the procedure.
+their window); see :mod:`webhook.tenancy.record_keys` for the procedure.
 
 Pure: the key is passed in; generating one uses ``secrets`` and nothing else.
 """
@@ -39,9 +39,9 @@ from decimal import Decimal
 from types import MappingProxyType
 from typing import Final
 
-from webhook.core import resources as rl
-from webhook.core.errors import QuantityError
-from webhook.core.quantities import parse_quantity
+from webhook.core.base import resources as rl
+from webhook.core.base.errors import QuantityError
+from webhook.core.base.quantities import parse_quantity
 
 __all__ = [
     "MIN_KEY_BYTES",
@@ -62,8 +62,9 @@ __all__ = [
 
 MIN_KEY_BYTES: Final = 32
 # Kubernetes caps all of an object's annotations at 256 KiB; a record is well under 1 KiB.
-# A record keeps about one volume mark per forEach item once it has many (webhook.core.volumes):
-# bounded by the values' bounds, and in any case by the 256 KiB all annotations may take.
+# A record keeps about one volume mark per forEach item once it has many
+# (webhook.core.pricing.volumes): bounded by the values' bounds, and in any case by the 256 KiB all
+# annotations may take.
 MAX_ANNOTATION_CHARS: Final = 262144
 MAC_PREFIX: Final = "hmac-sha256:"
 VERSION: Final = "v2"  # v1 records carried no key id, uid, volume marks or dry-run flag

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Final
 
-from webhook.core.errors import EvaluationError, QuantityError
-from webhook.core.quantities import parse_quantity
+from webhook.core.base.errors import EvaluationError, QuantityError
+from webhook.core.base.quantities import parse_quantity
 
 __all__ = [
     "ROOT_NAMESPACE",
