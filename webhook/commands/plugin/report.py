@@ -1,0 +1,83 @@
+"""``kubectl reservation report``: pools, budget, reserved and available, from kubectl alone.
+
+With ``-n`` it reads only that namespace's pool and those below it, and the pool above it as
+far as the caller may see, so a tenant's user can run it against its own namespace. Its flags
+and its handler live here; what it shares with the other subcommands is in ``kubectl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from webhook.commands.console import (
+    EXIT_CODES,
+    EXIT_FOUND,
+    CommandError,
+    add_fail_on,
+    add_output,
+)
+from webhook.commands.plugin.kubectl import PROG, add_source, ask, read_snapshot
+
+__all__ = ["add_parser"]
+
+
+def add_parser(commands: argparse._SubParsersAction[Any]) -> None:
+    """Add ``report`` to the ``kubectl reservation`` command line."""
+    report = commands.add_parser(
+        "report", help="pools: budget, reserved, available", epilog=EXIT_CODES
+    )
+    add_source(report)
+    scope = report.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n", "--namespace", default="", help="the pool this namespace is in, and pools below it"
+    )
+    scope.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="every pool (the default)"
+    )
+    add_output(report, ("table", "wide", "json", "yaml"), default="table")
+    add_fail_on(report)
+    report.set_defaults(handler=_report)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from webhook.admission.report import build_report, dump, failures, render_report
+
+    namespace = "" if args.all_namespaces else args.namespace
+    if args.state:
+        from webhook.commands.console import load_state_showing_progress
+
+        state = load_state_showing_progress(args.state)
+        if not state.platform.kinds:
+            raise CommandError(
+                f"--state {' '.join(args.state)}: no ApplicationDefinition found; add the "
+                "platform's definitions (e.g. --state fixtures/cozystack)"
+            )
+        report = build_report(state, namespace=namespace)
+        notes: list[str] = []
+    else:
+        snapshot = ask(args, lambda client: read_snapshot(client, args, namespace))
+        report = build_report(snapshot.state, namespace=namespace)
+        notes = snapshot.notes
+        if namespace:
+            report["namespace"]["known"] = snapshot.known or report["namespace"]["known"]
+            if snapshot.pool_above is not None:
+                report["namespace"]["pool"] = snapshot.pool_above["pool"]
+                report["poolAbove"] = snapshot.pool_above
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    if args.output in ("json", "yaml"):
+        print(dump(report, args.output))
+    else:
+        print(render_report(report, wide=args.output == "wide"))
+        above = report.get("poolAbove")
+        if above:
+            pairs = ", ".join(f"{k}={v}" for k, v in above["budget"].items()) or "none"
+            used = ", ".join(f"{k}={v}" for k, v in above["reserved"].items()) or "nothing"
+            print(f"pool {above['pool']}: budget {pairs}; reserved {used} ({above['source']})")
+    found = failures(report, args.fail_on)
+    if found:
+        print(f"{PROG} report: --fail-on: {'; '.join(found)}", file=sys.stderr)
+        return EXIT_FOUND
+    return 0
