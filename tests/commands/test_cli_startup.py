@@ -1,6 +1,6 @@
-"""Building the ``webhook`` parser imports no heavy module, so a command that reads files starts
-fast: the Kubernetes client, aiohttp, jsonpatch and matplotlib load only in the commands that
-use them (DESIGN: every command imports only what it uses)."""
+"""Building the ``webhook`` parser, or the kubectl plugin's, imports no heavy module, so a command
+that reads files starts fast: the Kubernetes client, aiohttp, jsonpatch and matplotlib load only
+in the commands that use them (DESIGN: every command imports only what it uses)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,12 @@ def test_importing_the_cli_loads_no_heavy_module(heavy: str) -> None:
 @pytest.mark.parametrize("heavy", HEAVY)
 def test_building_the_parser_loads_no_heavy_module(heavy: str) -> None:
     assert heavy not in modules_loaded_by("from webhook.commands.cli import _parser\n_parser()")
+
+
+@pytest.mark.parametrize("heavy", HEAVY)
+def test_building_the_plugin_parser_loads_no_heavy_module(heavy: str) -> None:
+    code = "from webhook.commands.plugin.cli import _parser\n_parser()"
+    assert heavy not in modules_loaded_by(code)
 
 
 def test_the_check_would_see_a_heavy_import() -> None:
