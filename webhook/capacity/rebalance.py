@@ -60,7 +60,8 @@ from webhook.core.capacity.planner import (
     replay,
 )
 from webhook.core.capacity.rebalance import Goal, fair_order, find_goals, for_tenant, tenant_of
-from webhook.core.capacity.snapshot import HOSTNAME, Snapshot, snapshot_from_objects
+from webhook.core.capacity.snapshot import HOSTNAME, Snapshot
+from webhook.core.capacity.snapshot_objects import snapshot_from_objects
 from webhook.kube.client import ApiError, KubeClient, ResourceRef
 from webhook.waits import sleep_unless_stopped
 

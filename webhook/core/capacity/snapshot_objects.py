@@ -1,220 +1,43 @@
-"""A cluster snapshot for capacity planning: nodes, what runs on them, and which VMs can move.
+"""Reading a capacity snapshot from Kubernetes objects: Nodes, Pods and VirtualMachineInstances.
 
-The planner never sees Kubernetes objects; it sees this model, read from what an operator can
-produce today (``kubectl get nodes,pods,virtualmachineinstances -A -o yaml``): each node's
-allocatable resources, labels, taints and cordon; each pod's effective requests; each VM's
-launcher request as scheduled (guest plus KubeVirt's overhead), whether it can live-migrate, and
-the constraints its launcher pod carries (node selector, required node affinity, tolerations,
-required pod anti-affinity on ``kubernetes.io/hostname``).
-
-Quantities are exact integers in milli-units (``1`` CPU is 1000, ``1Mi`` is 1048576000), so
-comparisons never round. Every value in the input is treated as hostile: malformed objects raise
-:class:`SnapshotError` naming the object and field, never an exception from deep inside.
+The input is what an operator can produce today (``kubectl get
+nodes,pods,virtualmachineinstances -A -o yaml``) or what the rebalancer lists: each node's
+allocatable resources, labels, taints and cordon; each pod's effective requests (containers,
+sidecars, the largest init container, overhead); each VM's launcher request as scheduled (its
+launcher pod's, or for a pending VM with no pod the guest plus KubeVirt's overhead), whether it
+can live-migrate, and the constraints its launcher carries. Every value is hostile: a malformed
+object raises :class:`~webhook.core.capacity.snapshot.SnapshotError` naming the object and
+field, and counts of objects and terms are bounded.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from decimal import ROUND_CEILING
 from typing import Final
 
-from webhook.core.base.errors import QuantityError, ReservationError
-from webhook.core.base.quantities import parse_quantity
+from webhook.core.base.errors import QuantityError
 from webhook.core.capacity.overhead import (
     MEMORY_OVERHEAD_ANNOTATION,
     launcher_memory,
     launcher_shape,
 )
+from webhook.core.capacity.scheduling import (
+    HOSTNAME,
+    AntiAffinity,
+    NodeSelectorRequirement,
+    Placement,
+    Taint,
+    Toleration,
+)
+from webhook.core.capacity.snapshot import PODS, VM, Node, Pod, Snapshot, SnapshotError, milli
 
-__all__ = [
-    "HOSTNAME",
-    "VM",
-    "AntiAffinity",
-    "Node",
-    "NodeSelectorRequirement",
-    "Placement",
-    "Pod",
-    "Snapshot",
-    "SnapshotError",
-    "Taint",
-    "Toleration",
-    "milli",
-    "snapshot_from_objects",
-]
+__all__ = ["snapshot_from_objects"]
 
-HOSTNAME: Final = "kubernetes.io/hostname"
-PODS: Final = "pods"
 # The scheduler turns spec.unschedulable into this taint (NodeUnschedulable plugin).
 UNSCHEDULABLE_TAINT: Final = "node.kubernetes.io/unschedulable"
 # Bounds on hostile input: the largest clusters KubeVirt documents are far below these.
 MAX_OBJECTS: Final = 200_000
 MAX_TERMS: Final = 64
-
-
-class SnapshotError(ReservationError):
-    """An object in a snapshot cannot be read; the message names it and the field."""
-
-
-@dataclass(frozen=True)
-class Taint:
-    key: str
-    value: str = ""
-    effect: str = "NoSchedule"
-
-
-@dataclass(frozen=True)
-class Toleration:
-    key: str = ""
-    operator: str = "Equal"
-    value: str = ""
-    effect: str = ""
-
-    def tolerates(self, taint: Taint) -> bool:
-        if self.effect and self.effect != taint.effect:
-            return False
-        if self.operator == "Exists":
-            return not self.key or self.key == taint.key
-        return self.key == taint.key and self.value == taint.value
-
-
-@dataclass(frozen=True)
-class NodeSelectorRequirement:
-    key: str
-    operator: str
-    values: tuple[str, ...] = ()
-    field: bool = False  # matchFields (metadata.name) rather than matchExpressions
-
-    def matches(self, labels: Mapping[str, str], name: str) -> bool:
-        present = self.key in labels if not self.field else self.key == "metadata.name"
-        value = labels.get(self.key, "") if not self.field else name
-        if self.operator == "In":
-            return present and value in self.values
-        if self.operator == "NotIn":
-            return not present or value not in self.values
-        if self.operator == "Exists":
-            return present
-        if self.operator == "DoesNotExist":
-            return not present
-        if self.operator in ("Gt", "Lt") and present and len(self.values) == 1:
-            try:
-                left, right = int(value), int(self.values[0])
-            except ValueError:
-                return False
-            return left > right if self.operator == "Gt" else left < right
-        return False
-
-
-@dataclass(frozen=True)
-class AntiAffinity:
-    """A required pod anti-affinity term on ``kubernetes.io/hostname``."""
-
-    match_labels: tuple[tuple[str, str], ...] = ()
-    expressions: tuple[NodeSelectorRequirement, ...] = ()
-    namespaces: tuple[str, ...] | None = None  # None: the pod's own namespace
-
-    def matches(self, labels: Mapping[str, str], namespace: str, own_namespace: str) -> bool:
-        if namespace not in (self.namespaces or (own_namespace,)):
-            return False
-        if any(labels.get(k) != v for k, v in self.match_labels):
-            return False
-        return all(e.matches(labels, "") for e in self.expressions)
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where a pod may be scheduled, as the scheduler's filters see it."""
-
-    node_selector: tuple[tuple[str, str], ...] = ()
-    # Required node affinity: OR over terms, AND within a term. None: no constraint.
-    affinity: tuple[tuple[NodeSelectorRequirement, ...], ...] | None = None
-    tolerations: tuple[Toleration, ...] = ()
-    anti_affinity: tuple[AntiAffinity, ...] = ()
-
-    def allows(self, node: Node) -> bool:
-        if any(node.labels.get(k) != v for k, v in self.node_selector):
-            return False
-        if self.affinity is not None and not any(
-            all(r.matches(node.labels, node.name) for r in term) for term in self.affinity
-        ):
-            return False
-        return all(
-            any(t.tolerates(taint) for t in self.tolerations)
-            for taint in node.taints
-            if taint.effect in ("NoSchedule", "NoExecute")
-        )
-
-    def why_not(self, node: Node) -> str:
-        if any(node.labels.get(k) != v for k, v in self.node_selector):
-            return "node selector"
-        if self.affinity is not None and not any(
-            all(r.matches(node.labels, node.name) for r in term) for term in self.affinity
-        ):
-            return "node affinity"
-        for taint in node.taints:
-            if taint.effect in ("NoSchedule", "NoExecute") and not any(
-                t.tolerates(taint) for t in self.tolerations
-            ):
-                return f"taint {taint.key}"
-        return ""
-
-
-@dataclass(frozen=True)
-class Node:
-    name: str
-    allocatable: Mapping[str, int]
-    labels: Mapping[str, str] = field(default_factory=dict)
-    taints: tuple[Taint, ...] = ()
-    unschedulable: bool = False
-
-
-@dataclass(frozen=True)
-class Pod:
-    """A pod that is not a VM's launcher: it stays where it is and holds its requests."""
-
-    name: str
-    namespace: str
-    node: str
-    requests: Mapping[str, int]
-    labels: Mapping[str, str] = field(default_factory=dict)
-    anti_affinity: tuple[AntiAffinity, ...] = ()
-
-
-@dataclass(frozen=True)
-class VM:
-    """A VirtualMachineInstance and its launcher: running on ``node``, or pending (None)."""
-
-    namespace: str
-    name: str
-    node: str | None
-    requests: Mapping[str, int]
-    migratable: bool = True
-    why_not_migratable: str = ""
-    labels: Mapping[str, str] = field(default_factory=dict)
-    placement: Placement = field(default_factory=Placement)
-    memory_source: str = "pod"
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    nodes: tuple[Node, ...]
-    pods: tuple[Pod, ...] = ()
-    vms: tuple[VM, ...] = ()
-
-    def vm(self, key: str) -> VM | None:
-        return next((v for v in self.vms if v.key == key), None)
-
-
-def milli(value: object) -> int:
-    """A quantity as an exact integer of milli-units, rounded up (the scheduler's direction)."""
-    number = parse_quantity(value)
-    if number < 0:
-        raise QuantityError(f"{value!r} is negative")
-    return int((number * 1000).to_integral_value(ROUND_CEILING))
 
 
 def snapshot_from_objects(objects: Iterable[Mapping[str, object]]) -> Snapshot:
