@@ -20,6 +20,9 @@ turn across tenants (one tenant's many goals do not queue ahead of another's; at
 ``--tenant-goals`` of one tenant's per round, taken in rotation), and handled as each plan is
 ready, so a slow goal delays no other. The migrations one tenant's pending VMs may
 cause are limited per period; a plan beyond that waits, with an Event that says so.
+
+Over 400 lines, and kept whole: it is one controller, whose rounds, plan execution, limits and
+reports share the per-goal state it keeps between rounds.
 """
 
 from __future__ import annotations
