@@ -86,7 +86,7 @@ class ConsistentReads:
                 return await consistent_read(
                     self.client,
                     HELM_RELEASES,
-                    releaseversion_of,
+                    release_version_of,
                     params={"labelSelector": f"{RELEASE_KIND_LABEL}={kind},{RELEASE_GROUP}"},
                 )
             except ApiError as exc:
@@ -181,7 +181,7 @@ class ConsistentReads:
             await asyncio.sleep(0.02)
 
 
-def releaseversion_of(obj: Obj) -> tuple[tuple[str, str], int] | None:
+def release_version_of(obj: Obj) -> tuple[tuple[str, str], int] | None:
     """A HelmRelease of a consistent read, as its application's key and resourceVersion
     (cozystack-api serves the application at the HelmRelease's resourceVersion)."""
     metadata = obj.get("metadata")
