@@ -1,5 +1,7 @@
 """The codebase keeps its own rules: lint-clean, formatted, typed, and layered."""
 
+import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -29,3 +31,46 @@ def run(tool: str, *args: str) -> subprocess.CompletedProcess[str]:
 def test_tool_passes(command: tuple[str, ...]) -> None:
     result = run(*command)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# A module past this many lines says why in its docstring, in a sentence that starts with the
+# marker: a reader should find a rule from file names alone, so a long module is a split not yet
+# made unless it is one concept that reads best whole.
+MAX_LINES = 400
+MARKER = re.compile(r"Over 400 lines\b[^.]*\w")
+# Being split or reworked on other lines of work; each drops under the limit (or states its
+# reason) with that work, and leaves this list then.
+UNDER_WAY = frozenset(
+    {
+        "webhook/admission/ledger.py",
+        "webhook/core/admission/decisions.py",
+        "webhook/commands/cli.py",
+        "webhook/state/manifests.py",
+        "webhook/core/pricing/contracts.py",
+        "webhook/core/pricing/evaluation.py",
+    }
+)
+
+
+def long_modules() -> dict[str, int]:
+    """Every module under ``webhook/`` longer than :data:`MAX_LINES`, with its length."""
+    found = {}
+    for path in sorted((ROOT / "webhook").rglob("*.py")):
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if lines > MAX_LINES:
+            found[path.relative_to(ROOT).as_posix()] = lines
+    return found
+
+
+def test_a_module_over_400_lines_says_why_in_its_docstring() -> None:
+    silent = []
+    for name, lines in long_modules().items():
+        docstring = ast.get_docstring(ast.parse((ROOT / name).read_text(encoding="utf-8"))) or ""
+        if name not in UNDER_WAY and not MARKER.search(docstring):
+            silent.append(f"{name}: {lines} lines, no 'Over 400 lines: <why>' in its docstring")
+    assert silent == []
+
+
+def test_the_modules_excused_from_the_length_rule_are_still_long_and_still_there() -> None:
+    stale = sorted(UNDER_WAY - set(long_modules()))
+    assert stale == [], "no longer over 400 lines (or gone): take them off UNDER_WAY"

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any, Final
 
-from webhook.admission.report import dump, human_quantity
+from webhook.admission.rendering import dump, human_quantity
 from webhook.core.admission.state import ReservationState
 from webhook.core.base import resources as rl
 from webhook.core.base.errors import QuantityError

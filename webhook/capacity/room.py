@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from webhook.core.capacity.room import RoomBook, coarse_room, largest_free
-from webhook.core.capacity.snapshot import snapshot_from_objects
+from webhook.core.capacity.snapshot_objects import snapshot_from_objects
 from webhook.kube.client import ApiError, KubeClient, ResourceRef
 from webhook.waits import sleep_unless_stopped
 

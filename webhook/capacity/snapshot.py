@@ -16,7 +16,8 @@ from typing import Any, Final
 
 import yaml
 
-from webhook.core.capacity.snapshot import Snapshot, SnapshotError, snapshot_from_objects
+from webhook.core.capacity.snapshot import Snapshot, SnapshotError
+from webhook.core.capacity.snapshot_objects import snapshot_from_objects
 from webhook.kube.client import KubeClient, ResourceRef
 
 __all__ = ["NODES", "PODS", "VMIS", "load_snapshot", "read_cluster", "snapshot_objects"]

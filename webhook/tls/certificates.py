@@ -6,6 +6,9 @@ writes the files under the names a mounted ``kubernetes.io/tls`` Secret uses (``
 ``tls.key``, ``ca.crt``) and keeps ``ca.key`` beside them, so that running it again rotates only
 the serving pair while the ``caBundle`` already registered stays valid. Every file is replaced
 atomically, because a server polling the directory must never read half a key.
+
+Over 400 lines, and kept whole: issuing a pair and reading one back are one format (file names,
+key types, extensions, validity) and share the helpers that spell it.
 """
 
 from __future__ import annotations

@@ -21,14 +21,15 @@ so two leaders in a hand-over cannot interleave half-rotations. Every replica co
 into its certificate directory when that directory is writable. API errors are logged and
 retried on the next round, never raised: certificates are renewed weeks ahead, and a webhook
 whose duty loop died would stop renewing them altogether.
+
+This module reads and writes; what is due is decided in ``renewal``, the ``caBundle`` of the
+webhook configurations is read and set in ``ca_bundles``, and the Secret's data is encoded in
+``secret_data``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import copy
 import errno
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -37,27 +38,25 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
-from cryptography import x509
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
-
 from webhook.kube.client import ApiError, KubeClient, ResourceRef
+from webhook.tls.ca_bundles import (
+    CONFLICT_RETRIES,
+    MUTATING_WEBHOOKS,
+    VALIDATING_WEBHOOKS,
+    Configuration,
+    with_ca_bundle,
+)
 from webhook.tls.certificates import (
-    _CLOCK_SKEW,
-    _MAX_COMMON_NAME,
     CA_CERT,
-    CA_KEY,
     TLS_CERT,
     TLS_KEY,
     CertificateError,
-    KeyPair,
     _parse_pair,
     _whole_seconds,
     _write_atomically,
-    issue_serving,
-    new_ca,
 )
+from webhook.tls.renewal import PROPAGATION, Renewal, RenewalPlan, load_serving
+from webhook.tls.secret_data import SECRET_TYPE, SECRETS, encode_data, secret_data, with_data
 
 __all__ = [
     "MUTATING_WEBHOOKS",
@@ -71,26 +70,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 
-SECRETS: Final = ResourceRef("", "v1", "secrets")
-MUTATING_WEBHOOKS: Final = ResourceRef(
-    "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations", namespaced=False
-)
-VALIDATING_WEBHOOKS: Final = ResourceRef(
-    "admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations", namespaced=False
-)
 
-# How long a pair written to the Secret may take to be served by every replica: the kubelet
-# syncs a pod about once a minute and serves Secret volumes from a cache with a TTL of about a
-# minute, and the reloader polls every few seconds. Ten minutes leaves room for a slow node.
-PROPAGATION: Final = timedelta(minutes=10)
-# Retries after a 409 on a webhook configuration, which others (kubectl apply, a cainjector)
-# may write too; each retry reads the configuration again.
-CONFLICT_RETRIES: Final = 3
 # What a write into a mounted Secret volume (read-only) or a directory we may not write gets.
 _UNWRITABLE: Final = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
-_SECRET_TYPE: Final = "kubernetes.io/tls"
-
-_IssuerKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
 
 
 def service_dns_names(service: str, namespace: str) -> tuple[str, ...]:
@@ -142,6 +124,15 @@ class CertificateRotator:
         self.rotate_before = rotate_before
         self.ca_rotate_before = ca_rotate_before
         self.dns_names = service_dns_names(service, namespace)
+        self._renewal = Renewal(
+            service=service,
+            namespace=namespace,
+            dns_names=self.dns_names,
+            ca_days=ca_days,
+            serving_days=serving_days,
+            rotate_before=rotate_before,
+            ca_rotate_before=ca_rotate_before,
+        )
         self._unwritable: set[Path] = set()
 
     # --- the leader ---------------------------------------------------------------------------
@@ -161,7 +152,7 @@ class CertificateRotator:
         secret = await self._get_secret()
         configurations = [await self._get_configuration(ref, name) for ref, name in self.webhooks]
         if secret is None:
-            data = self._fresh(now)
+            data = self._renewal.fresh(now)
             try:
                 secret = await self.client.create(SECRETS, self._new_secret(data))
             except ApiError as exc:
@@ -175,13 +166,13 @@ class CertificateRotator:
             written.anything = True
             self._created(data)
         else:
-            data = _secret_data(secret)
+            data = secret_data(secret)
             bundle = data.get(CA_CERT, b"")
             published = all(c.shows(bundle) for c in configurations)
-            plan = self._plan(data, now, published=published)
+            plan = self._renewal.plan(data, now, published=published)
             if plan.data != data:
                 try:
-                    secret = await self.client.replace(SECRETS, _with_data(secret, plan.data))
+                    secret = await self.client.replace(SECRETS, with_data(secret, plan.data))
                 except ApiError as exc:
                     if exc.status != 409:
                         raise
@@ -192,105 +183,23 @@ class CertificateRotator:
                     return
                 written.anything = True
                 self._updated(plan)
-        bundle = _secret_data(secret).get(CA_CERT, b"")
+        bundle = secret_data(secret).get(CA_CERT, b"")
         for configuration in configurations:
             if await self._publish(configuration, bundle):
                 written.anything = True
 
-    def _fresh(self, now: datetime) -> dict[str, bytes]:
-        ca = new_ca(self._ca_name(now), now=now, days=self.ca_days)
-        serving = issue_serving(ca, dns_names=self.dns_names, now=now, days=self.serving_days)
-        return {
-            TLS_CERT: serving.cert_pem,
-            TLS_KEY: serving.key_pem,
-            CA_CERT: ca.cert_pem,
-            CA_KEY: ca.key_pem,
-        }
-
-    def _plan(self, data: Mapping[str, bytes], now: datetime, *, published: bool) -> _Plan:
-        """What the Secret should hold at ``now``; ``published``: the configurations already
-        show its current bundle, so the API server trusts every CA in it."""
-        changes: list[str] = []
-        found = _parse_bundle(data.get(CA_CERT, b""))
-        bundle = [ca for ca in found if ca.not_valid_after_utc > now]
-        if len(bundle) < len(found):
-            changes.append("dropped expired CAs")
-        ca = _load_ca(found[0] if found else None, data.get(CA_KEY))
-        ca_key_pem = data.get(CA_KEY, b"")
-        pair = (data.get(TLS_CERT, b""), data.get(TLS_KEY, b""))
-        serving = _load_serving(*pair)
-        signer = self._signer(serving, bundle, now)
-
-        if ca is None or ca.cert.not_valid_after_utc - now <= self.ca_rotate_before:
-            # Published next to the CAs already trusted; the pair they signed keeps serving.
-            ca = new_ca(self._ca_name(now), now=now, days=self.ca_days)
-            ca_key_pem = ca.key_pem
-            bundle = [ca.cert, *bundle]
-            changes.append("new CA, published next to the previous one")
-            renew = signer is None
-        elif signer is None:
-            renew = True
-        elif signer != ca.cert:
-            # The pair is from the previous CA: switch once the API server trusts the new one.
-            renew = published
-        else:
-            renew = serving is not None and serving.not_valid_after_utc - now <= self.rotate_before
-        if renew:
-            issued = issue_serving(ca, dns_names=self.dns_names, now=now, days=self.serving_days)
-            pair, serving = (issued.cert_pem, issued.key_pem), issued.cert
-            changes.append("new serving pair")
-
-        if (
-            len(bundle) > 1
-            and serving is not None
-            and _issued_by(serving, ca.cert)
-            and serving.not_valid_before_utc + _CLOCK_SKEW + PROPAGATION <= now
-        ):
-            bundle = bundle[:1]
-            changes.append("dropped the previous CA")
-        planned = {
-            **data,
-            TLS_CERT: pair[0],
-            TLS_KEY: pair[1],
-            CA_CERT: b"".join(c.public_bytes(serialization.Encoding.PEM) for c in bundle),
-            CA_KEY: ca_key_pem,
-        }
-        return _Plan(planned, tuple(changes), serving)
-
-    def _signer(
-        self, serving: x509.Certificate | None, bundle: Sequence[x509.Certificate], now: datetime
-    ) -> x509.Certificate | None:
-        """The CA in ``bundle`` that signed a current pair for our names, or None."""
-        if serving is None or serving.not_valid_after_utc <= now:
-            return None
-        try:
-            san = serving.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-        except x509.ExtensionNotFound:
-            return None
-        if set(san.get_values_for_type(x509.DNSName)) != set(self.dns_names):
-            return None
-        return next((ca for ca in bundle if _issued_by(serving, ca)), None)
-
-    def _ca_name(self, now: datetime) -> str:
-        # A timestamp keeps two CAs of one bundle apart by subject as well as by key.
-        stamp = f"{now:%Y%m%dT%H%M%SZ}"
-        for name in (f"{self.service}.{self.namespace} CA {stamp}", f"{self.service} CA {stamp}"):
-            if len(name) <= _MAX_COMMON_NAME:
-                return name
-        return f"webhook CA {stamp}"
-
     # --- the webhook configurations -----------------------------------------------------------
 
-    async def _get_configuration(self, ref: ResourceRef, name: str) -> _Configuration:
+    async def _get_configuration(self, ref: ResourceRef, name: str) -> Configuration:
         try:
-            return _Configuration(ref, name, await self.client.get(ref, "", name))
+            return Configuration(ref, name, await self.client.get(ref, "", name))
         except ApiError as exc:
             if exc.status != 404:
                 raise
             self._warn("webhook configuration not found", exc, configuration=f"{ref.plural}/{name}")
-            return _Configuration(ref, name, None)
+            return Configuration(ref, name, None)
 
-    async def _publish(self, configuration: _Configuration, bundle: bytes) -> bool:
+    async def _publish(self, configuration: Configuration, bundle: bytes) -> bool:
         """Make every webhook of ``configuration`` trust ``bundle``; True if it wrote."""
         where = f"{configuration.ref.plural}/{configuration.name}"
         try:
@@ -299,7 +208,7 @@ class CertificateRotator:
                     return False
                 try:
                     await self.client.replace(
-                        configuration.ref, _with_ca_bundle(configuration.obj, bundle)
+                        configuration.ref, with_ca_bundle(configuration.obj, bundle)
                     )
                 except ApiError as exc:
                     if exc.status != 409 or attempt == CONFLICT_RETRIES:
@@ -330,7 +239,7 @@ class CertificateRotator:
         while not ((cert_dir / TLS_CERT).exists() and (cert_dir / TLS_KEY).exists()):
             try:
                 if await self._get_secret() is None:
-                    data = self._fresh(_whole_seconds(self.clock()))
+                    data = self._renewal.fresh(_whole_seconds(self.clock()))
                     try:
                         await self.client.create(SECRETS, self._new_secret(data))
                         self._created(data)
@@ -363,7 +272,7 @@ class CertificateRotator:
         if secret is None:
             log.warning("TLS secret not created yet", extra={"fields": self._fields()})
             return False
-        data = _secret_data(secret)
+        data = secret_data(secret)
         # ca.crt first: whoever reads the directory finds the CA before a pair it signed.
         files = {name: data[name] for name in (CA_CERT, TLS_KEY, TLS_CERT) if name in data}
         try:
@@ -422,21 +331,21 @@ class CertificateRotator:
             "apiVersion": SECRETS.api_version,
             "kind": "Secret",
             "metadata": {"name": self.secret, "namespace": self.namespace},
-            "type": _SECRET_TYPE,
-            "data": _encode(data),
+            "type": SECRET_TYPE,
+            "data": encode_data(data),
         }
 
     # --- logs ---------------------------------------------------------------------------------
 
     def _created(self, data: Mapping[str, bytes]) -> None:
-        serving = _load_serving(data[TLS_CERT], data[TLS_KEY])
+        serving = load_serving(data[TLS_CERT], data[TLS_KEY])
         fields = self._fields()
         if serving is not None:
             fields["serial"] = f"{serving.serial_number:x}"
             fields["not_after"] = serving.not_valid_after_utc.isoformat()
         log.info("created the TLS secret with a new CA", extra={"fields": fields})
 
-    def _updated(self, plan: _Plan) -> None:
+    def _updated(self, plan: RenewalPlan) -> None:
         fields: dict[str, object] = {**self._fields(), "changes": list(plan.changes)}
         if plan.serving is not None:
             fields["serial"] = f"{plan.serving.serial_number:x}"
@@ -461,126 +370,6 @@ class _Written:
     """Whether a reconcile wrote anything, also when an error ended it halfway."""
 
     anything: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class _Plan:
-    data: dict[str, bytes]
-    changes: tuple[str, ...]
-    serving: x509.Certificate | None
-
-
-@dataclass(frozen=True, slots=True)
-class _Configuration:
-    """A webhook configuration as read; ``obj`` is None when it does not exist."""
-
-    ref: ResourceRef
-    name: str
-    obj: Obj | None
-
-    def shows(self, bundle: bytes) -> bool:
-        """Every webhook trusts exactly ``bundle`` (a missing configuration trusts nothing that
-        could break)."""
-        if self.obj is None:
-            return True
-        return all(_ca_bundle(webhook) == bundle for webhook in _webhooks(self.obj))
-
-
-def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
-    try:
-        cert.verify_directly_issued_by(ca)
-    except (ValueError, TypeError, InvalidSignature):
-        return False
-    return True
-
-
-def _parse_bundle(pem: bytes) -> list[x509.Certificate]:
-    try:
-        return x509.load_pem_x509_certificates(pem)
-    except ValueError:
-        return []
-
-
-def _load_ca(cert: x509.Certificate | None, key_pem: bytes | None) -> KeyPair | None:
-    """The current CA when ``key_pem`` is its key and it may issue certificates."""
-    if cert is None or key_pem is None:
-        return None
-    try:
-        if not cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca:
-            return None
-        _, key = _parse_pair(
-            cert.public_bytes(serialization.Encoding.PEM),
-            key_pem,
-            cert_source=CA_CERT,
-            key_source=CA_KEY,
-        )
-    except (x509.ExtensionNotFound, CertificateError):
-        return None
-    return KeyPair(cert, key) if isinstance(key, _IssuerKey) else None
-
-
-def _load_serving(cert_pem: bytes, key_pem: bytes) -> x509.Certificate | None:
-    """The serving certificate when ``key_pem`` is its key."""
-    try:
-        cert, _ = _parse_pair(cert_pem, key_pem, cert_source=TLS_CERT, key_source=TLS_KEY)
-    except CertificateError:
-        return None
-    return cert
-
-
-def _secret_data(secret: Mapping[str, Any]) -> dict[str, bytes]:
-    data = secret.get("data")
-    decoded: dict[str, bytes] = {}
-    if not isinstance(data, Mapping):
-        return decoded
-    for name, value in data.items():
-        if isinstance(value, str):
-            try:
-                decoded[str(name)] = base64.b64decode(value, validate=True)
-            except binascii.Error:
-                continue
-    return decoded
-
-
-def _encode(data: Mapping[str, bytes]) -> dict[str, str]:
-    return {name: base64.b64encode(value).decode("ascii") for name, value in data.items()}
-
-
-def _with_data(secret: Obj, data: Mapping[str, bytes]) -> Obj:
-    """``secret`` with new data; metadata (and its resourceVersion) and type as read."""
-    updated = copy.deepcopy(secret)
-    updated["data"] = _encode(data)
-    return updated
-
-
-def _webhooks(configuration: Obj) -> list[Obj]:
-    webhooks = configuration.get("webhooks")
-    if not isinstance(webhooks, list):
-        return []
-    return [webhook for webhook in webhooks if isinstance(webhook, dict)]
-
-
-def _ca_bundle(webhook: Obj) -> bytes | None:
-    client_config = webhook.get("clientConfig")
-    value = client_config.get("caBundle") if isinstance(client_config, dict) else None
-    if not isinstance(value, str):
-        return None
-    try:
-        return base64.b64decode(value, validate=True)
-    except binascii.Error:
-        return None
-
-
-def _with_ca_bundle(configuration: Obj, bundle: bytes) -> Obj:
-    """``configuration`` with every webhook trusting ``bundle``; resourceVersion as read."""
-    updated = copy.deepcopy(configuration)
-    encoded = base64.b64encode(bundle).decode("ascii")
-    for webhook in _webhooks(updated):
-        client_config = webhook.get("clientConfig")
-        if not isinstance(client_config, dict):
-            client_config = webhook["clientConfig"] = {}
-        client_config["caBundle"] = encoded
-    return updated
 
 
 def _read(path: Path) -> bytes | None:

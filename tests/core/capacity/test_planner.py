@@ -20,8 +20,8 @@ from webhook.core.capacity.snapshot import (
     Snapshot,
     Taint,
     Toleration,
-    snapshot_from_objects,
 )
+from webhook.core.capacity.snapshot_objects import snapshot_from_objects
 
 G = 1024**3 * 1000  # one GiB in milli-units
 

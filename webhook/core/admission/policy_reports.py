@@ -22,6 +22,9 @@ in a report, and a report holds at most :data:`MAX_RESULTS` results and
 application and an annotation says how many results were left out, so neither a namespace of
 100,000 applications nor reasons full of hostile unicode push its report past etcd's object
 limit (a report the API server refuses would leave the stale one standing).
+
+Over 400 lines, and kept whole: it is one report format, and its findings, their order and the
+bounds on what a report holds are one rule that reads best in one place.
 """
 
 from __future__ import annotations

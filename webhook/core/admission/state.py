@@ -23,6 +23,10 @@ admission (the annotation alone, written with no webhook in the way, is never be
 Tenant's factor applies to its subtree, nearest wins, and changing it re-prices the
 applications under it from what they committed. Per namespace the state also keeps the
 discount (committed minus reserved).
+
+Over 400 lines, and kept whole: it is one class whose indices (records, unknowns, the tenant
+tree, discounts, caps) every observe and forget must change together, so splitting it would
+spread one invariant over several files.
 """
 
 from __future__ import annotations

@@ -24,20 +24,20 @@ search is exponential in the worst case: one budget counts every candidate it co
 state, each destination weighed, each set of VMs weighed to free a node, including those the
 enumeration rejects) and a deadline hook ends it in time. Past either, the answer is "no plan
 within the bound" with what was searched, never a plan whose minimality was not proven.
+
+This module holds the entry points, the deepening across targets and the answers; the world the
+search mutates (and its meter) is ``search_world``, and the search of one depth ``move_search``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Final
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-from webhook.core.capacity.plan_limits import (
-    DEFAULT_MAX_CANDIDATES,
-    DEFAULT_MAX_MOVES,
-    MAX_MOVES_CAP,
-)
-from webhook.core.capacity.snapshot import PODS, VM, AntiAffinity, Node, Placement, Snapshot
+from webhook.core.capacity.move_search import Search
+from webhook.core.capacity.plan_limits import DEFAULT_MAX_MOVES, MAX_MOVES_CAP
+from webhook.core.capacity.search_world import Bound, BudgetSpent, World, lower_bound
+from webhook.core.capacity.snapshot import VM, Snapshot
 
 __all__ = [
     "DEFAULT_MAX_MOVES",
@@ -49,18 +49,6 @@ __all__ = [
     "plan_placement",
     "replay",
 ]
-
-# The deadline hook is asked once per this many candidates (a few milliseconds of work).
-_CHECK_EVERY: Final = 2048
-
-
-@dataclass(frozen=True)
-class Bound:
-    """How much one plan may search: ``candidates`` considered, and ``expired``, a hook the
-    caller gives to say time is up (the core reads no clock), asked every few milliseconds."""
-
-    candidates: int = DEFAULT_MAX_CANDIDATES
-    expired: Callable[[], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -86,394 +74,8 @@ class Plan:
         return sum(m.memory for m in self.moves)
 
 
-class _Budget(Exception):
-    def __init__(self, what: str, work: int) -> None:
-        super().__init__(what)
-        self.what = what
-        self.work = work
-
-
-@dataclass
-class _Meter:
-    """The count of candidates while the world is built (it then carries on in the world)."""
-
-    bound: Bound
-    work: int = 0
-    next_check: int = _CHECK_EVERY
-
-    def spend(self, count: int = 1) -> None:
-        """Count ``count`` candidates against the bound; raise :class:`_Budget` past it."""
-        self.work += count
-        if self.work > self.bound.candidates:
-            raise _Budget(f"its bound of {self.bound.candidates} candidates", self.work)
-        if self.work >= self.next_check:
-            self.next_check = self.work + _CHECK_EVERY
-            if self.bound.expired is not None and self.bound.expired():
-                raise _Budget("the time limit", self.work)
-
-
-@dataclass
-class _World:
-    """The snapshot as dense integer vectors, mutated in place by the search and undone."""
-
-    nodes: list[Node]
-    keys: list[str]
-    free: list[list[int]]
-    vms: list[VM]
-    req: list[list[int]]
-    loc: list[int]
-    eligible: list[frozenset[int]]
-    on_node: list[set[int]]
-    fixed_labels: list[list[tuple[str, dict[str, str], tuple[AntiAffinity, ...]]]]
-    anti: bool
-    banned: set[int] = field(default_factory=set)
-    meter: _Meter = field(default_factory=lambda: _Meter(Bound()))
-
-    @property
-    def work(self) -> int:
-        return self.meter.work
-
-    def spend(self, count: int = 1) -> None:
-        self.meter.spend(count)
-
-    @classmethod
-    def build(
-        cls, snapshot: Snapshot, extra: Sequence[VM] = (), *, bound: Bound | None = None
-    ) -> _World:
-        """The dense world; the filtering of nodes per distinct placement (which VMIs choose)
-        counts against ``bound`` like any other candidate."""
-        meter = _Meter(bound or Bound())
-        nodes = list(snapshot.nodes)
-        index = {n.name: i for i, n in enumerate(nodes)}
-        all_vms = [*snapshot.vms, *extra]
-        keys = sorted(
-            {k for n in nodes for k in n.allocatable}
-            | {k for p in snapshot.pods for k in p.requests}
-            | {k for v in all_vms for k in v.requests}
-            | {PODS}
-        )
-        free = [[n.allocatable.get(k, 0) for k in keys] for n in nodes]
-        fixed: list[list[tuple[str, dict[str, str], tuple[AntiAffinity, ...]]]] = [
-            [] for _ in nodes
-        ]
-        anti = False
-        for pod in snapshot.pods:
-            i = index.get(pod.node)
-            if i is None:
-                continue
-            for j, k in enumerate(keys):
-                free[i][j] -= pod.requests.get(k, 0)
-            fixed[i].append((pod.namespace, dict(pod.labels), pod.anti_affinity))
-            anti = anti or bool(pod.anti_affinity)
-        req = [[v.requests.get(k, 0) for k in keys] for v in all_vms]
-        loc = []
-        on_node: list[set[int]] = [set() for _ in nodes]
-        for vi, vm in enumerate(all_vms):
-            i = index.get(vm.node, -1) if vm.node is not None else -1
-            loc.append(i)
-            if i >= 0:
-                on_node[i].add(vi)
-                for j in range(len(keys)):
-                    free[i][j] -= req[vi][j]
-            anti = anti or bool(vm.placement.anti_affinity)
-        # Most VMs share a handful of placements: filter the nodes once per distinct one.
-        by_placement: dict[Placement, frozenset[int]] = {}
-        eligible: list[frozenset[int]] = []
-        for vm in all_vms:
-            allowed = by_placement.get(vm.placement)
-            if allowed is None:
-                meter.spend(len(nodes))
-                allowed = frozenset(i for i, n in enumerate(nodes) if vm.placement.allows(n))
-                by_placement[vm.placement] = allowed
-            eligible.append(allowed)
-        return cls(
-            nodes, keys, free, all_vms, req, loc, eligible, on_node, fixed, anti, meter=meter
-        )
-
-    def fits(self, v: int, t: int) -> bool:
-        f = self.free[t]
-        r = self.req[v]
-        if any(f[j] < r[j] for j in range(len(r))):
-            return False
-        return not self.anti or not self._repels(v, t)
-
-    def shortage(self, v: int, t: int) -> list[int]:
-        f = self.free[t]
-        return [max(0, r - f[j]) for j, r in enumerate(self.req[v])]
-
-    def _repels(self, v: int, t: int) -> bool:
-        vm = self.vms[v]
-        for other in self.on_node[t]:
-            o = self.vms[other]
-            if _conflict(vm.namespace, vm.labels, vm.placement.anti_affinity, o):
-                return True
-        for namespace, labels, terms in self.fixed_labels[t]:
-            if any(a.matches(vm.labels, vm.namespace, namespace) for a in terms):
-                return True
-            if any(a.matches(labels, namespace, vm.namespace) for a in vm.placement.anti_affinity):
-                return True
-        return False
-
-    def blockers(self, v: int, t: int) -> set[int]:
-        """VMs on ``t`` that ``v`` cannot share a node with."""
-        if not self.anti:
-            return set()
-        vm = self.vms[v]
-        return {
-            o
-            for o in self.on_node[t]
-            if _conflict(vm.namespace, vm.labels, vm.placement.anti_affinity, self.vms[o])
-        }
-
-    def fixed_blocks(self, v: int, t: int) -> bool:
-        vm = self.vms[v]
-        for namespace, labels, terms in self.fixed_labels[t]:
-            if any(a.matches(vm.labels, vm.namespace, namespace) for a in terms):
-                return True
-            if any(a.matches(labels, namespace, vm.namespace) for a in vm.placement.anti_affinity):
-                return True
-        return False
-
-    def move(self, v: int, t: int) -> int:
-        s = self.loc[v]
-        r = self.req[v]
-        if s >= 0:
-            fs = self.free[s]
-            for j in range(len(r)):
-                fs[j] += r[j]
-            self.on_node[s].discard(v)
-        ft = self.free[t]
-        for j in range(len(r)):
-            ft[j] -= r[j]
-        self.on_node[t].add(v)
-        self.loc[v] = t
-        return s
-
-    def undo(self, v: int, s: int) -> None:
-        t = self.loc[v]
-        r = self.req[v]
-        ft = self.free[t]
-        for j in range(len(r)):
-            ft[j] += r[j]
-        self.on_node[t].discard(v)
-        if s >= 0:
-            fs = self.free[s]
-            for j in range(len(r)):
-                fs[j] -= r[j]
-            self.on_node[s].add(v)
-        self.loc[v] = s
-
-
-def _conflict(
-    namespace: str, labels: Mapping[str, str], terms: tuple[AntiAffinity, ...], other: VM
-) -> bool:
-    if any(a.matches(other.labels, other.namespace, namespace) for a in terms):
-        return True
-    return any(a.matches(labels, namespace, other.namespace) for a in other.placement.anti_affinity)
-
-
-def lower_bound(world: _World, shortage: Sequence[int], candidates: Sequence[int]) -> int:
-    """Fewest of ``candidates`` whose removal could cover ``shortage`` on every resource."""
-    bound = 0
-    for j, need in enumerate(shortage):
-        if need <= 0:
-            continue
-        sizes = sorted((world.req[v][j] for v in candidates), reverse=True)
-        got = 0
-        count = 0
-        for size in sizes:
-            if got >= need or size <= 0:
-                break
-            got += size
-            count += 1
-        if got < need:
-            return 1 << 30
-        bound = max(bound, count)
-    return bound
-
-
-@dataclass
-class _Search:
-    world: _World
-    depth: int
-    goal_node: int  # -1 for drain
-    movable: list[bool]
-    best: list[tuple[int, list[tuple[int, int, int]]]] = field(default_factory=list)
-    moved: set[int] = field(default_factory=set)
-    path: list[tuple[int, int, int]] = field(default_factory=list)  # (vm, source, target)
-
-    def memory(self, v: int) -> int:
-        return self.world.vms[v].requests.get("memory", 0)
-
-    def run(self, todo: list[tuple[int, int]]) -> None:
-        self._step(todo, sum(self.memory(v) for v, _ in todo if v not in self.moved and v >= 0))
-
-    def _pending_moves(self, todo: Sequence[tuple[int, int]]) -> int:
-        return sum(1 for v, _ in todo if v >= 0)
-
-    def _step(self, todo: list[tuple[int, int]], pending_bytes: int) -> None:
-        w = self.world
-        w.spend()
-        used = len(self.path)
-        cost = sum(self.memory(v) for v, _, _ in self.path)
-        if self.best and (cost + pending_bytes) >= self.best[0][0]:
-            return
-        if not todo:
-            self.best[:] = [(cost, list(self.path))]
-            return
-        v, t = todo[-1]
-        rest = todo[:-1]
-        remaining = self.depth - used - self._pending_moves(todo)
-        if v < 0:  # the pending VM itself: it needs room on t, it is not a move
-            vm = -v - 1
-            self._arrive(vm, t, rest, remaining, pending_bytes, is_move=False)
-            return
-        if t >= 0:
-            self._arrive(v, t, rest, remaining, pending_bytes, is_move=True)
-            return
-        # Choose a destination for v.
-        source = w.loc[v]
-        direct: list[int] = []
-        roomy: list[int] = []
-        w.spend(len(w.eligible[v]))
-        for node in sorted(w.eligible[v]):
-            if node == source or node in w.banned:
-                continue
-            if w.fits(v, node):
-                direct.append(node)
-            elif remaining > 0:
-                roomy.append(node)
-        limit = 2 * max(0, self.depth - 1) + 2
-        if self.goal_node in direct[limit:]:
-            direct = [*direct[:limit], self.goal_node]
-        else:
-            direct = direct[:limit]
-        for node in direct:
-            self._arrive(v, node, rest, remaining, pending_bytes, is_move=True)
-        for node in roomy:
-            self._arrive(v, node, rest, remaining, pending_bytes, is_move=True)
-
-    def _arrive(
-        self,
-        v: int,
-        t: int,
-        rest: list[tuple[int, int]],
-        remaining: int,
-        pending_bytes: int,
-        *,
-        is_move: bool,
-    ) -> None:
-        w = self.world
-        if w.fits(v, t):
-            if is_move:
-                s = w.move(v, t)
-                self.moved.add(v)
-                self.path.append((v, s, t))
-                self._step(rest, pending_bytes - self.memory(v))
-                self.path.pop()
-                self.moved.discard(v)
-                w.undo(v, s)
-            else:
-                self._step(rest, pending_bytes)
-            return
-        if remaining <= 0 or w.fixed_blocks(v, t):
-            return
-        # Make room on t: a minimal set of VMs there whose removal covers the shortage and
-        # clears every anti-affinity conflict.
-        shortage = w.shortage(v, t)
-        must = w.blockers(v, t)
-        if any(not self.movable[o] or o in self.moved for o in must):
-            return
-        w.spend(len(w.on_node[t]))
-        candidates = [
-            o for o in sorted(w.on_node[t]) if o != v and self.movable[o] and o not in self.moved
-        ]
-        base = [max(0, s - sum(w.req[o][j] for o in must)) for j, s in enumerate(shortage)]
-        optional = [o for o in candidates if o not in must]
-        need = lower_bound(w, base, optional)
-        if len(must) + need > remaining:
-            return
-        for size in range(need, remaining - len(must) + 1):
-            covering = _coverings(w, base, optional, size)
-            # Cheapest first: the first complete plan bounds the bytes of every later one.
-            covering.sort(key=lambda extra: sum(self.memory(o) for o in extra))
-            for extra in covering:
-                chosen = [*sorted(must), *extra]
-                if not chosen:
-                    continue
-                supports = [(o, -1) for o in chosen]
-                added = sum(self.memory(o) for o in chosen)
-                todo = [*rest, (v if is_move else -v - 1, t), *supports]
-                self._step(todo, pending_bytes + added)
-
-
-def _coverings(
-    w: _World, shortage: Sequence[int], optional: Sequence[int], size: int
-) -> list[tuple[int, ...]]:
-    """Every minimal set of ``size`` VMs of ``optional`` whose removal covers ``shortage``, in
-    the order of ``itertools.combinations``; each set the enumeration weighs is counted.
-
-    Two cuts that lose no minimal set: a prefix that already covers is never extended (every
-    superset of a cover is not minimal), and a prefix is abandoned when, on some resource, the
-    largest VMs left to choose from cannot complete it in the slots it has left.
-    """
-    short = [j for j, need in enumerate(shortage) if need > 0]
-    if not short:
-        return [()] if size == 0 else []
-    n = len(optional)
-    w.spend(n * len(short))
-    # best[i][k][s]: the most that s VMs of optional[i:] free of resource short[k]. It never
-    # grows with i, so once it falls short at i it is short for every later i too.
-    tops: list[list[int]] = [[] for _ in short]
-    best: list[list[list[int]]] = [[[0] * (size + 1) for _ in short] for _ in range(n + 1)]
-    for i in range(n - 1, -1, -1):
-        r = w.req[optional[i]]
-        for k, j in enumerate(short):
-            top = tops[k]
-            top.append(r[j])
-            top.sort(reverse=True)
-            del top[size:]
-            row = best[i][k]
-            for slots in range(1, size + 1):
-                row[slots] = row[slots - 1] + (top[slots - 1] if slots <= len(top) else 0)
-    found: list[tuple[int, ...]] = []
-    chosen: list[int] = []
-    keys = range(len(short))
-
-    def extend(start: int, left: list[int]) -> None:
-        w.spend()
-        if all(x <= 0 for x in left):
-            if len(chosen) == size and _minimal(w, shortage, chosen):
-                found.append(tuple(chosen))
-            return
-        slots = size - len(chosen)
-        if slots == 0:
-            return
-        for i in range(start, n - slots + 1):
-            most = best[i]
-            if any(left[k] > most[k][slots] for k in keys):
-                return
-            r = w.req[optional[i]]
-            chosen.append(optional[i])
-            extend(i + 1, [left[k] - r[j] for k, j in enumerate(short)])
-            chosen.pop()
-
-    extend(0, [shortage[j] for j in short])
-    return found
-
-
-def _covers(w: _World, shortage: Sequence[int], chosen: Sequence[int]) -> bool:
-    return all(
-        need <= 0 or sum(w.req[o][j] for o in chosen) >= need for j, need in enumerate(shortage)
-    )
-
-
-def _minimal(w: _World, shortage: Sequence[int], chosen: Sequence[int]) -> bool:
-    return not any(_covers(w, shortage, [o for o in chosen if o != drop]) for drop in chosen)
-
-
 def _deepen(
-    world: _World,
+    world: World,
     todo: list[tuple[int, int]],
     max_moves: int,
     goal_node: int,
@@ -484,7 +86,7 @@ def _deepen(
     searched.ruled_out = floor - 1
     for depth in range(floor, max_moves + 1):
         searched.depth, searched.done = depth, 0
-        search = _Search(world, depth, goal_node, movable)
+        search = Search(world, depth, goal_node, movable)
         search.run(todo)
         if search.best:
             return search.best[0]
@@ -522,7 +124,7 @@ class _Progress:
         )
 
 
-def _moves(world: _World, path: Sequence[tuple[int, int, int]]) -> tuple[Move, ...]:
+def _moves(world: World, path: Sequence[tuple[int, int, int]]) -> tuple[Move, ...]:
     return tuple(
         Move(
             vm=world.vms[v].key,
@@ -559,8 +161,8 @@ def plan_placement(
         vms=tuple(v for v in snapshot.vms if v is not pending),
     )
     try:
-        world = _World.build(others, [pending], bound=bound)
-    except _Budget as stop:
+        world = World.build(others, [pending], bound=bound)
+    except BudgetSpent as stop:
         return _Progress().over(stop.what, stop.work)
     p = len(world.vms) - 1
     if not world.eligible[p]:
@@ -601,7 +203,7 @@ def plan_placement(
             )
             searched.targets = len(order)
             for n in order:
-                search = _Search(world, depth, n, movable)
+                search = Search(world, depth, n, movable)
                 if best is not None:
                     search.best = [best]
                 search.run([(-p - 1, n)])
@@ -617,7 +219,7 @@ def plan_placement(
                     candidates=world.work,
                 )
             searched.ruled_out = depth
-    except _Budget as stop:
+    except BudgetSpent as stop:
         return searched.over(stop.what, stop.work)
     return Plan(False, reason=_why_no_room(world, p, targets, max_moves), candidates=world.work)
 
@@ -632,8 +234,8 @@ def plan_drain(
     """The fewest migrations after which no VM runs on ``node`` (which takes nothing new)."""
     max_moves = max(0, min(max_moves, MAX_MOVES_CAP))
     try:
-        world = _World.build(snapshot, bound=bound)
-    except _Budget as stop:
+        world = World.build(snapshot, bound=bound)
+    except BudgetSpent as stop:
         return _Progress().over(stop.what, stop.work)
     index = next((i for i, n in enumerate(world.nodes) if n.name == node), None)
     if index is None:
@@ -656,7 +258,7 @@ def plan_drain(
     searched = _Progress(targets=1)
     try:
         found = _deepen(world, [(v, -1) for v in leaving], max_moves, -1, len(leaving), searched)
-    except _Budget as stop:
+    except BudgetSpent as stop:
         return searched.over(stop.what, stop.work)
     if found is None:
         return Plan(
@@ -668,7 +270,7 @@ def plan_drain(
     return Plan(True, moves=_moves(world, found[1]), candidates=world.work)
 
 
-def _room_if_emptied(world: _World, p: int) -> dict[int, bool]:
+def _room_if_emptied(world: World, p: int) -> dict[int, bool]:
     result = {}
     for n in range(len(world.nodes)):
         room = list(world.free[n])
@@ -680,7 +282,7 @@ def _room_if_emptied(world: _World, p: int) -> dict[int, bool]:
     return result
 
 
-def _target_bound(world: _World, p: int, n: int) -> int:
+def _target_bound(world: World, p: int, n: int) -> int:
     movable = [v for v in world.on_node[n] if world.vms[v].migratable]
     must = world.blockers(p, n)
     if any(not world.vms[o].migratable for o in must) or world.fixed_blocks(p, n):
@@ -690,7 +292,7 @@ def _target_bound(world: _World, p: int, n: int) -> int:
     return len(must) + lower_bound(world, base, [v for v in movable if v not in must])
 
 
-def _why_no_room(world: _World, p: int, targets: Sequence[int], max_moves: int) -> str:
+def _why_no_room(world: World, p: int, targets: Sequence[int], max_moves: int) -> str:
     need = world.req[p]
     total_free = [sum(max(0, world.free[n][j]) for n in targets) for j in range(len(need))]
     short = [world.keys[j] for j in range(len(need)) if total_free[j] < need[j]]
@@ -727,8 +329,8 @@ def replay(
         )
         extra = (vm,)
     try:
-        world = _World.build(snapshot, extra)
-    except _Budget as stop:
+        world = World.build(snapshot, extra)
+    except BudgetSpent as stop:
         return f"the cluster could not be read within {stop.what}"
     index = {n.name: i for i, n in enumerate(world.nodes)}
     keys = {v.key: i for i, v in enumerate(world.vms)}

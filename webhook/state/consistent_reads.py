@@ -1,0 +1,205 @@
+"""Barriers that never wait on a quiet watch: consistent reads prove a kind's state complete.
+
+The ledger waits until the live state has seen every write of a kind up to a revision, and a
+kind nobody writes moves its watch only at its next event or bookmark (cozystack-api may send
+none). :meth:`ConsistentReads.confirm` gets there without the watch: a list at the API server's
+current revision (of the HelmReleases cozystack-api stores applications as, or of the
+applications where those cannot be read) compared with what the state holds, spaced and
+bounded per kind whatever a tenant's writes ask for. Part of :class:`LiveState`, whose
+reflectors and held applications it reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+from webhook.core.tenancy.applications import resource_version
+from webhook.kube.client import ApiError, KubeClient, ResourceRef
+from webhook.kube.reflector import Reflector, consistent_read
+
+if TYPE_CHECKING:
+    from webhook.core.admission.state import ReservationState
+    from webhook.state.held_applications import Held
+    from webhook.state.live import AppWatch, LiveSettings
+
+__all__ = ["HELM_RELEASES", "ConsistentReads"]
+
+log = logging.getLogger("webhook.state.live")  # the live state's log, whichever part writes
+Obj = dict[str, Any]
+
+# How cozystack-api stores applications (pkg/apis/apps/v1alpha1/types.go): a HelmRelease
+# labelled with the application's kind and name.
+HELM_RELEASES = ResourceRef("helm.toolkit.fluxcd.io", "v2", "helmreleases")
+RELEASE_KIND_LABEL: Final = "apps.cozystack.io/application.kind"
+RELEASE_NAME_LABEL: Final = "apps.cozystack.io/application.name"
+RELEASE_GROUP: Final = "apps.cozystack.io/application.group=apps.cozystack.io"
+
+
+class ConsistentReads:
+    """The consistent-read barrier of :class:`~webhook.state.live.LiveState` (a mixin)."""
+
+    client: KubeClient
+    settings: LiveSettings
+    state: ReservationState
+    _apps: dict[str, AppWatch]
+    _held: dict[str, dict[tuple[str, str], Held]]
+
+    def _init_consistent_reads(self) -> None:
+        # kind -> a revision up to which a consistent read proved the state complete, the
+        # revision asked for, and the confirmation under way.
+        self._confirmed: dict[str, int] = {}
+        self._wanted: dict[str, int] = {}
+        self._confirming: dict[str, asyncio.Task[None]] = {}
+        self._last_read: dict[str, float] = {}  # kind -> when its last consistent read began
+        self._last_items: dict[str, int] = {}  # kind -> how many objects that read listed
+        self._releases_readable = True  # until a HelmRelease list is refused or not served
+        self.consistent_reads = 0
+
+    def observed_version(self, kind: str) -> int:
+        """The revision up to which the state has seen every write of ``kind`` (0: none yet).
+
+        A kind the platform does not know has no objects the state counts: every revision."""
+        found = self.state.platform.kind(kind)
+        if found is None:
+            return sys.maxsize
+        watch = self._apps.get(found.plural)
+        if watch is None or not watch.reflector.listed:
+            return 0
+        watched = resource_version(watch.reflector.resource_version)
+        return max(watched, self._confirmed.get(kind, 0))
+
+    async def _read_kind(self, kind: str, reflector: Reflector) -> tuple[str, list[Any]]:
+        """Every object of ``kind`` as its key and resourceVersion, read consistently.
+
+        cozystack-api answers lists of applications from its own cache, at the largest
+        resourceVersion among the items (``0`` for none), not at the current revision; the
+        HelmReleases it stores them as are read from kube-apiserver, whose list is at the
+        current revision. So those are read, selected by the kind label cozystack-api sets;
+        where they cannot be (403 without the RBAC rule, 404 with no such resource) the
+        applications are, and their list proves only up to the version it reports."""
+        if self._releases_readable:
+            try:
+                return await consistent_read(
+                    self.client,
+                    HELM_RELEASES,
+                    release_version_of,
+                    params={"labelSelector": f"{RELEASE_KIND_LABEL}={kind},{RELEASE_GROUP}"},
+                )
+            except ApiError as exc:
+                if exc.status not in (403, 404):
+                    raise
+                self._releases_readable = False
+                log.warning(
+                    "helmreleases cannot be listed; consistent reads use the applications",
+                    extra={"fields": {"error": str(exc)}},
+                )
+        return await reflector.read(version_of)
+
+    def confirm(self, kind: str, revision: int) -> None:
+        """Make :meth:`observed_version` of ``kind`` reach ``revision`` soon, whether or not
+        anybody writes that kind: the ledger waits on it, and a kind nobody writes moves its
+        watch only at its next event or bookmark (cozystack-api may send none).
+
+        If the watch has not got there by itself after :attr:`LiveSettings.confirm_delay`, a
+        consistent read of the kind (a list at the API server's current revision ``R``) is
+        compared with what the state holds: once every object it shows is held at that
+        version or newer (waiting, bounded, for the watch to deliver those it has not yet:
+        their events exist, so this waits on nothing but the watch itself), the state has
+        seen every write of the kind up to ``R``. An object deleted since is still held, so
+        the state can only count too much, never too little. One confirmation per kind runs
+        at a time, at most :attr:`LiveSettings.confirm_reads` reads spaced by
+        :attr:`LiveSettings.confirm_interval`, or longer as the kind's last read listed more
+        objects (:attr:`LiveSettings.confirm_objects`); never called from a request it would
+        delay beyond the ledger's own bounded wait.
+        """
+        if self.observed_version(kind) >= revision:
+            return
+        self._wanted[kind] = max(self._wanted.get(kind, 0), revision)
+        if kind not in self._confirming:
+            task = asyncio.get_running_loop().create_task(self._confirm(kind))
+            self._confirming[kind] = task
+
+    async def _confirm(self, kind: str) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.sleep(self.settings.confirm_delay)
+            for _ in range(self.settings.confirm_reads):
+                # Reads of one kind are spaced, across confirmations too: at most one per
+                # interval, and fewer as the kind has more objects to list (at most
+                # ``confirm_objects`` a second), whatever a tenant's writes ask for.
+                last = self._last_read.get(kind)
+                if last is not None:
+                    gap = max(
+                        self.settings.confirm_interval,
+                        self._last_items.get(kind, 0) / self.settings.confirm_objects,
+                    )
+                    await asyncio.sleep(max(0.0, last + gap - loop.time()))
+                if self.observed_version(kind) >= self._wanted.get(kind, 0):
+                    break
+                self._last_read[kind] = loop.time()
+                await self._consistent_read(kind)
+        except Exception as exc:  # the watch still gets there; the next confirmation retries
+            log.warning(
+                "consistent read failed", extra={"fields": {"kind": kind, "error": str(exc)}}
+            )
+        finally:
+            del self._confirming[kind]
+            if self.observed_version(kind) >= self._wanted.get(kind, 0):
+                self._wanted.pop(kind, None)
+
+    async def _consistent_read(self, kind: str) -> None:
+        found = self.state.platform.kind(kind)
+        plural = found.plural if found is not None else ""
+        watch = self._apps.get(plural)
+        if watch is None or not watch.reflector.listed:
+            return
+        reflector = watch.reflector
+        self.consistent_reads += 1
+        listed, items = await self._read_kind(kind, reflector)
+        self._last_items[kind] = len(items)
+        revision = resource_version(listed)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.confirm_wait
+        while True:
+            watched = resource_version(reflector.resource_version)
+            held = self._held.get(kind, {})
+            behind = [
+                (key, version)
+                for key, version in items
+                if version > watched and (key not in held or held[key][2] < version)
+            ]
+            if not behind:
+                if self._apps.get(plural) is watch:  # not a reflector replaced meanwhile
+                    self._confirmed[kind] = max(self._confirmed.get(kind, 0), revision)
+                return
+            if loop.time() >= deadline:
+                return
+            await asyncio.sleep(0.02)
+
+
+def release_version_of(obj: Obj) -> tuple[tuple[str, str], int] | None:
+    """A HelmRelease of a consistent read, as its application's key and resourceVersion
+    (cozystack-api serves the application at the HelmRelease's resourceVersion)."""
+    metadata = obj.get("metadata")
+    labels = metadata.get("labels") if isinstance(metadata, Mapping) else None
+    if not isinstance(metadata, Mapping) or not isinstance(labels, Mapping):
+        return None
+    name, namespace = labels.get(RELEASE_NAME_LABEL), metadata.get("namespace")
+    if not isinstance(name, str) or not isinstance(namespace, str):
+        return None
+    return (namespace, name), resource_version(metadata.get("resourceVersion"))
+
+
+def version_of(obj: Obj) -> tuple[tuple[str, str], int] | None:
+    """An object of a consistent read, as its key and resourceVersion."""
+    metadata = obj.get("metadata")
+    if not isinstance(metadata, Mapping):
+        return None
+    name, namespace = metadata.get("name"), metadata.get("namespace")
+    if not isinstance(name, str) or not isinstance(namespace, str):
+        return None
+    return (namespace, name), resource_version(metadata.get("resourceVersion"))
