@@ -430,7 +430,7 @@ async def test_one_tenants_sub_tenants_over_budget_in_warn_never_use_up_the_pool
     # Tenant a fills the pool's caps with sub-tenants it keeps stored over budget (a cap stays
     # while its Tenant declares its quota); tenant b's own over-budget Tenant, let through in
     # warn, must still be warned, not refused for caps a took.
-    monkeypatch.setattr("webhook.admission.ledger.MAX_CAPS", 10)  # a's share: 1 of 10
+    monkeypatch.setattr("webhook.admission.ledger.bounds.MAX_CAPS", 10)  # a's share: 1 of 10
     members = [(POOL, "a"), (POOL, "b")]
     rollout: dict[str, Any] = {"mode_for": {"Tenant": "warn"}}
     async with serving(tmp_path, certs, caller, {"memory": "64Gi"}, members, **rollout) as (

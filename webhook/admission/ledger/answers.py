@@ -1,0 +1,119 @@
+"""The answers the ledger refuses with, each saying why and whether trying again helps.
+
+A refusal from the ledger is never the pool's budget (that is :func:`~webhook.core.admission.
+decisions.decide`'s answer): it is the ledger that cannot hold the request now. Each answer
+names its cause so the caller knows what to do: the ledger cannot be written or read (503, try
+again), this replica has not yet seen what the ledger accounted for (503, try again), too many
+concurrent changes or a tenant tree that changed under the decision (409, try again), the pool's
+ledger or one tenant's share of it is full (429, try again in a few seconds, or fix the
+sub-tenants' quotas), or the entry is too large to list (400).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from webhook.admission.ledger import bounds
+from webhook.admission.ledger.bounds import LedgerSettings
+from webhook.core.admission.decisions import Decision, errored
+
+__all__ = [
+    "behind",
+    "cap_share_full",
+    "changed",
+    "contention",
+    "full",
+    "share_full",
+    "too_large",
+    "too_many_caps",
+    "unavailable",
+]
+
+
+def unavailable() -> Decision:
+    return errored(
+        503,
+        "ServiceUnavailable",
+        "ledger-unavailable",
+        "tenant reservations: the reservation ledger cannot be written right now; try again",
+    )
+
+
+def contention(pools: Iterable[str]) -> Decision:
+    return errored(
+        409,
+        "Conflict",
+        "contention",
+        f"tenant reservations: too many concurrent changes in pool {', '.join(pools)}; try again",
+    )
+
+
+def changed(pool: str) -> Decision:
+    return errored(
+        409,
+        "Conflict",
+        "contention",
+        f"tenant reservations: the tenant tree changed while pool {pool} was decided; try again",
+    )
+
+
+def full(pool: str) -> Decision:
+    return errored(
+        429,
+        "TooManyRequests",
+        "ledger-full",
+        f"tenant reservations: pool {pool} has {bounds.MAX_ENTRIES} admissions not yet observed; "
+        "try again in a few seconds",
+    )
+
+
+def too_many_caps(pool: str) -> Decision:
+    return errored(
+        429,
+        "TooManyRequests",
+        "ledger-full",
+        f"tenant reservations: pool {pool} has {bounds.MAX_CAPS} sub-tenants admitted in warn mode "
+        "beyond what fits; fix their quotas, then try again",
+    )
+
+
+def cap_share_full(pool: str, who: str, settings: LedgerSettings) -> Decision:
+    return errored(
+        429,
+        "TooManyRequests",
+        "ledger-share",
+        f"tenant reservations: {who} already has {settings.cap_share_limit} sub-tenants "
+        f"admitted in warn mode beyond what fits in pool {pool}, its share "
+        f"({settings.namespace_share * 100:g}% of {bounds.MAX_CAPS}); fix their quotas, then "
+        "try again",
+    )
+
+
+def share_full(pool: str, who: str, settings: LedgerSettings) -> Decision:
+    return errored(
+        429,
+        "TooManyRequests",
+        "ledger-share",
+        f"tenant reservations: {who} already has {settings.share_limit} admissions not yet "
+        f"observed in pool {pool}, its share ({settings.namespace_share * 100:g}% of "
+        f"{bounds.MAX_ENTRIES}); try again in a few seconds",
+    )
+
+
+def behind(pool: str) -> Decision:
+    return errored(
+        503,
+        "ServiceUnavailable",
+        "ledger-catching-up",
+        f"tenant reservations: this replica has not yet seen every application the ledger of "
+        f"pool {pool} accounted for; try again",
+    )
+
+
+def too_large() -> Decision:
+    return errored(
+        400,
+        "BadRequest",
+        "invalid",
+        f"tenant reservations: the request's ledger entry exceeds {bounds.MAX_ENTRY_BYTES} bytes",
+    )

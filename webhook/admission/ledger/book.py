@@ -1,0 +1,232 @@
+"""Every pool's ledger object as this replica knows it, and the one place it is written.
+
+The book follows each pool's ``TenantReservation`` by a watch (a reflector) and keeps the newest
+copy it has seen or written (a look-aside cache: a write's answer is newer than what the watch
+has delivered yet), and counts what that copy lists into the live state's pending charges
+(:meth:`Book.track`), following the state into every rebuilt copy of it. Every write of a pool's
+object goes through :meth:`Book.write`: conditional on the resourceVersion the decision read,
+under that pool's lock (one per pool, taken in sorted order when a request charges several),
+so a conflict (another replica wrote first) is told apart from any other failure and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Literal, Protocol
+
+from webhook.admission.ledger import bounds
+from webhook.admission.ledger.bounds import LedgerSettings
+from webhook.admission.ledger.entries import (
+    TENANT_RESERVATIONS,
+    Obj,
+    caps,
+    expiry,
+    listed,
+    parse_hold,
+    released,
+    version,
+)
+from webhook.core.admission.pending import Hold
+from webhook.core.admission.state import ReservationState
+from webhook.core.tenancy.applications import resource_version
+from webhook.kube.client import ApiError, KubeClient
+from webhook.kube.reflector import Reflector
+
+__all__ = ["Book", "Conflict", "Outcome", "StateSource"]
+
+log = logging.getLogger("webhook.admission.ledger")  # one logger for all of the ledger
+
+Outcome = Literal["written", "conflict", "failed"]
+
+
+class StateSource(Protocol):
+    """The live state as the ledger needs it (``webhook.state.live.LiveState``)."""
+
+    @property
+    def state(self) -> ReservationState: ...
+
+    def observed_version(self, kind: str) -> int: ...
+
+    def confirm(self, kind: str, revision: int) -> None:
+        """Make ``observed_version(kind)`` reach ``revision`` without waiting for the kind's
+        own traffic (a consistent read); returns at once."""
+
+
+class Conflict(Exception):
+    """Another replica wrote the pool's object first: read it again, decide again."""
+
+
+class Book:
+    """Every pool's newest ``TenantReservation``, followed into the live state; one per ledger."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        live: StateSource,
+        settings: LedgerSettings,
+        *,
+        clock: Callable[[], float],
+    ) -> None:
+        self.client = client
+        self.live = live
+        self.settings = settings
+        self.clock = clock
+        self.objects: dict[str, Obj] = {}  # pool -> newest TenantReservation seen or written
+        self.parsed: dict[str, dict[str, tuple[Obj, Hold]]] = {}  # pool -> id -> entry, hold
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._state: ReservationState | None = None  # the state the objects were tracked into
+        self.conflicts = 0
+        self.writes = 0
+        self.failures = 0  # writes refused for anything but a conflict
+        self.reflector = Reflector(
+            client,
+            TENANT_RESERVATIONS,
+            on_replace=self._replace,
+            on_event=self._event,
+            read_timeout=settings.read_timeout,
+            watch_timeout=settings.watch_timeout,
+        )
+
+    def holds(self) -> int:
+        """Pending charges held in every pool's ledger object, as this replica last saw them."""
+        return sum(len(entries) for entries in self.parsed.values())
+
+    def current(self) -> ReservationState:
+        """The live state, following every pool's newest ledger object, caught up."""
+        state = self.live.state
+        if state is not self._state:
+            self._state = state
+            for obj in list(self.objects.values()):
+                self.track(obj)
+        state.pending.catch_up(self.live.observed_version)
+        return state
+
+    def now(self) -> str:
+        """Now, as expiries are written."""
+        return expiry(self.clock())
+
+    # -- writing: one pool's object, under its lock ----------------------------------------
+
+    def lock(self, pool: str) -> asyncio.Lock:
+        """The lock every write of ``pool``'s object (and every batch decided for it) holds."""
+        return self._locks.setdefault(pool, asyncio.Lock())
+
+    @contextlib.asynccontextmanager
+    async def locked(self, pools: list[str]) -> AsyncIterator[None]:
+        # A fixed order (sorted) so that two requests touching the same two pools cannot
+        # deadlock, as OpenShift's ClusterResourceQuota admission does.
+        async with contextlib.AsyncExitStack() as stack:
+            for pool in sorted(pools):
+                await stack.enter_async_context(self.lock(pool))
+            yield
+
+    async def attempt(self, pool: str, current: Obj, status: Obj) -> Outcome:
+        """One conditional write: ``written``, ``conflict`` (counted; decide again) or
+        ``failed`` (logged)."""
+        try:
+            await self.write(pool, current, status)
+        except Conflict:
+            self.conflicts += 1
+            return "conflict"
+        except ApiError as exc:
+            log.warning("ledger write failed", extra={"fields": {"error": str(exc)}})
+            return "failed"
+        return "written"
+
+    async def write(self, pool: str, current: Obj, status: Obj) -> Obj:
+        """Write ``status`` into ``pool``'s object, conditional on ``current``'s version;
+        :class:`Conflict` (after reading the newer object) if another write came first."""
+        body = {**current, "status": status}
+        self.writes += 1
+        try:
+            written = await self.client.replace(TENANT_RESERVATIONS, body, status=True)
+        except ApiError as exc:
+            if exc.status == 409:
+                with contextlib.suppress(ApiError):
+                    self.remember(await self.client.get(TENANT_RESERVATIONS, pool, pool))
+                raise Conflict() from None
+            self.failures += 1
+            raise
+        self.remember(written)
+        return written
+
+    async def ensure(self, pool: str) -> Obj:
+        """``pool``'s object, created (empty) if there is none yet."""
+        body = {
+            "apiVersion": TENANT_RESERVATIONS.api_version,
+            "kind": "TenantReservation",
+            "metadata": {"name": pool, "namespace": pool},
+            "spec": {"pool": pool},
+        }
+        try:
+            created = await self.client.create(TENANT_RESERVATIONS, body)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            created = await self.client.get(TENANT_RESERVATIONS, pool, pool)
+        self.remember(created)
+        return created
+
+    # -- following the objects: the informer and the look-aside cache ------------------------
+
+    def remember(self, obj: Obj) -> None:
+        pool = str((obj.get("metadata") or {}).get("name") or "")
+        known = self.objects.get(pool)
+        if known is None or version(obj) >= version(known):
+            self.objects[pool] = obj
+            self.track(obj)
+
+    def track(self, obj: Obj) -> None:
+        """Count what ``obj`` lists (it is the newest copy of its pool's ledger)."""
+        if self.live.state is not self._state:
+            self.current()  # a rebuilt state: follow every object into it first
+        assert self._state is not None
+        pool = str((obj.get("metadata") or {}).get("name") or "")
+        revision = version(obj)
+        known = self.parsed.get(pool, {})
+        parsed: dict[str, tuple[Obj, Hold]] = {}
+        replaced: set[str] = set()
+        for entry in listed(obj):
+            hold = parse_hold(pool, entry, revision, known)
+            parsed[hold.id] = (entry, hold)
+            taken = entry.get("replaces")
+            if isinstance(taken, list):
+                replaced.update(str(t) for t in taken[: bounds.MAX_REPLACES])
+        self._state.pending.track(
+            pool,
+            [h for _, h in parsed.values()],
+            version=revision,
+            released=released(obj.get("status") or {}),
+            replaced=replaced,
+        )
+        self._state.set_caps(pool, caps(obj.get("status") or {}))
+        if parsed:
+            self.parsed[pool] = parsed
+        else:
+            self.parsed.pop(pool, None)
+
+    def _replace(self, items: list[Obj]) -> None:
+        names = set()
+        for item in items:
+            names.add(str((item.get("metadata") or {}).get("name") or ""))
+            self.remember(item)
+        for pool in [p for p in self.objects if p not in names]:
+            self._gone(self.objects.pop(pool), resource_version(self.reflector.resource_version))
+
+    def _event(self, kind: str, obj: Obj) -> None:
+        if kind == "DELETED":
+            pool = str((obj.get("metadata") or {}).get("name") or "")
+            known = self.objects.pop(pool, None)
+            if known is not None:
+                self._gone(known, version(obj))
+        else:
+            self.remember(obj)
+
+    def _gone(self, obj: Obj, revision: int) -> None:
+        pool = str((obj.get("metadata") or {}).get("name") or "")
+        if self._state is not None:
+            self._state.pending.track(pool, [], version=revision)
+            self._state.set_caps(pool, {})

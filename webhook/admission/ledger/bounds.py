@@ -1,0 +1,54 @@
+"""How far a pool's ledger may grow, and how long the ledger holds and waits.
+
+A pool's ``TenantReservation`` holds at most :data:`MAX_ENTRIES` entries of at most
+:data:`MAX_ENTRY_BYTES` each, well under etcd's 1.5 MiB object limit: at the bound a request is
+told to try again, and no write is ever attempted that the API server would refuse for its size.
+:class:`LedgerSettings` says for how long an entry is held (its grace period), how often a
+conflicting write is retried, how long a decision waits for the state to catch up, and what
+share of a pool's entries and caps one tenant may take. The other modules read the bounds as
+attributes of this module, so each bound is named, and can be changed, in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = ["MAX_CAPS", "MAX_ENTRIES", "MAX_ENTRY_BYTES", "MAX_REPLACES", "LedgerSettings"]
+
+# 1,000 entries of at most 1 KiB (a real one is about 300 bytes: a uid, kind/namespace/name,
+# two small charges, an expiry, a replica name) stay under 1 MiB, against etcd's 1.5 MiB.
+# At 1,000 admissions/s with objects observed within 100 ms, about 100 entries are listed.
+MAX_ENTRIES: Final = 1_000
+MAX_ENTRY_BYTES: Final = 1_024
+# Previews one entry replaces: in one batch a write replaces at most the previews of its object
+# (each preview replaces the one before it, so there is one at a time, or a few in flight).
+MAX_REPLACES: Final = 16
+# Sub-tenants admitted in warn beyond what fits, per pool: about 200 bytes each.
+MAX_CAPS: Final = 200
+
+
+@dataclass(frozen=True)
+class LedgerSettings:
+    replica: str
+    grace_seconds: float = 25.0  # twice the default webhook timeout, plus a margin
+    attempts: int = 3  # conflicting writes retried, as Kubernetes' quota admission does
+    reconcile_seconds: float = 2.0
+    read_timeout: float = 90.0
+    watch_timeout: int = 300
+    catch_up_seconds: float = 2.0  # how long a denial waits for the state to pass an expiry
+    # Hold dry runs like writes: the API server may store them (cozystack-api does).
+    dry_run_holds: bool = True
+    # The share of a pool's ledger one tenant's listed entries may take (see
+    # :func:`webhook.admission.ledger.shares.holder`).
+    namespace_share: float = 0.1
+
+    @property
+    def share_limit(self) -> int:
+        """How many entries one tenant may have listed in one pool's ledger."""
+        return max(1, int(MAX_ENTRIES * self.namespace_share))
+
+    @property
+    def cap_share_limit(self) -> int:
+        """How many caps one tenant's sub-tenants may have listed in one pool's ledger."""
+        return max(1, int(MAX_CAPS * self.namespace_share))

@@ -1,0 +1,342 @@
+"""The conditional commit: a pool's batch decided and written at once, or one request across pools.
+
+**Group commit.** A pool's queued batch is decided against the pool (each request still all or
+nothing, in arrival order, with a running total), and committed in one write conditional on the
+object's resourceVersion that also drops the entries this replica has seen settled and those
+past their grace period: two requests that each fit alone but not together never both pass. A
+conflict (another replica wrote first) re-reads the object and decides the batch again; after
+``attempts`` conflicts the batch is denied with "try again" rather than guessed. A request
+charging several pools takes their locks in sorted order (as OpenShift's ClusterResourceQuota
+does) and writes them one after another: its entries carry its request uid, so a retry
+recognises and reuses them, a failure removes them (:meth:`Commit.roll_back`), and none is
+ever written twice.
+
+**Revisions.** Each entry records the ledger revision that admitted it: a new entry is
+unstamped (it was added by the write that produced the object's current resourceVersion) and
+every later write stamps it with that revision. So every reader knows exactly which
+observations are newer than the admission; only those settle it.
+
+**Dry runs.** A held dry run is a *preview* entry keyed by its object. The next admitted write
+of the same object in the pool (a real one, or another preview) is decided without the
+preview's hold and replaces it in the same conditional write, holding the key-wise maximum of
+both (whichever of the two the server ends up storing is covered until it is observed or the
+grace period passes): a preview followed by the same write for real is never refused because
+of its preview, and repeated previews of one name hold once. A real entry is never replaced by
+a preview. A request charging several pools at once adds its preview like any entry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping
+from decimal import Decimal
+
+from webhook.admission.ledger import answers, bounds
+from webhook.admission.ledger.barrier import Barrier
+from webhook.admission.ledger.book import Book, Conflict
+from webhook.admission.ledger.entries import (
+    Obj,
+    expiry,
+    hold_of,
+    listed,
+    previews,
+    quantities,
+    same,
+    size,
+)
+from webhook.admission.ledger.queue import Waiter, answer
+from webhook.admission.ledger.shares import holder, holders
+from webhook.admission.ledger.status import Status
+from webhook.core.admission.decisions import Decision, Policy, decide
+from webhook.core.admission.pending import PendingCharges
+from webhook.core.admission.reviews import AdmissionRequest
+from webhook.core.admission.state import ReservationState
+from webhook.core.base import resources as rl
+from webhook.core.tenancy.applications import AppKey
+from webhook.kube.client import ApiError
+
+__all__ = ["Commit", "decide_replacing"]
+
+log = logging.getLogger("webhook.admission.ledger")  # one logger for all of the ledger
+
+
+class _ShareFull(Exception):
+    """One tenant's entries already take its whole share of a pool's ledger."""
+
+    def __init__(self, pool: str, holder: str) -> None:
+        super().__init__(pool, holder)
+        self.pool = pool
+        self.holder = holder
+
+
+class Commit:
+    """Decides what the ledger holds and writes it: a pool's batch, or a request across pools."""
+
+    def __init__(self, book: Book, status: Status, barrier: Barrier) -> None:
+        self.book = book
+        self.status = status
+        self.barrier = barrier
+
+    # -- one pool: the group commit ------------------------------------------------------------
+
+    async def batch(self, pool: str, batch: list[Waiter]) -> None:
+        """Decide ``batch`` against ``pool`` and commit the allowed ones in one write."""
+        book, settings = self.book, self.book.settings
+        deadline = asyncio.get_running_loop().time() + settings.catch_up_seconds
+        for _ in range(settings.attempts):
+            while True:  # decide only once the state has passed what the ledger removed
+                current = book.objects.get(pool) or await book.ensure(pool)
+                state = book.current()
+                if not state.pending.fenced(pool):
+                    break
+                if not await self.barrier.wait_unfenced([pool], deadline):
+                    for waiter in batch:
+                        if not waiter.future.done():
+                            waiter.future.set_result(answers.behind(pool))
+                    return
+            pending = state.pending
+            ids = {w.request.uid for w in batch}
+            kept = self.status.kept(pool, current, state, without=ids)
+            held = holders(pool, kept)
+            limit = book.settings.share_limit
+            try:
+                for hold_id in ids:  # a retried request's own entry is not somebody else's
+                    own = pending.counted(pool, hold_id)
+                    if own is not None:
+                        pending.adjust(pool, rl.scale(own.increase, Decimal(-1)))
+                answered: list[tuple[Waiter, Decision]] = []
+                added: list[Obj] = []
+                replaced: set[str] = set()  # previews the write drops, absorbed by a later write
+                # Only previews can be replaced: looked up among these, not every entry, so a
+                # batch costs O(entries + previews x batch), not O(entries x batch).
+                listed_previews = [e for e in kept if e.get("dryRun") is True]
+                fresh: list[Obj] = []  # previews this batch adds
+                for waiter in batch:
+                    if waiter.future.done():
+                        continue  # the caller is gone: hold nothing for it
+                    taken_ids = previews(waiter.request, [*listed_previews, *fresh], replaced)
+                    floor = self._absorb(pool, taken_ids, added, pending)
+                    decision = decide(waiter.request, state, waiter.policy)
+                    if decision.allowed and decision.charged_pools:
+                        who = holder(pool, waiter.request.namespace)
+                        if set(decision.charged_pools) != {pool}:
+                            decision = answers.changed(pool)
+                        elif len(kept) + len(added) - len(taken_ids) >= bounds.MAX_ENTRIES:
+                            decision = answers.full(pool)
+                        elif held.get(who, 0) - len(taken_ids) >= limit:
+                            decision = answers.share_full(pool, who, book.settings)
+                        else:
+                            held[who] = held.get(who, 0) + 1 - len(taken_ids)  # replaced: theirs
+                            taken = set(taken_ids)
+                            for earlier in added:  # a preview of this batch: its own too
+                                if earlier["id"] in taken:
+                                    taken.update(earlier.get("replaces") or ())
+                            entry = self._entry(
+                                waiter.request, decision, pool, floor=floor, replaces=taken
+                            )
+                            if size(entry) > bounds.MAX_ENTRY_BYTES:
+                                decision = answers.too_large()
+                            else:
+                                hold = hold_of(entry, decision, pool)
+                                replaced.update(taken_ids)
+                                if taken_ids:
+                                    added[:] = [e for e in added if e["id"] not in taken_ids]
+                                    fresh[:] = [e for e in fresh if e["id"] not in taken_ids]
+                                pending.adjust(pool, hold.increase)
+                                added.append(entry)
+                                if hold.preview:
+                                    fresh.append(entry)
+                                book.parsed.setdefault(pool, {})[entry["id"]] = (entry, hold)
+                                floor = {}
+                    pending.adjust(pool, floor)  # not absorbed: the previews count again
+                    answered.append((waiter, decision))
+                kept = [e for e in kept if e["id"] not in replaced]
+                entries = listed(current)
+                if not added and len(kept) == len(entries):
+                    answer(answered)
+                    return
+                status = self.status.build(pool, current, state, [*kept, *added])
+                outcome = await book.attempt(pool, current, status)
+                if outcome == "conflict":
+                    continue
+                if outcome == "failed":
+                    for waiter, _ in answered:
+                        waiter.future.set_result(answers.unavailable())
+                    return
+                answer(answered)
+                return
+            finally:
+                pending.clear_adjustments(pool)
+        for waiter in batch:
+            if not waiter.future.done():
+                waiter.future.set_result(answers.contention([pool]))
+
+    def _absorb(
+        self, pool: str, previews: Iterable[str], added: list[Obj], pending: PendingCharges
+    ) -> dict[str, Decimal]:
+        """Take the holds of ``previews`` (ids listed in ``pool``'s ledger, or just ``added`` by
+        this batch) out of the pool's usage while a write of their object is decided; returns
+        their key-wise maximum, which the write's entry holds at least, or the caller adds back."""
+        floor: dict[str, Decimal] = {}
+        fresh = {str(e["id"]): e for e in added}
+        for hold_id in previews:
+            counted = pending.counted(pool, hold_id)
+            if hold_id in fresh:
+                increase = quantities(fresh[hold_id].get("charge"))
+            elif counted is not None:
+                increase = dict(counted.increase)
+            else:
+                continue  # listed but no longer counted (seen settled): nothing to carry
+            floor = rl.maximum(floor, increase)
+            pending.adjust(pool, rl.scale(increase, Decimal(-1)))
+        return floor
+
+    # -- several pools: one request at a time, its entries known by its uid ----------------
+
+    async def across(self, pools: list[str], request: AdmissionRequest, policy: Policy) -> Decision:
+        """Admit ``request``, charging every pool of ``pools`` (sorted), or hold nothing."""
+        book, settings = self.book, self.book.settings
+        uid = request.uid
+        deadline = asyncio.get_running_loop().time() + settings.catch_up_seconds
+        async with book.locked(pools):
+            for _ in range(settings.attempts):
+                # Decide against each pool's ledger object exactly as it will be written: an
+                # object fetched (or changed) after the decision would list entries it missed.
+                try:
+                    for pool in pools:
+                        if pool not in book.objects:
+                            await book.ensure(pool)
+                except ApiError as exc:
+                    log.warning("ledger read failed", extra={"fields": {"error": str(exc)}})
+                    await self.roll_back(pools, uid)
+                    return answers.unavailable()
+                basis = {pool: book.objects.get(pool) for pool in pools}
+                state = book.current()
+                if any(state.pending.fenced(pool) for pool in pools):
+                    if not await self.barrier.wait_unfenced(pools, deadline):
+                        await self.roll_back(pools, uid)
+                        return answers.behind(", ".join(pools))
+                    continue
+                for pool in pools:
+                    own = state.pending.counted(pool, uid)
+                    if own is not None:
+                        state.pending.adjust(pool, rl.scale(own.increase, Decimal(-1)))
+                try:
+                    if request.dry_run:  # checked like a write of another name: no replacing
+                        decision = decide(request, state, policy)
+                    else:
+                        # Never refused for the object's own previews; they stay held beside
+                        # this entry (whichever the server stores is covered) until observed
+                        # or expired.
+                        decision = decide_replacing(request, state, policy)
+                finally:
+                    for pool in pools:
+                        state.pending.clear_adjustments(pool)
+                if not decision.allowed or not decision.charged_pools:
+                    await self.roll_back(pools, uid)
+                    return decision
+                if set(decision.charged_pools) != set(pools):
+                    await self.roll_back(pools, uid)
+                    return answers.changed(", ".join(pools))
+                try:
+                    for pool in pools:
+                        entry = self._entry(request, decision, pool)
+                        await self._put_entry(pool, entry, state, basis[pool])
+                except Conflict:
+                    book.conflicts += 1
+                    continue  # what was written is ours (by uid): reused or replaced next time
+                except _ShareFull as exc:
+                    await self.roll_back(pools, uid)
+                    return answers.share_full(exc.pool, exc.holder, book.settings)
+                except ApiError as exc:
+                    log.warning("ledger write failed", extra={"fields": {"error": str(exc)}})
+                    await self.roll_back(pools, uid)
+                    return answers.unavailable()
+                return decision
+            await self.roll_back(pools, uid)
+        return answers.contention(pools)
+
+    async def _put_entry(
+        self, pool: str, entry: Obj, state: ReservationState, current: Obj | None
+    ) -> None:
+        """Make ``pool``'s ledger list ``entry`` (replacing one with its id); one write at most,
+        conditional on ``current``, the version the decision counted (a newer one conflicts)."""
+        if current is None:
+            raise Conflict()
+        for known in listed(current):
+            if known.get("id") == entry["id"] and same(known, entry):
+                return  # written by an earlier attempt of this request: reuse it
+        kept = self.status.kept(pool, current, state, without={entry["id"]})
+        if len(kept) >= bounds.MAX_ENTRIES:
+            raise Conflict()
+        who = holder(pool, entry["application"].split("/", 2)[1])
+        if holders(pool, kept).get(who, 0) >= self.book.settings.share_limit:
+            raise _ShareFull(pool, who)
+        status = self.status.build(pool, current, state, [*kept, entry])
+        await self.book.write(pool, current, status)
+
+    async def roll_back(self, pools: list[str], uid: str) -> None:
+        """Remove ``uid``'s entries (a request that failed holds nothing); best effort: an entry
+        left behind is dropped with its grace period like any other."""
+        book = self.book
+        book.current().pending.withdraw(uid)  # never answered "allowed": nothing to wait for
+        for pool in pools:
+            for _ in range(book.settings.attempts):
+                current = book.objects.get(pool)
+                if current is None or not any(e.get("id") == uid for e in listed(current)):
+                    break
+                state = book.current()
+                kept = self.status.kept(pool, current, state, without={uid})
+                try:
+                    await book.write(pool, current, self.status.build(pool, current, state, kept))
+                    break
+                except Conflict:
+                    continue
+                except ApiError as exc:
+                    log.warning("ledger roll-back failed", extra={"fields": {"error": str(exc)}})
+                    break
+
+    def _entry(
+        self,
+        request: AdmissionRequest,
+        decision: Decision,
+        pool: str,
+        *,
+        floor: Mapping[str, Decimal] | None = None,
+        replaces: Iterable[str] = (),
+    ) -> Obj:
+        """``request``'s entry in ``pool``, holding at least ``floor`` (previews it replaces)."""
+        settings = self.book.settings
+        expires = expiry(self.book.clock() + settings.grace_seconds)
+        entry: Obj = {
+            "id": request.uid,
+            "application": f"{request.kind}/{request.namespace}/{request.name}",
+            "charge": rl.to_strings(rl.maximum(decision.charged_pools[pool], floor or {})),
+            "expected": rl.to_strings(decision.expected or {}),
+            "expires": expires,
+            "replica": settings.replica,
+        }
+        if request.dry_run:
+            entry["dryRun"] = True
+        if replaces:
+            entry["replaces"] = sorted(replaces)
+        return entry
+
+
+def _key(request: AdmissionRequest) -> AppKey:
+    return (request.kind, request.namespace, request.name)
+
+
+def decide_replacing(
+    request: AdmissionRequest, state: ReservationState, policy: Policy
+) -> Decision:
+    """``decide``, without the holds of the object's own previews (the write replaces them)."""
+    held = state.pending.previews(_key(request))
+    for hold in held:
+        state.pending.adjust(hold.namespace, rl.scale(hold.increase, Decimal(-1)))
+    try:
+        return decide(request, state, policy)
+    finally:
+        for hold in held:  # undone exactly: a batch being written keeps its adjustments
+            state.pending.adjust(hold.namespace, hold.increase)

@@ -1,0 +1,164 @@
+"""The ledger one replica admits through: which part of the ledger decides each request.
+
+:class:`Ledger` owns the parts and routes a request to them: a request the ledger does not hold
+(a DELETE, or a dry run when ``dry_run_holds`` is off) is decided at once; a request refused for
+the pool's budget first has the pool's expired entries swept (:mod:`.settle`) and is decided
+again; a sub-Tenant allowed only in warn has its cap recorded (:mod:`.shares`); a namespace no
+Tenant owns holds nothing; a request charging one pool waits in that pool's queue
+(:mod:`.queue`) for its batch's commit, one charging several is committed across them
+(:mod:`.commit`). A held dry run's answer says for how long it is held.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from webhook.admission.ledger.barrier import Barrier
+from webhook.admission.ledger.book import Book, StateSource
+from webhook.admission.ledger.bounds import LedgerSettings
+from webhook.admission.ledger.commit import Commit, decide_replacing
+from webhook.admission.ledger.queue import Queues
+from webhook.admission.ledger.settle import Settle
+from webhook.admission.ledger.shares import Caps, explain_cap, largest_share, over_in_warn
+from webhook.admission.ledger.status import Status
+from webhook.core.admission.decisions import Decision, Policy, decide, errored, held_dry_run
+from webhook.core.admission.reviews import AdmissionRequest
+from webhook.kube.client import KubeClient
+from webhook.kube.reflector import Reflector
+
+__all__ = ["Ledger"]
+
+
+class Ledger:
+    """Admits increases through the cluster-wide ledger; one per replica."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        live: StateSource,
+        settings: LedgerSettings,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._book = Book(client, live, settings, clock=clock)
+        self._status = Status(self._book)
+        self._barrier = Barrier(self._book)
+        self._settle = Settle(self._book, self._status, self._barrier)
+        self._caps = Caps(self._book, self._status)
+        self._commit = Commit(self._book, self._status, self._barrier)
+        self._queues = Queues(self._book, self._commit.batch)
+
+    @property
+    def client(self) -> KubeClient:
+        return self._book.client
+
+    @property
+    def live(self) -> StateSource:
+        return self._book.live
+
+    @property
+    def settings(self) -> LedgerSettings:
+        return self._book.settings
+
+    @settings.setter
+    def settings(self, settings: LedgerSettings) -> None:
+        self._book.settings = settings
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self._book.clock
+
+    @property
+    def reflector(self) -> Reflector:
+        return self._book.reflector
+
+    @property
+    def synced(self) -> bool:
+        return self._book.reflector.synced
+
+    @property
+    def conflicts(self) -> int:
+        """Conditional writes another replica's write came before."""
+        return self._book.conflicts
+
+    @property
+    def writes(self) -> int:
+        """Writes of ledger objects attempted."""
+        return self._book.writes
+
+    @property
+    def failures(self) -> int:
+        """Writes refused for anything but a conflict."""
+        return self._book.failures
+
+    @property
+    def on_batch(self) -> Callable[[int], None]:
+        """Called with each batch's size as it is drained (e.g. to observe it in a metric)."""
+        return self._queues.on_batch
+
+    @on_batch.setter
+    def on_batch(self, on_batch: Callable[[int], None]) -> None:
+        self._queues.on_batch = on_batch
+
+    def holds(self) -> int:
+        """Pending charges held in every pool's ledger object, as this replica last saw them."""
+        return self._book.holds()
+
+    def largest_share(self) -> float:
+        """The largest share of a pool's ledger (of :data:`MAX_ENTRIES`) that one tenant's
+        listed entries take now, over every pool (for metrics: one figure, no labels)."""
+        return largest_share(self._book.objects)
+
+    async def admit(self, request: AdmissionRequest, policy: Policy) -> Decision:
+        state = self._book.current()
+        if request.operation not in ("CREATE", "UPDATE") or (
+            request.dry_run and not self.settings.dry_run_holds
+        ):
+            return decide(request, state, policy)
+        decision = decide_replacing(request, state, policy)
+        expired = not decision.allowed and decision.reason == "exceeded" and decision.pool
+        if expired and await self._settle.expire(decision.pool):
+            state = self._book.current()
+            decision = decide_replacing(request, state, policy)
+        if over_in_warn(request, decision):
+            return await self._caps.admit_capped(request, policy, decision)
+        if not decision.allowed and decision.reason == "exceeded":
+            decision = explain_cap(decision, state)
+        if not decision.allowed or not decision.charged_pools:
+            return decision
+        node = state.tree.get(request.namespace)
+        if node is None or not node.declared:
+            # A namespace no Tenant owns: the API server would not store the object (Cozystack
+            # creates tenant namespaces from Tenants), so nothing is held for it: an
+            # unauthenticated caller cannot fill a pool through namespaces that do not exist.
+            if decision.mode != "enforce":
+                return decision
+            return errored(
+                403,
+                "Forbidden",
+                "no-tenant",
+                f"tenant reservations: namespace {request.namespace} belongs to no tenant the "
+                "webhook knows of; if it was just created, try again",
+            )
+        if len(request.uid) > 128 or not request.uid:
+            return errored(400, "BadRequest", "invalid", "tenant reservations: invalid uid")
+        pools = sorted(decision.charged_pools)
+        if len(pools) == 1:
+            answer = await self._queues.enqueue(pools[0], request, policy)
+        else:
+            answer = await self._commit.across(pools, request, policy)
+        if request.dry_run and answer.allowed and answer.charged_pools:
+            return held_dry_run(answer, self.settings.grace_seconds)
+        return answer
+
+    # -- every replica's and the leader's duties -------------------------------------------
+
+    def sweep(self) -> None:
+        """Release what the state has caught up with, and have the state confirm the kinds
+        that still hold something back (every replica, periodically)."""
+        self._settle.sweep()
+
+    async def reconcile(self) -> int:
+        """Make every pool's TenantReservation status true; returns how many were written."""
+        return await self._status.reconcile()

@@ -1,0 +1,80 @@
+"""How admissions for one pool wait: a queue per pool, drained in batches, one at a time.
+
+Admissions for one pool queue while a write for that pool is in flight; the queue is then
+handed, as one batch, to the commit that decides and writes it (:mod:`.commit`), under the
+pool's lock. Every request in a batch is answered whatever happens: a batch that fails for any
+reason answers what it has not answered with "try again", and never stops the pool's queue. A
+request whose caller has gone (its future is done) is skipped by the commit and holds nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+
+from webhook.admission.ledger import answers
+from webhook.admission.ledger.book import Book
+from webhook.core.admission.decisions import Decision, Policy
+from webhook.core.admission.reviews import AdmissionRequest
+
+__all__ = ["Queues", "Waiter", "answer"]
+
+log = logging.getLogger("webhook.admission.ledger")  # one logger for all of the ledger
+
+
+@dataclass
+class Waiter:
+    """One request waiting in its pool's queue for its answer."""
+
+    request: AdmissionRequest
+    policy: Policy
+    future: asyncio.Future[Decision]
+
+
+@dataclass
+class _Queue:
+    waiting: list[Waiter] = field(default_factory=list)
+    draining: asyncio.Task[None] | None = None
+
+
+class Queues:
+    """One queue per pool, drained into ``commit`` one batch at a time under the pool's lock."""
+
+    def __init__(self, book: Book, commit: Callable[[str, list[Waiter]], Awaitable[None]]) -> None:
+        self.book = book
+        self.commit = commit
+        self.on_batch: Callable[[int], None] = lambda size: None  # e.g. observe in a metric
+        self._queues: dict[str, _Queue] = {}
+
+    async def enqueue(self, pool: str, request: AdmissionRequest, policy: Policy) -> Decision:
+        queue = self._queues.setdefault(pool, _Queue())
+        waiter = Waiter(request, policy, asyncio.get_running_loop().create_future())
+        queue.waiting.append(waiter)
+        if queue.draining is None:
+            queue.draining = asyncio.create_task(self._drain(pool, queue))
+        return await waiter.future
+
+    async def _drain(self, pool: str, queue: _Queue) -> None:
+        try:
+            while queue.waiting:
+                batch, queue.waiting = queue.waiting, []
+                self.on_batch(len(batch))
+                async with self.book.lock(pool):
+                    try:
+                        await self.commit(pool, batch)
+                    except Exception:  # one bad batch must not stop the pool's queue
+                        log.exception("ledger batch failed", extra={"fields": {"pool": pool}})
+                    for waiter in batch:
+                        if not waiter.future.done():
+                            waiter.future.set_result(answers.unavailable())
+        finally:
+            queue.draining = None
+
+
+def answer(given: Iterable[tuple[Waiter, Decision]]) -> None:
+    """Give each waiter its decision (unless its caller has gone)."""
+    for waiter, decision in given:
+        if not waiter.future.done():
+            waiter.future.set_result(decision)

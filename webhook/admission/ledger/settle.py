@@ -1,0 +1,74 @@
+"""When a held charge stops counting: expiry, the sweep, and entries that departed the ledger.
+
+An entry is held until its object is observed newer than its admission (it *settles*: every
+replica drops it from its count, and the next write drops it from the list), or until its grace
+period passes (it *expires*: the next write drops it). An entry that left the ledger still
+counts on a replica whose state has not yet seen the write that removed it (it *departed*): a
+request refused for the pool's budget first sweeps the pool's expired entries, then waits
+(bounded) until nothing departed is still counted, and is decided again. Every replica also
+periodically asks the state to confirm the kinds that still hold something back
+(:meth:`Settle.sweep`), so a release never waits for the kind's own traffic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from webhook.admission.ledger.barrier import Barrier
+from webhook.admission.ledger.book import Book, Conflict
+from webhook.admission.ledger.entries import expired, listed
+from webhook.admission.ledger.status import Status
+from webhook.kube.client import ApiError
+
+__all__ = ["Settle"]
+
+
+class Settle:
+    """Drops what expired from a pool's ledger, and waits for what departed to stop counting."""
+
+    def __init__(self, book: Book, status: Status, barrier: Barrier) -> None:
+        self.book = book
+        self.status = status
+        self.barrier = barrier
+
+    def sweep(self) -> None:
+        """Release what the state has caught up with, and have the state confirm the kinds
+        that still hold something back (every replica, periodically)."""
+        self.barrier.confirm(self.book.current().pending.awaiting())
+
+    async def expire(self, pool: str) -> bool:
+        """Drop ``pool``'s entries past their grace period and wait (bounded) until the state
+        has seen every write up to their removal (and that of entries already gone from the
+        ledger but still counted); whether anything may have been released."""
+        book = self.book
+        current = book.objects.get(pool)
+        if current is None:
+            return False
+        now = book.now()
+        if not any(expired(e, now) for e in listed(current)):
+            if not book.current().pending.departed(pool):
+                return False
+            return await self.wait_departed(pool)
+        async with book.locked([pool]):
+            current = book.objects.get(pool)
+            state = book.current()
+            if current is not None:
+                kept = self.status.kept(pool, current, state, without=set())
+                if len(kept) < len(listed(current)):
+                    status = self.status.build(pool, current, state, kept)
+                    with contextlib.suppress(Conflict, ApiError):
+                        await book.write(pool, current, status)
+        return await self.wait_departed(pool)
+
+    async def wait_departed(self, pool: str) -> bool:
+        """Wait (bounded) until no entry that left ``pool``'s ledger is still counted."""
+        loop = asyncio.get_running_loop()  # a bounded real wait, whatever the ledger's clock
+        deadline = loop.time() + self.book.settings.catch_up_seconds
+        while loop.time() < deadline:
+            pending = self.book.current().pending
+            if not pending.departed(pool):
+                break
+            self.barrier.confirm(pending.awaiting(pool))
+            await asyncio.sleep(0.02)
+        return True

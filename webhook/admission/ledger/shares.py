@@ -1,0 +1,196 @@
+"""Whose share of a pool's ledger an entry or a cap takes, and the carve-out caps it records.
+
+One tenant (the tenant namespace directly below the pool, with its sub-tenants) may have at
+most ``LedgerSettings.namespace_share`` of a pool's :data:`~.bounds.MAX_ENTRIES` entries listed,
+and its sub-tenants at most that share of its :data:`~.bounds.MAX_CAPS` caps: past it only that
+tenant is told to try again, and creating namespaces never multiplies its share
+(:func:`holder`). A sub-Tenant allowed only because Tenant is in warn, beyond what fits, is
+recorded in the pool's ``status.capped`` before the answer (:class:`Caps`, after
+:mod:`webhook.core.admission.carveouts`): it then counts no more than before the write, and
+nothing is held for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from decimal import Decimal
+from typing import Any
+
+from webhook.admission.ledger import answers, bounds
+from webhook.admission.ledger.book import Book
+from webhook.admission.ledger.entries import Obj, expiry, listed, raw_caps, size
+from webhook.admission.ledger.status import Status
+from webhook.core.admission.carveouts import Cap, capped, kept_budget, overshoot
+from webhook.core.admission.decisions import WARNING_LIMIT, Decision, Policy
+from webhook.core.admission.reviews import AdmissionRequest
+from webhook.core.admission.state import ReservationState
+from webhook.core.base import resources as rl
+from webhook.core.base.errors import UNEVALUABLE
+from webhook.core.tenancy.tenants import (
+    TENANT_KIND,
+    ancestors,
+    owned_namespace,
+    parent_namespace,
+    parse_budget,
+)
+from webhook.kube.client import ApiError
+
+__all__ = ["Caps", "explain_cap", "holder", "holders", "largest_share", "over_in_warn"]
+
+
+def holder(pool: str, namespace: str) -> str:
+    """Whose share of ``pool``'s ledger an entry for ``namespace`` takes: the tenant directly
+    below the pool on the way to ``namespace`` (the pool's own namespace for its own
+    applications). Sub-tenants share their tenant's share, so a tenant admin cannot multiply
+    it by creating namespaces."""
+    chain = ancestors(namespace)
+    if pool in chain:
+        index = chain.index(pool)
+        return chain[index - 1] if index > 0 else pool
+    return namespace
+
+
+def holders(pool: str, entries: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """How many of ``entries`` each tenant holds in ``pool``'s ledger."""
+    counts: dict[str, int] = {}
+    for entry in entries:
+        parts = str(entry.get("application") or "").split("/", 2)
+        who = holder(pool, parts[1] if len(parts) == 3 else "")
+        counts[who] = counts.get(who, 0) + 1
+    return counts
+
+
+def largest_share(objects: Mapping[str, Obj]) -> float:
+    """The largest share of a pool's ledger (of :data:`~.bounds.MAX_ENTRIES`) that one
+    tenant's listed entries take now, over every pool's object in ``objects``."""
+    largest = 0
+    for pool, obj in objects.items():
+        counts = holders(pool, listed(obj))
+        largest = max(largest, *counts.values()) if counts else largest
+    return largest / bounds.MAX_ENTRIES
+
+
+def _cap_holder(pool: str, owned: str) -> str:
+    """Whose share of ``pool``'s caps a cap for the Tenant owning ``owned`` takes: that of
+    the tenant it was created in (see :func:`holder`)."""
+    return holder(pool, parent_namespace(owned) or owned)
+
+
+# -- a carve-out admitted in warn: only what fits is counted ----------------------------------
+
+
+def over_in_warn(request: AdmissionRequest, decision: Decision) -> bool:
+    """A Tenant write allowed only because Tenant is in warn, over its parent's budget."""
+    return (
+        request.kind == TENANT_KIND
+        and decision.outcome == "warned"
+        and decision.reason == "exceeded"
+        and not request.dry_run
+    )
+
+
+def explain_cap(decision: Decision, state: ReservationState) -> Decision:
+    """Say so when the pool that refused is a carve-out counted below its declared quota."""
+    cap = state.capped().get(decision.pool)
+    if cap is None:
+        return decision
+    message = (
+        f"{decision.message} (its quota, {rl.format_resources(cap.declared)}, was admitted "
+        f"in warn mode beyond what fits above it: it counts "
+        f"{rl.format_resources(cap.counted, cap.declared) or 'nothing'} until it fits)"
+    )
+    return replace(decision, message=message, audit={**decision.audit, "message": message})
+
+
+class Caps:
+    """Records the caps of carve-outs admitted in warn beyond what fits."""
+
+    def __init__(self, book: Book, status: Status) -> None:
+        self.book = book
+        self.status = status
+
+    async def admit_capped(
+        self, request: AdmissionRequest, policy: Policy, warned: Decision
+    ) -> Decision:
+        """A Tenant whose quota does not fit, allowed only because Tenant is in warn: record in
+        the pool above, before answering, that it counts no more than before the write (a
+        cap), so nothing is held and nobody else's room is taken; the answer is still the
+        warning with the full overshoot (see :mod:`webhook.core.admission.carveouts`)."""
+        state = self.book.current()
+        declared = _declared_budget(request.object, state)
+        pool_node = state.tree.pool_root(request.namespace)
+        if declared is None or pool_node is None:
+            return warned
+        old = _declared_budget(request.old_object, state) if request.operation == "UPDATE" else None
+        owned = owned_namespace(request.namespace, request.name)
+        cap = capped(declared, kept_budget(state.tree, owned, declared, old))
+        refused = await self._write_cap(pool_node.namespace, owned, cap)
+        if refused is not None:
+            return refused
+        return _with_cap_warning(warned, cap, pool_node.namespace)
+
+    async def _write_cap(self, pool: str, owned: str, cap: Cap) -> Decision | None:
+        """Make ``pool``'s ledger list ``cap`` for ``owned``; ``None`` once written, else the
+        answer to give. A cap whose Tenant is not stored with its quota within the grace
+        period is dropped by the next write (see :meth:`Status.build`). One tenant's caps take
+        at most its share of :data:`~.bounds.MAX_CAPS`, as its entries do of
+        :data:`~.bounds.MAX_ENTRIES`: past it only that tenant is refused."""
+        book, settings = self.book, self.book.settings
+        who = _cap_holder(pool, owned)
+        raw = {
+            "digest": cap.digest,
+            "declared": rl.to_strings(cap.declared),
+            "counted": rl.to_strings(cap.counted),
+            "expires": expiry(book.clock() + settings.grace_seconds),
+        }
+        if size(raw) > bounds.MAX_ENTRY_BYTES:
+            return answers.too_large()
+        async with book.locked([pool]):
+            for _ in range(settings.attempts):
+                try:
+                    current = book.objects.get(pool) or await book.ensure(pool)
+                except ApiError:
+                    return answers.unavailable()
+                state = book.current()
+                kept = self.status.kept(pool, current, state, without=set())
+                status = self.status.build(pool, current, state, kept)
+                caps = {**raw_caps(status), owned: raw}
+                if len(caps) > bounds.MAX_CAPS:
+                    return answers.too_many_caps(pool)
+                mine = sum(1 for other in caps if _cap_holder(pool, str(other)) == who)
+                if mine > settings.cap_share_limit:
+                    return answers.cap_share_full(pool, who, settings)
+                outcome = await book.attempt(pool, current, {**status, "capped": caps})
+                if outcome == "written":
+                    return None
+                if outcome == "failed":
+                    return answers.unavailable()
+        return answers.contention([pool])
+
+
+def _declared_budget(
+    obj: Mapping[str, Any] | None, state: ReservationState
+) -> dict[str, Decimal] | None:
+    """The quota a Tenant object declares (``None``: none given, or it does not parse)."""
+    if obj is None:
+        return None
+    kind = state.platform.kind(TENANT_KIND)
+    spec = obj.get("spec")
+    try:
+        values = kind.defaulted(spec) if kind is not None else spec
+        return parse_budget(values)
+    except UNEVALUABLE:
+        return None
+
+
+def _with_cap_warning(warned: Decision, cap: Cap, pool: str) -> Decision:
+    over = overshoot(cap)
+    if not over:
+        return warned
+    counted = rl.format_resources(cap.counted, sorted(over)) or "nothing"
+    note = (
+        f"not reserved: pool {pool} counts this quota as {counted} (what it had before) and "
+        f"its subtree may use no more until the quota fits ({rl.format_resources(over)} over)"
+    )
+    return replace(warned, warnings=(*warned.warnings, note[:WARNING_LIMIT]))

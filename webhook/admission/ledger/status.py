@@ -1,0 +1,160 @@
+"""The status every write of a pool's ledger object puts, and the leader's reconcile of it.
+
+A write never changes only what it came for: it keeps the entries still held (each stamped with
+the revision that admitted it, without those seen settled here or past their grace period), the
+caps whose Tenant still declares its quota or whose grace has not passed, adds every removed
+entry to the ``released`` counts (so a replica that never saw it knows to wait), and carries the
+pool's summary (budget, reserved, committed, and the ``Overcommitted`` condition with the time
+it last changed). So a busy pool needs no separate status write; the replica holding the Lease
+writes the pools whose status is no longer true (:meth:`Status.reconcile`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any, Final
+
+from webhook.admission.ledger.book import Book, Conflict
+from webhook.admission.ledger.entries import Obj, expired, kind_of, listed, raw_caps, released
+from webhook.core.admission.state import ReservationState
+from webhook.core.base import resources as rl
+from webhook.core.tenancy.applications import resource_version
+from webhook.kube.client import ApiError
+
+__all__ = ["Status"]
+
+log = logging.getLogger("webhook.admission.ledger")  # one logger for all of the ledger
+
+_TIME: Final = "%Y-%m-%dT%H:%M:%SZ"  # metav1.Time, for conditions
+
+
+class Status:
+    """Builds each write's status from the book's copy and the live state."""
+
+    def __init__(self, book: Book) -> None:
+        self.book = book
+
+    def kept(
+        self, pool: str, current: Obj, state: ReservationState, *, without: set[str]
+    ) -> list[Obj]:
+        """The entries of ``current`` the next write keeps, each stamped with its revision:
+        not ``without``, not seen settled here, not past its grace period."""
+        now = self.book.now()
+        revision = str(resource_version((current.get("metadata") or {}).get("resourceVersion")))
+        kept = []
+        for entry in listed(current):
+            hold_id = str(entry.get("id") or "")
+            if hold_id in without or expired(entry, now) or state.pending.resolved(hold_id):
+                continue
+            kept.append(entry if entry.get("revision") else {**entry, "revision": revision})
+        return kept
+
+    def build(self, pool: str, current: Obj, state: ReservationState, entries: list[Obj]) -> Obj:
+        """The status of ``pool``'s next write, listing ``entries``."""
+        old = current.get("status") or {}
+        status = {**old, **self._summary(pool, state, old), "pending": entries}
+        caps = raw_caps(old)
+        if caps:  # a cap stays while its Tenant declares its quota, or within its grace
+            now = self.book.now()
+            status["capped"] = {
+                owned: raw
+                for owned, raw in caps.items()
+                if isinstance(raw, Mapping)
+                and (not expired(raw, now) or state.declares(str(owned), str(raw.get("digest"))))
+            } or None
+        kept = {str(e.get("id") or "") for e in entries}
+        removed = [e for e in listed(current) if str(e.get("id") or "") not in kept]
+        if removed:  # every removal counted, so a replica that never saw one knows to wait
+            counts = released(old)
+            for entry in removed:
+                kind = kind_of(entry)
+                counts[kind] = counts.get(kind, 0) + 1
+            status["released"] = counts
+        return {k: v for k, v in status.items() if v is not None}
+
+    def _summary(self, pool: str, state: ReservationState, old: Mapping[str, Any]) -> Obj:
+        node = state.tree.get(pool)
+        if node is None or not node.bounded:
+            return {}
+        view = state.tree.view(node)
+        over = view.overcommitted
+        summary: Obj = {
+            "budget": rl.to_strings(view.budget),
+            "reserved": rl.to_strings(view.reserved),
+            "budgetSummary": rl.format_resources(view.budget),
+            "reservedSummary": rl.format_resources(view.reserved),
+            "overcommitted": rl.to_strings(over),
+            "conditions": [
+                _condition(
+                    old, over, datetime.fromtimestamp(self.book.clock(), UTC).strftime(_TIME)
+                )
+            ],
+            "committed": None,
+            "discount": None,
+        }
+        discount = state.pool_discounts().get(pool)
+        if discount:  # overcommit factors apply: committed beside reserved
+            summary["committed"] = rl.to_strings(rl.add(view.reserved, discount))
+            summary["discount"] = rl.to_strings(discount)
+        return summary
+
+    async def reconcile(self) -> int:
+        """Make every pool's TenantReservation status true; returns how many were written."""
+        book = self.book
+        state = book.current()
+        if not state.synced:
+            return 0
+        written = 0
+        for view in state.tree.pools():
+            pool = view.namespace
+            try:
+                async with book.locked([pool]):
+                    current = book.objects.get(pool) or await book.ensure(pool)
+                    state = book.current()
+                    old = current.get("status") or {}
+                    kept = self.kept(pool, current, state, without=set())
+                    status = self.build(pool, current, state, kept)
+                    if _comparable(status) != _comparable(old):
+                        await book.write(pool, current, status)
+                        written += 1
+            except (Conflict, ApiError) as exc:
+                log.info(
+                    "reconcile deferred",
+                    extra={"fields": {"pool": pool, "error": repr(exc)}},
+                )
+        return written
+
+
+def _condition(old: Mapping[str, Any], over: Mapping[str, Decimal], now: str) -> Obj:
+    status = "True" if over else "False"
+    previous = next(
+        (c for c in old.get("conditions") or [] if c.get("type") == "Overcommitted"), None
+    )
+    since = (
+        previous.get("lastTransitionTime") if previous and previous.get("status") == status else now
+    )
+    message = (
+        f"reserved exceeds the budget by {rl.format_resources(over)}; lower a sub-tenant quota "
+        "or raise this tenant's quota (nothing is evicted)"
+        if over
+        else "reserved is within the budget"
+    )
+    return {
+        "type": "Overcommitted",
+        "status": status,
+        "reason": "BudgetExceeded" if over else "WithinBudget",
+        "message": message,
+        "lastTransitionTime": since,
+    }
+
+
+def _comparable(status: Mapping[str, Any]) -> Obj:
+    conditions = [
+        {k: v for k, v in c.items() if k != "lastTransitionTime"}
+        for c in status.get("conditions") or []
+    ]
+    pending = [{k: v for k, v in e.items() if k != "revision"} for e in status.get("pending") or []]
+    return {**status, "conditions": conditions, "pending": pending}
