@@ -328,6 +328,20 @@ async def test_two_replicas_admit_exactly_what_fits_and_the_ledger_settles(
             answers = await asyncio.gather(
                 *(caller.validate(ports[i % 2], b) for i, b in enumerate(bodies))
             )
+            for _ in range(5):  # "try again" (a replica behind under load) is retried, as kubectl
+                again = [
+                    i
+                    for i, a in enumerate(answers)
+                    if not a["allowed"] and a["status"]["reason"] == "ServiceUnavailable"
+                ]
+                if not again:
+                    break
+                await asyncio.sleep(1)
+                retried = await asyncio.gather(
+                    *(caller.validate(ports[i % 2], bodies[i]) for i in again)
+                )
+                for i, answer in zip(again, retried, strict=True):
+                    answers[i] = answer
             allowed = [b for b, a in zip(bodies, answers, strict=True) if a["allowed"]]
             assert len(allowed) == room
             assert {a["status"]["reason"] for a in answers if not a["allowed"]} <= {
