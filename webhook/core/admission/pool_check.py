@@ -42,7 +42,7 @@ from webhook.core.tenancy.applications import AppKey, Application
 from webhook.core.tenancy.counts import check_budget_keys, is_count_key
 from webhook.core.tenancy.tenants import TENANT_KIND, TENANT_NAME, owned_namespace, parse_budget
 
-__all__ = ["budget_key_refusal", "check", "check_pools", "quota_facts", "tenant_change"]
+__all__ = ["ModeFor", "budget_key_refusal", "check", "check_pools", "quota_facts", "tenant_change"]
 
 _ZERO = Decimal(0)
 
