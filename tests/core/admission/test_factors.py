@@ -47,6 +47,22 @@ def create(annotations: dict[str, str] | None = None, **who: Any) -> AdmissionRe
     return request("Thing", NS, "x", {"memory": "3Gi"}, annotations=annotations, **who)
 
 
+def carried(note: dict[str, str] | None, **who: Any) -> AdmissionRequest:
+    """An UPDATE that sends back the stored object's annotations unchanged."""
+    spec = {"memory": "3Gi"}
+    return request(
+        "Thing",
+        NS,
+        "x",
+        spec,
+        operation="UPDATE",
+        old_spec=spec,
+        annotations=note,
+        old_annotations=note,
+        **who,
+    )
+
+
 def test_a_tenant_may_not_set_a_factor() -> None:
     refused = factor_change(
         subject(create({OVERCOMMIT_ANNOTATION: "memory=1.5"})), RULES, deny=True
@@ -75,18 +91,7 @@ def test_even_the_platform_is_held_to_the_bounds() -> None:
 
 
 def test_an_annotation_carried_unchanged_changes_nothing_whoever_sends_it() -> None:
-    note = {OVERCOMMIT_ANNOTATION: "memory=1.5"}
-    body = request(
-        "Thing",
-        NS,
-        "x",
-        {"memory": "3Gi"},
-        operation="UPDATE",
-        old_spec={"memory": "3Gi"},
-        annotations=note,
-        old_annotations=note,
-        **ADMIN,
-    )
+    body = carried({OVERCOMMIT_ANNOTATION: "memory=1.5"}, **ADMIN)
     assert factor_change(subject(body), RULES, deny=True) == (None, False)
 
 
@@ -137,25 +142,15 @@ def test_the_stage_gives_the_charge_at_the_factor_with_its_record() -> None:
 
 
 @pytest.mark.parametrize(
-    ("carried", "expected"),
+    ("text", "expected"),
     [
         pytest.param("memory=1.5", "remove", id="an-unvouched-carried-factor-is-removed"),
         pytest.param(None, None, id="no-annotation-nothing-to-fix"),
     ],
 )
 def test_a_carried_factor_no_record_vouches_for_is_fixed(
-    carried: str | None, expected: str | None
+    text: str | None, expected: str | None
 ) -> None:
-    note = {OVERCOMMIT_ANNOTATION: carried} if carried is not None else None
-    body = request(
-        "Thing",
-        NS,
-        "x",
-        {"memory": "3Gi"},
-        operation="UPDATE",
-        old_spec={"memory": "3Gi"},
-        annotations=note,
-        old_annotations=note,
-    )
-    fix = factor_fix(subject(body), None)
+    note = {OVERCOMMIT_ANNOTATION: text} if text is not None else None
+    fix = factor_fix(subject(carried(note)), None)
     assert (fix["op"] if fix is not None else None) == expected
