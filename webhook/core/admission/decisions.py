@@ -106,16 +106,16 @@ def decide(request: AdmissionRequest, state: ReservationState, policy: Policy) -
 
 def _staged(request: AdmissionRequest, state: ReservationState, policy: Policy) -> Decision:
     """Stages 1 to 4; the first to refuse answers, and the pool check answers the rest."""
-    subject = resolve(request, state)
+    subject = resolve(request, state)  # 1: the application, what is believed of the stored one
     if isinstance(subject, Decision):
         return subject
-    priced = price(subject)
+    priced = price(subject)  # 2: the charge from its contract, volumes held
     if isinstance(priced, Decision):
         return priced
-    factored = factor(subject, priced, policy.overcommit)
+    factored = factor(subject, priced, policy.overcommit)  # 3: at its factor, signed
     if isinstance(factored, Decision):
         return factored
-    return check_pools(subject, priced, factored, policy.mode_for)
+    return check_pools(subject, priced, factored, policy.mode_for)  # 4, answered by 5
 
 
 def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -> Decision:
