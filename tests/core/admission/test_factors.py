@@ -137,8 +137,8 @@ def test_the_stage_gives_the_charge_at_the_factor_with_its_record() -> None:
     resolved = subject(create({OVERCOMMIT_ANNOTATION: "memory=1.5"}, **ADMIN))
     result = factor(resolved, priced(resolved), RULES)
     assert isinstance(result, Factored)
-    assert (result.changed, result.reserved) == (True, {"memory": 2 * GI})
-    assert result.record.resources == result.reserved
+    assert (result.changed, result.at.reserved) == (True, {"memory": 2 * GI})
+    assert result.record.resources == result.at.reserved
 
 
 @pytest.mark.parametrize(

@@ -51,6 +51,7 @@ from webhook.core.admission.resolve import (
     kept,
     resolve,
     screen,
+    subject_of,
 )
 from webhook.core.admission.reviews import AdmissionRequest
 from webhook.core.admission.state import ReservationState
@@ -137,7 +138,7 @@ def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -
         return skipped("no reservation recorded", kind=request.kind)
     subject: Subject | None
     try:
-        subject = Subject(request, state, application(request), state.platform.kind(request.kind))
+        subject = subject_of(request, state, application(request))
     except ValueError:
         subject = None  # no name yet (generateName): nothing can be signed for it
     claimed = charge_annotation(request.object)

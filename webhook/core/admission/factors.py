@@ -13,8 +13,8 @@ other record than that one or the stored one, unchanged (``forged-charge`` other
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from decimal import Decimal
+from typing import NamedTuple
 
 from webhook.core.admission.answers import (
     OVERCOMMIT_POINTER,
@@ -29,6 +29,7 @@ from webhook.core.admission.resolve import (
     Subject,
     overcommit_annotation,
     record_problem,
+    vouched_own,
 )
 from webhook.core.pricing.evaluation import Charge
 from webhook.core.tenancy.overcommit import (
@@ -45,8 +46,7 @@ from webhook.core.tenancy.tenants import TENANT_KIND
 __all__ = ["AtFactor", "Factored", "at_factor", "factor", "factor_change", "factor_fix", "signed"]
 
 
-@dataclass(frozen=True)
-class AtFactor:
+class AtFactor(NamedTuple):
     """What an application reserves at its effective factor, and which factor that is."""
 
     reserved: dict[str, Decimal]
@@ -55,8 +55,7 @@ class AtFactor:
     label: str  # e.g. "memory=1.2 (tenant-a)", "" when none applies
 
 
-@dataclass(frozen=True)
-class Factored:
+class Factored(NamedTuple):
     """Stage 3's result: the object's own factor once admitted, whether this write changes it,
     what it reserves at the effective factor, and the record signed for it."""
 
@@ -64,10 +63,6 @@ class Factored:
     changed: bool
     at: AtFactor
     record: RecordedCharge
-
-    @property
-    def reserved(self) -> dict[str, Decimal]:
-        return self.at.reserved
 
 
 def factor(subject: Subject, priced: Priced, rules: OvercommitRules) -> Factored | Decision:
@@ -103,7 +98,7 @@ def factor_change(
     request, state = subject.request, subject.state
     new_text = overcommit_annotation(request.object)
     old_text = overcommit_annotation(request.old_object) if request.operation == "UPDATE" else None
-    old_own = subject.vouched_own
+    old_own = vouched_own(subject)
     path = f"metadata.annotations[{OVERCOMMIT_ANNOTATION}]"
     if new_text == old_text or _says(new_text, old_own):
         return old_own, False

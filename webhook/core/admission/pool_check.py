@@ -32,7 +32,7 @@ from webhook.core.admission.factors import Factored
 from webhook.core.admission.modes import Mode
 from webhook.core.admission.pools import Node
 from webhook.core.admission.price import Priced
-from webhook.core.admission.resolve import Subject
+from webhook.core.admission.resolve import Subject, old_charge
 from webhook.core.admission.reviews import AdmissionRequest
 from webhook.core.admission.state import ReservationState
 from webhook.core.base import resources as rl
@@ -93,8 +93,9 @@ def quota_facts(subject: Subject, priced: Priced, factored: Factored) -> Facts:
     """What every quota decision on this write reports: the charge at its factor, the delta
     from the old charge, and the application as the state will hold it once stored."""
     request, app = subject.request, subject.app
-    old = subject.old_charge if request.operation == "UPDATE" else {}
-    delta = {k: v for k, v in rl.subtract(factored.reserved, old).items() if v != 0}
+    old = old_charge(subject) if request.operation == "UPDATE" else {}
+    reserved = factored.at.reserved
+    delta = {k: v for k, v in rl.subtract(reserved, old).items() if v != 0}
     admitted = Application(
         app.kind,
         app.namespace,
@@ -107,11 +108,11 @@ def quota_facts(subject: Subject, priced: Priced, factored: Factored) -> Facts:
     declared = priced.charge.resources
     known = Facts(
         kind=request.kind,
-        charge=factored.reserved,
+        charge=reserved,
         delta=delta,
         digest=priced.charge.digest,
         admitted=admitted,
-        committed=declared if factored.reserved != declared else None,
+        committed=declared if reserved != declared else None,
         factor=factored.at.label,
     )
     known.warnings.extend(priced.warnings)

@@ -12,11 +12,11 @@ the application *declares*; its overcommit factor is the next stage's.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from decimal import Decimal
+from typing import NamedTuple
 
 from webhook.core.admission.answers import Decision, errored, invalid
-from webhook.core.admission.resolve import Subject
+from webhook.core.admission.resolve import Subject, old_marks
 from webhook.core.base.errors import UNEVALUABLE, EvaluationError
 from webhook.core.base.quantities import format_quantity
 from webhook.core.pricing.evaluation import Charge
@@ -26,8 +26,7 @@ from webhook.core.pricing.volumes import RELEASED, Held, hold
 __all__ = ["Priced", "held", "held_warnings", "price", "price_for_record"]
 
 
-@dataclass(frozen=True)
-class Priced:
+class Priced(NamedTuple):
     """What the contract charges the application, volumes held, and what to tell about it."""
 
     values: str  # the digest of the defaulted values charged (the record is bound to it)
@@ -83,12 +82,12 @@ def price_for_record(subject: Subject | None, *, evaluate: bool) -> tuple[str, C
 
 def held(subject: Subject, charge: Charge) -> Held:
     """``charge`` with its persistent volumes at their high marks: an UPDATE's from the stored
-    object's (:attr:`Subject.old_marks`); a CREATE starts afresh."""
+    object's (:func:`~webhook.core.admission.resolve.old_marks`); a CREATE starts afresh."""
     contract = subject.kind.contract if subject.kind is not None else None
     released = [t.name for t in contract.terms if t.volume == RELEASED] if contract else []
     if subject.request.operation != "UPDATE":
         return hold(charge, {}, released)
-    return hold(charge, subject.old_marks, released)
+    return hold(charge, old_marks(subject), released)
 
 
 def held_warnings(volumes: Held) -> list[str]:

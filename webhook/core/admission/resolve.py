@@ -3,9 +3,11 @@
 Before anything is priced, a request must name an application this webhook can decide now: an
 ``apps.cozystack.io`` object in the namespace the API server sent (:func:`screen` answers the
 requests that never reach a price: deletes, kinds switched off, label-only updates, a state not
-yet synced). :func:`resolve` then reads the application and its kind into a :class:`Subject`,
-which also answers, lazily and once, what the webhook believes of the *stored* object: its
-own overcommit factor, the high marks of its volumes, and the old charge an UPDATE is credited.
+yet synced). :func:`resolve` then reads the application, its kind and the stored object it
+replaces into a :class:`Subject`, of which the later stages ask what the webhook believes of
+the *stored* object, each when it needs it: its own overcommit factor (:func:`vouched_own`),
+the high marks of its volumes (:func:`old_marks`), and the old charge an UPDATE is credited
+(:func:`old_charge`).
 Those come only from what the webhook itself computed or signed (a record a tenant could write
 would be a discount on its own budget): :func:`record_problem` and :func:`kept` say which
 charge annotation a write may carry. Nothing here prices the new values; that is
@@ -15,9 +17,8 @@ charge annotation a write may carry. Nothing here prices the new values; that is
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from decimal import Decimal
-from functools import cached_property
+from typing import NamedTuple
 
 from webhook.core.admission.answers import Decision, errored, finish, invalid, skipped
 from webhook.core.admission.modes import Mode
@@ -50,6 +51,7 @@ __all__ = [
     "resolve",
     "screen",
     "stored_uid",
+    "subject_of",
     "vouched_own",
 ]
 
@@ -146,40 +148,30 @@ def _namespace_problem(request: AdmissionRequest) -> str:
     return ""
 
 
-@dataclass(frozen=True)
-class Subject:
-    """The application a request writes, read against ``state``; what is believed of the
-    stored object is computed on first use and kept (each stage asks for what it needs)."""
+class Subject(NamedTuple):
+    """The application a request writes, read against ``state``, with the stored object it
+    replaces (an UPDATE's). What is believed of the stored object is asked of it by the stage
+    that needs it (:func:`vouched_own`, :func:`old_marks`, :func:`old_charge`), only then.
+    A named tuple, like the other stages' results: one is built per request, on the hot path."""
 
     request: AdmissionRequest
     state: ReservationState
     app: Application
     kind: ApplicationKind | None  # None only on the mutating side, which decides nothing
+    old: Application | None = None  # the stored object an UPDATE replaces
+    uid: str = ""  # the stored object's uid (see :func:`stored_uid`)
 
-    @cached_property
-    def old(self) -> Application | None:
-        """The stored object an UPDATE replaces, as an application (``None``: a CREATE)."""
-        return old_application(self.request)
 
-    @cached_property
-    def uid(self) -> str:
-        """The stored object's uid (see :func:`stored_uid`)."""
-        return stored_uid(self.request)
-
-    @cached_property
-    def vouched_own(self) -> Factors | None:
-        """The stored object's own overcommit factor, as its record vouches for it."""
-        return vouched_own(self.request, self.state, self.old)
-
-    @cached_property
-    def old_marks(self) -> Mapping[str, Decimal]:
-        """The stored object's volume high marks (see :func:`old_marks`)."""
-        return old_marks(self.request, self.state, self.app, self.old)
-
-    @cached_property
-    def old_charge(self) -> Mapping[str, Decimal]:
-        """What the stored object is credited on UPDATE (see :func:`old_charge`)."""
-        return old_charge(self.request, self.state, self.app, self.old)
+def subject_of(request: AdmissionRequest, state: ReservationState, app: Application) -> Subject:
+    """``app`` as the request writes it, with its kind and the stored object it replaces."""
+    return Subject(
+        request,
+        state,
+        app,
+        state.platform.kind(request.kind),
+        old_application(request),
+        stored_uid(request),
+    )
 
 
 def resolve(request: AdmissionRequest, state: ReservationState) -> Subject | Decision:
@@ -191,8 +183,8 @@ def resolve(request: AdmissionRequest, state: ReservationState) -> Subject | Dec
         app = application(request)
     except ValueError as exc:
         return invalid("metadata", str(exc))
-    kind = state.platform.kind(request.kind)
-    if kind is None:
+    subject = subject_of(request, state, app)
+    if subject.kind is None:
         return errored(
             403,
             "Forbidden",
@@ -200,7 +192,7 @@ def resolve(request: AdmissionRequest, state: ReservationState) -> Subject | Dec
             f"{request.kind}: unknown application kind; no ApplicationDefinition "
             "declares it, so its reservation cannot be evaluated",
         )
-    return Subject(request, state, app, kind)
+    return subject
 
 
 def application(request: AdmissionRequest) -> Application:
@@ -263,11 +255,10 @@ def overcommit_annotation(obj: Mapping[str, object] | None) -> str | None:
     return value if isinstance(value, str) else repr(value)
 
 
-def vouched_own(
-    request: AdmissionRequest, state: ReservationState, old: Application | None
-) -> Factors | None:
+def vouched_own(subject: Subject) -> Factors | None:
     """The stored object's own factor, as its record vouches for it: the old object's record
     when it is believed (both webhooks read the same one), else what this state believes."""
+    request, state, old = subject.request, subject.state, subject.old
     if old is None:
         return None
     if old.recorded is not None and request.kind != TENANT_KIND:
@@ -278,13 +269,12 @@ def vouched_own(
     return state.believed_own(old)
 
 
-def old_marks(
-    request: AdmissionRequest, state: ReservationState, app: Application, old: Application | None
-) -> Mapping[str, Decimal]:
+def old_marks(subject: Subject) -> Mapping[str, Decimal]:
     """The stored object's volume high marks (:mod:`webhook.core.pricing.volumes`): from its
     record when that verifies for the old object (both webhooks read the same old object, so
     both compute the same marks), else what this state keeps for it, else the old object's own
     evaluation; nothing for a CREATE."""
+    request, state, app, old = subject.request, subject.state, subject.app, subject.old
     if old is not None and old.recorded is not None:
         digest = state.values_digest(old.kind, old.spec)
         uid = _uid(request.old_object)
@@ -302,9 +292,7 @@ def old_marks(
     return hold(evaluated, {}).marks
 
 
-def old_charge(
-    request: AdmissionRequest, state: ReservationState, app: Application, old: Application | None
-) -> Mapping[str, Decimal]:
+def old_charge(subject: Subject) -> Mapping[str, Decimal]:
     """What the old object is credited: what the pool counts for it now, else its record if it
     verifies for the old values, else its evaluation (both at its effective factor), else
     nothing.
@@ -314,6 +302,7 @@ def old_charge(
     no more than that old object evaluates to: the held increase is what the stored object
     will add, whatever copy of it another replica counts.
     """
+    request, state, app, old = subject.request, subject.state, subject.app, subject.old
     record = state.record(app.key)
     if record is not None:
         if old is None or not 0 < record.version < old.version:
