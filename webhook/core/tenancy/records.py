@@ -15,7 +15,7 @@ digest matches the object's values as they stand *and* it was not minted by a dr
 uid, when it has one, is the object's. Anything else (forged, copied from another object or
 from a deleted one of the same name, left over from an older spec, signed with a retired key)
 is ignored and the object is evaluated as it stands. Which record an UPDATE may carry is
-narrower still, and decided by :mod:`webhook.core.admission.decisions`: the stored object's own
+narrower still, and decided by :mod:`webhook.core.admission.resolve`: the stored object's own
 record, unchanged, or the one computed for this very request (:meth:`RecordedCharge.content`).
 
 The keys, and their ids, are :mod:`webhook.core.tenancy.record_keys` (re-exported here); see
