@@ -362,6 +362,8 @@ class ReservationState:
         (``"application"``), else the nearest tenant's (its namespace), else none (``""``)."""
         if own is not None:
             return dict(own), "application"
+        if not self._tenant_factors:  # no tenant sets one: no walk up the namespaces
+            return {}, ""
         for candidate in ancestors(namespace):
             factors = self._tenant_factors.get(candidate)
             if factors is not None:
