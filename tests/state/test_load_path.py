@@ -71,3 +71,20 @@ def test_a_varied_state_loads_as_its_applications_observed_one_by_one(
     assert snapshot(loaded) == snapshot(expected)
     # and the figures are not all zero: a pool at the top holds what its tenants use
     assert any(sum(view.reserved.values(), Decimal(0)) > 0 for view in loaded.tree.pools())
+
+
+def test_a_load_prices_applications_differing_only_in_what_no_term_reads_once(
+    tmp_path: Path,
+) -> None:
+    documents = [
+        "apiVersion: apps.cozystack.io/v1alpha1\nkind: VMInstance\n"
+        f"metadata: {{name: vm{index}, namespace: tenant-t{index % 7}}}\n"
+        f"spec: {{instanceType: u1.small, disks: [{{name: vm{index}-system}}],"
+        f" cloudInit: '#{index}'}}\n"
+        for index in range(60)
+    ]
+    (tmp_path / "vms.yaml").write_text("---\n".join(documents))
+    state = load_state([PLATFORM_DIR, tmp_path])
+    assert len(state) == 60
+    assert not state.unknown()
+    assert len(state.platform._charges) == 1
