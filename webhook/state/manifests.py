@@ -212,18 +212,25 @@ class _Load:
                     self.take(manifest, held)
             del text
         state = ReservationState(builder.build(), keys=self.keys)
-        for found in held:
-            state.observe(found)
+        state.observe_all(held)
         del held
-        for file in rest:
-            for manifest in self.read(file, len(files)):
+        try:
+            state.observe_all(self.applications(rest, len(files)))
+        except _PlatformFound:
+            self.seen.clear()
+            return self.holding_everything(files)
+        return state
+
+    def applications(self, files: list[Path], total: int) -> Iterator[Application]:
+        """The applications in ``files``, one by one; raises :class:`_PlatformFound` at a
+        manifest that describes the platform."""
+        for file in files:
+            for manifest in self.read(file, total):
                 if _describes_platform(manifest):
-                    self.seen.clear()
-                    return self.holding_everything(files)
+                    raise _PlatformFound
                 app = self.take(manifest, None)
                 if app is not None:
-                    state.observe(app)
-        return state
+                    yield app
 
     def read(self, file: Path, total: int, text: str | None = None) -> Iterator[Manifest]:
         for manifest in _read_file(file, text=text):
@@ -244,8 +251,7 @@ class _Load:
                     self.take(manifest, apps)
         state = ReservationState(builder.build(), keys=self.keys)
         apps.reverse()
-        while apps:
-            state.observe(apps.pop())  # each application's values go once it is priced
+        state.observe_all(apps.pop() for _ in range(len(apps)))  # each one's values go once priced
         return state
 
     def take(self, manifest: Manifest, into: list[Application] | None) -> Application | None:
@@ -266,6 +272,10 @@ class _Load:
             namespace = manifest.body.get("metadata", {}).get("namespace") or ""
             self.quotas.observe(str(namespace), quota_from_object(manifest.body))
         return app
+
+
+class _PlatformFound(Exception):
+    """A platform manifest where no platform kind was named: the load starts over."""
 
 
 def _describes_platform(manifest: Manifest) -> bool:

@@ -215,3 +215,39 @@ def test_formatting_never_fails_whatever_the_value(value: Decimal) -> None:
 
 def test_formatting_a_value_past_python_s_integer_digit_limit_does_not_raise() -> None:
     assert format_quantity(Decimal(10) ** 4400) == "1e4400"
+
+
+QUANTITY_TEXT = st.text(alphabet="0123456789.+-eEKMGTPEimunk ", max_size=12)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(QUANTITY_TEXT, min_size=1, max_size=6))
+def test_a_remembered_parse_is_the_parse_of_the_text(texts: list[str]) -> None:
+    from webhook.core.base.quantities import _parse_text
+
+    for text in [*texts, *texts]:  # the second time from the cache when it parsed
+        try:
+            expected: object = _parse_text.__wrapped__(text)
+        except QuantityError as exc:
+            expected = ("error", str(exc))
+        try:
+            found: object = parse_quantity(text)
+        except QuantityError as exc:
+            found = ("error", str(exc))
+        assert found == expected
+        assert type(found) is type(expected)
+        if isinstance(found, Decimal) and isinstance(expected, Decimal):
+            assert found.as_tuple() == expected.as_tuple()  # the same digits, not only value
+
+
+def test_a_text_that_only_compares_equal_to_a_parsed_one_is_parsed_as_itself() -> None:
+    class Lookalike(str):  # equal to, and hashed as, a text it does not read as
+        def __eq__(self, other: object) -> bool:
+            return other == "1Gi" or str.__eq__(self, other)
+
+        def __hash__(self) -> int:
+            return hash("1Gi")
+
+    assert parse_quantity("1Gi") == 1024**3
+    assert parse_quantity(Lookalike("1Ti")) == 1024**4
+    assert parse_quantity(Lookalike("1Pi")) == 1024**5  # not the first lookalike's parse

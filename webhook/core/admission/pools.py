@@ -87,6 +87,8 @@ class TenantTree:
 
     def __init__(self) -> None:
         self._nodes: dict[str, Node] = {}
+        # While deferred (:meth:`defer`): usage added per namespace and key, not yet carried up.
+        self._deferred: dict[Node, dict[str, Decimal]] | None = None
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -117,9 +119,38 @@ class TenantTree:
         start = self.node(namespace)
         if start is None:
             return
+        deferred = self._deferred
+        if deferred is not None:
+            sums = deferred.get(start)
+            if sums is None:
+                sums = deferred[start] = {}
+            for key, value in delta.items():
+                if value:
+                    sums[key] = sums.get(key, _ZERO) + value
+            return
         for key, value in delta.items():
             if value:
                 _propagate(start, key, value)
+
+    def defer(self) -> None:
+        """Hold usage added from now on per namespace until :meth:`flush` carries it up.
+
+        A load adds a charge per application to a few namespaces each: carried up one by one,
+        every charge walks the tenant chain; summed first, each namespace walks it once. The
+        figures after :meth:`flush` are those of adding one by one (the final usage is a
+        function of the budgets and each namespace's own sum, whatever the order); budgets may
+        change meanwhile, but usage must not be read until then.
+        """
+        if self._deferred is None:
+            self._deferred = {}
+
+    def flush(self) -> None:
+        """Carry up the usage held since :meth:`defer`, and stop holding it."""
+        deferred, self._deferred = self._deferred, None
+        for start, sums in (deferred or {}).items():
+            for key, value in sums.items():
+                if value:
+                    _propagate(start, key, value)
 
     def set_budget(self, namespace: str, budget: Mapping[str, Decimal]) -> None:
         """Give a tenant namespace a new budget (empty: unbounded)."""

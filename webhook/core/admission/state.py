@@ -32,7 +32,7 @@ spread one invariant over several files.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -160,6 +160,20 @@ class ReservationState:
         return ""
 
     # -- observing ---------------------------------------------------------------------------
+
+    def observe_all(self, apps: Iterable[Application]) -> None:
+        """:meth:`observe` each of ``apps``: a load. The tenant tree is brought up to date once
+        at the end, in time linear in the applications and the namespaces they are in."""
+        if self.pending:  # a hold may settle on any of them: every observe must see the tree
+            for app in apps:
+                self.observe(app)
+            return
+        self.tree.defer()
+        try:
+            for app in apps:
+                self.observe(app)
+        finally:
+            self.tree.flush()
 
     def observe(self, app: Application) -> None:
         """Apply an application as stored: created or updated."""
@@ -352,6 +366,8 @@ class ReservationState:
         (``"application"``), else the nearest tenant's (its namespace), else none (``""``)."""
         if own is not None:
             return dict(own), "application"
+        if not self._tenant_factors:  # no tenant sets one: no walk up the namespaces
+            return {}, ""
         for candidate in ancestors(namespace):
             factors = self._tenant_factors.get(candidate)
             if factors is not None:

@@ -95,6 +95,17 @@ def parse_quantity(value: object) -> Decimal:
         return _bounded(_round_nano(_in_range(value, value)), value)
     if not isinstance(value, str):
         raise QuantityError(f"{_short(value)} is not a quantity")
+    if type(value) is str:  # a subclass could compare equal to a text it does not read as
+        return _parse_text(value)
+    return _parse_text.__wrapped__(value)
+
+
+# A cluster writes few distinct quantity texts (sizes, presets, records), each many times: the
+# parse of a text is a function of the text alone (every step runs in its own 60-digit context),
+# so it is kept; texts are at most MAX_DIGITS + 8 characters, so the cache is bounded in bytes
+# too. An error is not kept: it is raised again, as before, on every call.
+@lru_cache(maxsize=16_384)
+def _parse_text(value: str) -> Decimal:
     if len(value) > MAX_DIGITS + 8:  # sign, point, suffix or exponent: checked before matching
         raise QuantityError(f"{_short(value)} has more than {MAX_DIGITS} digits")
     match = _QUANTITY.fullmatch(value)
