@@ -144,7 +144,8 @@ class Book:
         # status update that sends none keeps the stored ones (the API server's field manager
         # falls back to the live object's), so they only cost the API server decoding them,
         # and every audit log line of the write, for nothing.
-        metadata = {k: v for k, v in (current.get("metadata") or {}).items() if k != "managedFields"}
+        metadata = dict(current.get("metadata") or {})
+        metadata.pop("managedFields", None)
         body = {**current, "metadata": metadata, "status": status}
         self.writes += 1
         try:
