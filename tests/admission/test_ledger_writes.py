@@ -43,13 +43,16 @@ async def test_a_create_entry_without_its_expected_charge_settles_only_on_its_wh
 ):
     cluster = Cluster()
     a = Replica(cluster, "a", {POOL: {"memory": "4Gi"}})
+    b = Replica(cluster, "b", {POOL: {"memory": "4Gi"}})
     assert (await a.admit(create("x", "2Gi"))).allowed
     [entry] = cluster.entries()
     assert "expected" not in entry, "a CREATE's expected charge is its charge: left out"
-    a.observe(thing(cluster, "x", "1Gi"))  # another write of the name, not the one admitted
-    assert len(a.state.pending) == 1, "an object showing less settles nothing"
-    a.observe(thing(cluster, "x", "2Gi"))
-    assert len(a.state.pending) == 0, "the object as admitted settles it"
+    b.deliver()  # the other replica reads the entry back
+    for replica in (a, b):
+        replica.observe(thing(cluster, "x", "1Gi"))  # another write of the name
+        assert len(replica.state.pending) == 1, "an object showing less settles nothing"
+        replica.observe(thing(cluster, "x", "2Gi"))
+        assert len(replica.state.pending) == 0, "the object as admitted settles it"
 
 
 def test_an_entry_that_says_nothing_of_its_expected_charge_expects_its_charge() -> None:
