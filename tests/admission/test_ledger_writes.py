@@ -9,12 +9,22 @@ the relaxed form, and fails on a naive one.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.admission.test_ledger import POOL, Clock, Cluster, Replica, create, grow, thing
-from webhook.admission.ledger.entries import parse_hold
+from tests.builders import ROOT
+from tests.builders import state as build_state
+from tests.realkube import kubectl, real_apiserver
+from webhook.admission.ledger import LedgerSettings
+from webhook.admission.ledger.book import Book
+from webhook.admission.ledger.entries import TENANT_RESERVATIONS, parse_hold
 from webhook.core.base import resources as rl
 from webhook.core.tenancy.applications import Application
+from webhook.kube.client import KubeClient
 
 OTHER = "tenant-other"
 
@@ -154,3 +164,47 @@ async def test_a_tenant_keeping_its_pool_busy_cannot_keep_an_expired_hold_listed
     a.observe(thing(cluster, "x", "1Gi"))
     assert await a.ledger.reconcile() == 1, "a settled entry to drop: written at once"
     assert cluster.entries() == []
+
+
+class Live:
+    """The live state as the book needs it: one state, every watch caught up."""
+
+    def __init__(self) -> None:
+        self.state = build_state({POOL: {"memory": "4Gi"}})
+
+    def observed_version(self, kind: str) -> int:
+        return sys.maxsize
+
+    def confirm(self, kind: str, revision: int) -> None:
+        return None
+
+
+@pytest.mark.kube
+async def test_a_real_api_server_keeps_the_managed_fields_a_status_write_leaves_out(
+    tmp_path: Path,
+) -> None:
+    with real_apiserver(tmp_path / "kube") as kubeconfig:
+        kubectl(kubeconfig, "apply", "-f", str(ROOT / "deploy/base/crd-tenantreservations.yaml"))
+        kubectl(kubeconfig, "wait", "--for=condition=Established", "crd", "--all")
+        kubectl(kubeconfig, "create", "namespace", POOL)
+        client = KubeClient.from_kubeconfig(str(kubeconfig))
+        try:
+            book = Book(client, Live(), LedgerSettings(replica="a"), clock=Clock())
+            current = await book.ensure(POOL)
+            entry = {
+                "id": "u",
+                "application": f"VMInstance/{POOL}/x",
+                "charge": {"memory": "1Gi"},
+                "expires": book.now(),
+            }
+            written = await book.write(POOL, current, {"pending": [entry]})
+            managers = (written["metadata"] or {}).get("managedFields") or []
+            assert {m.get("subresource") for m in managers} == {None, "status"}, managers
+            assert written["spec"] == {"pool": POOL}
+            again = await book.write(POOL, written, {"pending": []})  # from a copy with them
+            assert len(again["metadata"]["managedFields"]) == 2
+            stored = await client.get(TENANT_RESERVATIONS, POOL, POOL)
+            assert stored["metadata"]["managedFields"] == again["metadata"]["managedFields"]
+            assert stored["status"]["pending"] == []
+        finally:
+            await client.close()
