@@ -77,6 +77,8 @@ SCENARIOS: tuple[tuple[str, int, int | None], ...] = (
 )
 MAX_CREATES = 20_000  # per run, whatever --seconds says
 GOAL_THROUGHPUT = 0.5  # both webhooks: at least this share of the creates/s of none
+WRITES = ("create", "update", "patch", "delete")
+CALL = "per admission: "  # a row per verb and resource the audit log shows
 GOAL_ADDED = 1.2  # latency added by both webhooks: at most this times the do-nothing pair's
 
 
@@ -350,9 +352,16 @@ def histogram(port: int) -> dict[str, tuple[float, float]]:
     return {endpoint: (s, n) for endpoint, (s, n) in totals.items()}
 
 
-def audit_writes(log: Path, offset: int) -> tuple[Counter[str], int]:
-    """Writes the API server logged past ``offset``, by resource, other than the load's own."""
-    writes: Counter[str] = Counter()
+def audit_calls(log: Path, offset: int) -> tuple[Counter[str], Counter[str], int]:
+    """API calls the API server logged past ``offset`` other than the load's own, and sizes.
+
+    Every verb counts, reads too (a LIST or a consistent GET costs the API server more than
+    a small write): the first counter is keyed ``verb resource[/subresource]`` (a watch once,
+    when it ends or is logged), the second holds, per written resource, the bytes of the
+    objects written (the request body as the audit log keeps it, compact JSON).
+    """
+    calls: Counter[str] = Counter()
+    sizes: Counter[str] = Counter()
     with log.open("rb") as stream:
         stream.seek(offset)
         for line in stream:
@@ -360,13 +369,19 @@ def audit_writes(log: Path, offset: int) -> tuple[Counter[str], int]:
                 event = json.loads(line)
                 if event.get("stage") != "ResponseComplete":
                     continue
-                if event.get("verb") not in ("create", "update", "patch", "delete"):
-                    continue
                 if event.get("userAgent") == AGENT:
                     continue
-                writes[(event.get("objectRef") or {}).get("resource", "?")] += 1
+                reference = event.get("objectRef") or {}
+                resource = reference.get("resource") or event.get("requestURI", "?")
+                if reference.get("subresource"):
+                    resource += "/" + reference["subresource"]
+                verb = event.get("verb", "?")
+                calls[f"{verb} {resource}"] += 1
+                if verb in WRITES and event.get("requestObject") is not None:
+                    body = json.dumps(event["requestObject"], separators=(",", ":"))
+                    sizes[resource.partition("/")[0]] += len(body)
         end = stream.tell()
-    return writes, end
+    return calls, sizes, end
 
 
 def wait_ready(port: int, context: ssl.SSLContext, path: str, timeout: float = 90.0) -> None:
@@ -576,7 +591,7 @@ def measure(
         for setup in order:
             configure(cluster, configurations, setup)
             for scenario, pools, clients in SCENARIOS:
-                _, offset = audit_writes(audit, audit.stat().st_size)
+                _, _, offset = audit_calls(audit, audit.stat().st_size)
                 cpu = {name: cpu_seconds(pid) for name, pid in daemons.items()}
                 served = sum(cpu_seconds(pid) for pid in servers[setup])
                 before = (
@@ -590,7 +605,12 @@ def measure(
                     clients or args.clients,
                 )
                 created = max(figures["created"], 1)
-                writes, _ = audit_writes(audit, offset)
+                calls, sizes, _ = audit_calls(audit, offset)
+                writes: Counter[str] = Counter()
+                for key, count in calls.items():
+                    verb, _, resource = key.partition(" ")
+                    if verb in WRITES:  # the object or its status: one write of the resource
+                        writes[resource.partition("/")[0]] += count
                 row: dict[str, float] = {
                     "creates/s": figures["created"] / figures["seconds"],
                     "p50 ms": figures["p50"] * 1000,
@@ -599,6 +619,9 @@ def measure(
                     "failed": float(sum(v for k, v in figures["statuses"].items() if k != "201")),
                     "writes/admission": sum(writes.values()) / created,
                     "tenantreservation writes/admission": writes["tenantreservations"] / created,
+                    "tenantreservation bytes/write": sizes["tenantreservations"]
+                    / max(writes["tenantreservations"], 1),
+                    "api calls/admission": sum(calls.values()) / created,
                     "apiserver CPU us": (cpu_seconds(daemons["apiserver"]) - cpu["apiserver"])
                     / created
                     * 1e6,
@@ -608,6 +631,8 @@ def measure(
                     * 1e6,
                     "load CPU us": figures["cpu"] / created * 1e6,
                 }
+                for key, count in calls.items():
+                    row[f"{CALL}{key}"] = count / created
                 for name, port in metrics.items():
                     if setup == "webhooks":
                         after = histogram(port)
@@ -622,7 +647,7 @@ def measure(
                 rows.setdefault((setup, scenario), []).append(row)
                 print(
                     f"round {round_index + 1} {setup} {scenario}: "
-                    + ", ".join(f"{k} {v:.3g}" for k, v in row.items())
+                    + ", ".join(f"{k} {v:.3g}" for k, v in row.items() if not k.startswith(CALL))
                     + (f", statuses {figures['statuses']}" if row["failed"] else ""),
                     file=sys.stderr,
                     flush=True,
@@ -648,6 +673,8 @@ def report(rows: dict[tuple[str, str], list[dict[str, float]]], args: argparse.N
         "failed",
         "writes/admission",
         "tenantreservation writes/admission",
+        "tenantreservation bytes/write",
+        "api calls/admission",
         "apiserver CPU us",
         "etcd CPU us",
         "webhook CPU us",
@@ -659,13 +686,31 @@ def report(rows: dict[tuple[str, str], list[dict[str, float]]], args: argparse.N
     ]
     for scenario, _, clients in SCENARIOS:
         print(f"\n{scenario} ({clients or args.clients} clients)")
-        print(f"  {'':36}" + "".join(f"{setup:>27}" for setup in SETUPS))
-        for metric in metrics:
+        called = sorted(
+            {k for setup in SETUPS for row in rows[(setup, scenario)] for k in row} - set(metrics),
+            key=lambda key: -sum(row.get(key, 0.0) for row in rows[("webhooks", scenario)]),
+        )
+        print(f"  {'':56}" + "".join(f"{setup:>27}" for setup in SETUPS))
+        seen = [  # the calls some set-up makes in most rounds
+            k
+            for k in called
+            if k.startswith(CALL)
+            and any(
+                statistics.median(row.get(k, 0.0) for row in rows[(setup, scenario)])
+                for setup in SETUPS
+            )
+        ]
+        for metric in metrics + seen:
             cells = []
             for setup in SETUPS:
-                values = [row[metric] for row in rows[(setup, scenario)] if metric in row]
+                found = rows[(setup, scenario)]
+                values = (
+                    [row.get(metric, 0.0) for row in found]
+                    if metric.startswith(CALL)
+                    else [row[metric] for row in found if metric in row]
+                )
                 cells.append((" " + cell(values) if values else "").rjust(27))
-            print(f"  {metric:36}" + "".join(cells))
+            print(f"  {metric:56}" + "".join(cells))
         none, bare, ours = (rows[(setup, scenario)] for setup in SETUPS)
         print(f"  do-nothing / none, creates/s        {cell(ratio(bare, none, 'creates/s'))}")
         throughput = ratio(ours, none, "creates/s")

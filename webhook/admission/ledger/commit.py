@@ -309,14 +309,17 @@ class Commit:
         """``request``'s entry in ``pool``, holding at least ``floor`` (previews it replaces)."""
         settings = self.book.settings
         expires = expiry(self.book.clock() + settings.grace_seconds)
+        charge = rl.to_strings(rl.maximum(decision.charged_pools[pool], floor or {}))
+        expected = rl.to_strings(decision.expected or {})
         entry: Obj = {
             "id": request.uid,
             "application": f"{request.kind}/{request.namespace}/{request.name}",
-            "charge": rl.to_strings(rl.maximum(decision.charged_pools[pool], floor or {})),
-            "expected": rl.to_strings(decision.expected or {}),
+            "charge": charge,
             "expires": expires,
             "replica": settings.replica,
         }
+        if expected != charge:  # absent: the same (a CREATE's); every write carries less
+            entry["expected"] = expected
         if request.dry_run:
             entry["dryRun"] = True
         if replaces:

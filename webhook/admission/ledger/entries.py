@@ -2,8 +2,9 @@
 
 Each entry is one admitted increase not yet observed: its request uid, its object
 (``kind/namespace/name``), what it adds to the pool (``charge``), the charge its object is
-expected to carry, its expiry, the replica that wrote it, the ledger revision that admitted it
-and, for a dry run, ``dryRun`` and the previews it ``replaces``. Everything here reads what any
+expected to carry (``expected``, left out when it is the ``charge``, as a CREATE's is), its
+expiry, the replica that wrote it, the ledger revision that admitted it and, for a dry run,
+``dryRun`` and the previews it ``replaces``. Everything here reads what any
 replica, or a tenant able to write the object, may have put there: a malformed field counts as
 absent, never as a crash. Expiries are RFC 3339 in one fixed UTC form, so comparing one costs a
 string comparison, not a parse.
@@ -118,7 +119,7 @@ def parse_hold(pool: str, entry: Obj, version: int, known: Mapping[str, tuple[Ob
         key=key,
         namespace=pool,
         increase=quantities(entry.get("charge")),
-        charge=quantities(entry.get("expected")),
+        charge=quantities(entry["expected"] if "expected" in entry else entry.get("charge")),
         after=after,
         preview=entry.get("dryRun") is True,
     )

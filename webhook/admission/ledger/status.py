@@ -6,7 +6,8 @@ caps whose Tenant still declares its quota or whose grace has not passed, adds e
 entry to the ``released`` counts (so a replica that never saw it knows to wait), and carries the
 pool's summary (budget, reserved, committed, and the ``Overcommitted`` condition with the time
 it last changed). So a busy pool needs no separate status write; the replica holding the Lease
-writes the pools whose status is no longer true (:meth:`Status.reconcile`).
+writes the pools whose status is no longer true (:meth:`Status.reconcile`), but not one whose
+summary alone changed since a write less than a period ago: that rides on the next write.
 """
 
 from __future__ import annotations
@@ -108,14 +109,23 @@ class Status:
         if not state.synced:
             return 0
         written = 0
+        quiet = book.settings.reconcile_seconds
         for view in state.tree.pools():
             pool = view.namespace
+            changed = book.changed.get(pool)
+            recent = changed is not None and book.clock() - changed < quiet
             try:
                 async with book.locked([pool]):
                     current = book.objects.get(pool) or await book.ensure(pool)
                     state = book.current()
                     old = current.get("status") or {}
                     kept = self.kept(pool, current, state, without=set())
+                    if recent and len(kept) == len(listed(current)):
+                        # Only the summary to change, in an object written within the last
+                        # period (by an admission, most often): that write carried a summary
+                        # and the pool's next one will too, so a busy pool's batches neither
+                        # wait for this write nor conflict with it.
+                        continue
                     status = self.build(pool, current, state, kept)
                     if _comparable(status) != _comparable(old):
                         await book.write(pool, current, status)
