@@ -16,6 +16,7 @@ charge annotation a write may carry. Nothing here prices the new values; that is
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import NamedTuple
@@ -105,17 +106,29 @@ def _unavailable(mode: Mode, reason: str, message: str, request: AdmissionReques
 
 
 def _unchanged(request: AdmissionRequest) -> bool:
-    """An UPDATE whose spec and ``reservation.cozystack.io/`` annotations are the stored ones."""
+    """An UPDATE whose spec and ``reservation.cozystack.io/`` annotations are the stored ones,
+    written alike: Python's ``==`` calls ``true`` equal to ``1`` and ``2.0`` to ``2``, which the
+    evaluation tells apart (a count is digits only) and the record's values digest too, so an
+    UPDATE that writes ``replicas: true`` over a stored ``1`` is evaluated (and refused), never
+    stored unevaluated to become an unknown that blocks its whole pool."""
     if request.operation != "UPDATE" or request.object is None or request.old_object is None:
         return False
+    new, old = request.object, request.old_object
     try:
-        if request.object.get("spec") != request.old_object.get("spec"):
+        if new.get("spec") != old.get("spec"):  # the usual answer, without encoding anything
             return False
-        return _reservation_annotations(request.object) == _reservation_annotations(
-            request.old_object
+        return _written(new.get("spec"), _reservation_annotations(new)) == _written(
+            old.get("spec"), _reservation_annotations(old)
         )
-    except RecursionError:  # nested deeper than Python compares: evaluated, and refused there
+    except (RecursionError, TypeError, ValueError):  # too deep, or no JSON: evaluated, refused
         return False
+
+
+def _written(spec: object, annotations: Mapping[str, object]) -> str:
+    """``spec`` and ``annotations`` as JSON: equal only when written alike. Keys keep their
+    order (sorting costs twice the encoding): an update that only reorders them is evaluated,
+    which is never wrong, and a label-only update sends the stored spec back as it was."""
+    return json.dumps([spec, annotations], check_circular=False, allow_nan=False)
 
 
 def _reservation_annotations(obj: Mapping[str, object]) -> dict[str, object]:
