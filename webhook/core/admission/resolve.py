@@ -54,6 +54,7 @@ __all__ = [
     "stored_uid",
     "subject_of",
     "vouched_own",
+    "written_alike",
 ]
 
 
@@ -114,21 +115,27 @@ def _unchanged(request: AdmissionRequest) -> bool:
     if request.operation != "UPDATE" or request.object is None or request.old_object is None:
         return False
     new, old = request.object, request.old_object
+    return written_alike(
+        [new.get("spec"), _reservation_annotations(new)],
+        [old.get("spec"), _reservation_annotations(old)],
+    )
+
+
+def written_alike(new: object, old: object) -> bool:
+    """Whether two JSON values are written alike, not merely equal under ``==`` (``true`` and
+    ``1``, ``2.0`` and ``2`` are not). Keys keep their order (sorting costs twice the encoding):
+    values that only reorder them are not alike, which only ever costs an evaluation, and a
+    label-only update sends the stored spec back as it was. Too deep, or no JSON: not alike."""
     try:
-        if new.get("spec") != old.get("spec"):  # the usual answer, without encoding anything
+        if new != old:  # the usual answer, without encoding anything
             return False
-        return _written(new.get("spec"), _reservation_annotations(new)) == _written(
-            old.get("spec"), _reservation_annotations(old)
-        )
-    except (RecursionError, TypeError, ValueError):  # too deep, or no JSON: evaluated, refused
+        return _written(new) == _written(old)
+    except (RecursionError, TypeError, ValueError):
         return False
 
 
-def _written(spec: object, annotations: Mapping[str, object]) -> str:
-    """``spec`` and ``annotations`` as JSON: equal only when written alike. Keys keep their
-    order (sorting costs twice the encoding): an update that only reorders them is evaluated,
-    which is never wrong, and a label-only update sends the stored spec back as it was."""
-    return json.dumps([spec, annotations], check_circular=False, allow_nan=False)
+def _written(value: object) -> str:
+    return json.dumps(value, check_circular=False, allow_nan=False)
 
 
 def _reservation_annotations(obj: Mapping[str, object]) -> dict[str, object]:
