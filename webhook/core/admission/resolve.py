@@ -108,10 +108,8 @@ def _unavailable(mode: Mode, reason: str, message: str, request: AdmissionReques
 
 def _unchanged(request: AdmissionRequest) -> bool:
     """An UPDATE whose spec and ``reservation.cozystack.io/`` annotations are the stored ones,
-    written alike: Python's ``==`` calls ``true`` equal to ``1`` and ``2.0`` to ``2``, which the
-    evaluation tells apart (a count is digits only) and the record's values digest too, so an
-    UPDATE that writes ``replicas: true`` over a stored ``1`` is evaluated (and refused), never
-    stored unevaluated to become an unknown that blocks its whole pool."""
+    written alike (:func:`written_alike`): ``replicas: true`` over a stored ``1`` is evaluated
+    and refused, never stored unevaluated as an unknown that blocks its whole pool."""
     if request.operation != "UPDATE" or request.object is None or request.old_object is None:
         return False
     new, old = request.object, request.old_object
@@ -122,9 +120,10 @@ def _unchanged(request: AdmissionRequest) -> bool:
 
 
 def written_alike(new: object, old: object) -> bool:
-    """Whether two JSON values are written alike, not merely equal under ``==`` (``true`` and
-    ``1``, ``2.0`` and ``2`` are not); the order of keys does not matter (the API server may
-    re-encode a patched spec with its keys sorted). Too deep, or no JSON: not alike."""
+    """Whether two JSON values are written alike, not merely equal under ``==``: ``true`` and
+    ``1``, ``2.0`` and ``2`` are not (the evaluation and the values digest tell them apart); the
+    order of keys does not matter (the API server may re-encode a patched spec with its keys
+    sorted). Too deep, or no JSON: not alike."""
     try:
         if new != old:  # the usual answer, without encoding anything
             return False
