@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.builders import request, review, signed, state, thing
 from webhook.core.admission.answers import Decision
+from webhook.core.admission.decisions import Policy, decide
 from webhook.core.admission.resolve import (
     Subject,
     kept,
@@ -78,6 +82,81 @@ def test_a_kind_switched_off_is_skipped_before_the_state_is_asked() -> None:
 
 def test_an_update_that_changes_only_labels_is_skipped() -> None:
     body = update({"memory": "1Gi"}, {"memory": "1Gi"})
+    decision = screen(body, acme(), "enforce")
+    assert decision is not None
+    assert decision.reason == "skipped"
+
+
+@pytest.mark.parametrize(
+    ("stored", "sent"),
+    [
+        pytest.param(1, True, id="true-for-a-stored-1"),
+        pytest.param(0, False, id="false-for-a-stored-0"),
+        pytest.param(2, 2.0, id="a-float-for-a-stored-integer"),
+        pytest.param(0.0, -0.0, id="minus-zero-for-a-stored-zero"),
+    ],
+)
+def test_a_value_python_calls_equal_but_written_otherwise_is_not_skipped_as_unchanged(
+    stored: object, sent: object
+) -> None:
+    # Skipped, ``replicas: true`` would be stored unevaluated: its record no longer verifies,
+    # the state holds it as unknown, and every increase in its pool (its siblings' too) fails.
+    body = request(
+        "Postgres", NS, "db", {"replicas": sent}, operation="UPDATE", old_spec={"replicas": stored}
+    )
+    assert screen(body, acme(), "enforce") is None
+
+
+def test_sending_true_for_a_stored_replicas_of_1_is_refused_not_stored_unevaluated() -> None:
+    body = request(
+        "Postgres", NS, "db", {"replicas": True}, operation="UPDATE", old_spec={"replicas": 1}
+    )
+    decision = decide(body, acme(), Policy())
+    assert (decision.allowed, decision.outcome) == (False, "denied")
+    assert "replicas: true is not a whole number" in decision.message
+
+
+_JSON_SCALARS = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 3), st.floats(-3, 3, allow_nan=False), st.text("ab")
+)
+_JSON = st.recursive(
+    _JSON_SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text("ab", max_size=2), inner),
+    max_leaves=8,
+)
+
+
+def _retyped(value: object) -> object:
+    """``value`` with every number written as another type Python calls equal to it."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return bool(value) if value in (0, 1) else float(value)
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else value
+    if isinstance(value, list):
+        return [_retyped(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _retyped(item) for key, item in value.items()}
+    return value
+
+
+@given(old=_JSON, new=_JSON, how=st.sampled_from(["as-stored", "retyped", "another"]))
+def test_an_update_is_skipped_only_when_its_spec_is_written_exactly_as_stored(
+    old: object, new: object, how: str
+) -> None:
+    new = old if how == "as-stored" else _retyped(old) if how == "retyped" else new
+    body = request("Thing", NS, "x", new, operation="UPDATE", old_spec=old)
+    skipped = screen(body, acme(), "enforce") is not None
+    # Skipped exactly when written alike, whatever Python's == says, in whatever key order.
+    assert skipped == (json.dumps(new, sort_keys=True) == json.dumps(old, sort_keys=True))
+    if how == "as-stored":  # a label-only update is still skipped
+        assert skipped
+
+
+def test_a_label_only_update_whose_spec_comes_back_with_its_keys_sorted_is_skipped() -> None:
+    stored = {"storage": "1Gi", "memory": "1Gi", "cpu": "1"}
+    body = update(dict(sorted(stored.items())), stored)
     decision = screen(body, acme(), "enforce")
     assert decision is not None
     assert decision.reason == "skipped"

@@ -16,6 +16,7 @@ charge annotation a write may carry. Nothing here prices the new values; that is
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import NamedTuple
@@ -53,6 +54,7 @@ __all__ = [
     "stored_uid",
     "subject_of",
     "vouched_own",
+    "written_alike",
 ]
 
 
@@ -105,17 +107,35 @@ def _unavailable(mode: Mode, reason: str, message: str, request: AdmissionReques
 
 
 def _unchanged(request: AdmissionRequest) -> bool:
-    """An UPDATE whose spec and ``reservation.cozystack.io/`` annotations are the stored ones."""
+    """An UPDATE whose spec and ``reservation.cozystack.io/`` annotations are the stored ones,
+    written alike (:func:`written_alike`): ``replicas: true`` over a stored ``1`` is evaluated
+    and refused, never stored unevaluated as an unknown that blocks its whole pool."""
     if request.operation != "UPDATE" or request.object is None or request.old_object is None:
         return False
+    new, old = request.object, request.old_object
+    return written_alike(
+        [new.get("spec"), _reservation_annotations(new)],
+        [old.get("spec"), _reservation_annotations(old)],
+    )
+
+
+def written_alike(new: object, old: object) -> bool:
+    """Whether two JSON values are written alike, not merely equal under ``==``: ``true`` and
+    ``1``, ``2.0`` and ``2`` are not (the evaluation and the values digest tell them apart); the
+    order of keys does not matter (the API server may re-encode a patched spec with its keys
+    sorted). Too deep, or no JSON: not alike."""
     try:
-        if request.object.get("spec") != request.old_object.get("spec"):
+        if new != old:  # the usual answer, without encoding anything
             return False
-        return _reservation_annotations(request.object) == _reservation_annotations(
-            request.old_object
-        )
-    except RecursionError:  # nested deeper than Python compares: evaluated, and refused there
+        if _written(new) == _written(old):  # keys in the same order: no sort needed
+            return True
+        return _written(new, sort=True) == _written(old, sort=True)
+    except (RecursionError, TypeError, ValueError):
         return False
+
+
+def _written(value: object, *, sort: bool = False) -> str:
+    return json.dumps(value, sort_keys=sort, check_circular=False, allow_nan=False)
 
 
 def _reservation_annotations(obj: Mapping[str, object]) -> dict[str, object]:

@@ -25,6 +25,7 @@ from typing import Any
 import jsonpatch
 
 from webhook.core.admission.decisions import Decision
+from webhook.core.admission.resolve import written_alike
 from webhook.core.admission.reviews import AdmissionRequest
 from webhook.core.admission.state import ReservationState
 from webhook.core.audit.events import APPS_GROUP, AuditWrite
@@ -97,8 +98,10 @@ class History:
             write.operation == "UPDATE"
             and old is not None
             and stored is not None
-            and old.get("spec") == stored.get("spec")
-            and _reservation_annotations(old) == _reservation_annotations(stored)
+            and written_alike(
+                [old.get("spec"), _reservation_annotations(old)],
+                [stored.get("spec"), _reservation_annotations(stored)],
+            )
         )
 
     def rebuild(self, write: AuditWrite) -> Rebuilt:
