@@ -81,14 +81,14 @@ def screen(request: AdmissionRequest, state: ReservationState, mode: Mode) -> De
         return skipped("nothing the reservation reads changed", mode=mode, kind=request.kind)
     if not state.synced:
         message = "tenant reservations: state not synced yet; try again shortly"
-        return _unavailable(mode, "not-synced", message, request)
+        return finish(mode, errored(503, "ServiceUnavailable", "not-synced", message), request)
     unavailable = state.kind_unavailable(request.kind)
     if unavailable:
         message = (
             f"tenant reservations: {request.kind} applications {unavailable}; writes of "
             "this kind are denied until they can be listed"
         )
-        return _unavailable(mode, "kind-not-synced", message, request)
+        return finish(mode, errored(503, "ServiceUnavailable", "kind-not-synced", message), request)
     unseen = state.unseen_tenant(request.namespace)
     if unseen:
         # Behind cozystack-api the watches lag: a namespace whose Tenant was just created would
@@ -97,13 +97,10 @@ def screen(request: AdmissionRequest, state: ReservationState, mode: Mode) -> De
             f"tenant reservations: the Tenant owning namespace {unseen} is not known yet "
             "(just created, or deleted); try again shortly"
         )
-        return _unavailable(mode, "tenant-not-synced", message, request)
+        return finish(
+            mode, errored(503, "ServiceUnavailable", "tenant-not-synced", message), request
+        )
     return None
-
-
-def _unavailable(mode: Mode, reason: str, message: str, request: AdmissionRequest) -> Decision:
-    """A 503 in ``mode``: the state cannot decide this request yet (the client retries)."""
-    return finish(mode, errored(503, "ServiceUnavailable", reason, message), request)
 
 
 def _unchanged(request: AdmissionRequest) -> bool:
