@@ -5,6 +5,10 @@ name order; YAML files may hold many documents and ``kind: List`` objects are un
 manifest keeps its source (``file.yaml#2`` for the third document) so that errors name the file,
 the document and the path inside it. A file that cannot be parsed fails the whole load: a state
 that silently lost a manifest would admit against the wrong figures.
+
+Over 400 lines, and kept whole: finding the files, the YAML loader that builds PyYAML's types
+in one pass and unpacking ``List``s are one reader, whose errors must all name the same file,
+document and path.
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@ into the frozen values below; evaluation (:mod:`webhook.core.pricing.evaluation`
 Loading rejects a contract with a mistake and names its source and the path inside it, so a bad
 contract never reaches admission.
 
+Over 400 lines, and kept whole: the language's frozen values and the compiler that builds them
+from the declarative data are one definition of the language, changed together.
+
 The language, in the order evaluation applies it::
 
     terms:                          # the charge is the sum of the terms

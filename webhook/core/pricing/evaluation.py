@@ -8,6 +8,9 @@ the reason, because the object under admission fails closed: a missing contract,
 type or a bad quantity is never a charge of zero.
 
 Reservation charges declared sizes only: no allocation ratios, no virtualization overhead.
+
+Over 400 lines, and kept whole: one run (``_Run``) walks every construct of the contract
+language in one recursion; split by construct, that recursion would be spread over modules.
 """
 
 from __future__ import annotations
