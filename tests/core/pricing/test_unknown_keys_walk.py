@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from webhook.core.base.spelling import did_you_mean
 from webhook.core.pricing import unknown_keys as module
-from webhook.core.pricing.unknown_keys import MAX_FINDINGS, UnknownKey, unknown_keys
+from webhook.core.pricing.unknown_keys import MAX_FINDINGS, MAX_NODES, UnknownKey, unknown_keys
 
 SCHEMA: dict[str, Any] = {
     "properties": {
@@ -88,3 +88,15 @@ def test_the_walk_finds_what_a_walk_over_every_value_finds(
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(module, "MAX_NODES", max_nodes)
         assert unknown_keys(values, SCHEMA) == every_value(values, SCHEMA, max_nodes)
+
+
+@pytest.mark.parametrize("spent", [MAX_NODES // 2 - 4, MAX_NODES // 2 - 3, MAX_NODES // 2 - 2])
+def test_the_walk_stops_where_a_walk_over_every_value_stops_at_the_real_budget(
+    spent: int,
+) -> None:
+    """The same edge at the shipped MAX_NODES, unpatched, so it holds compiled too: known items
+    spend the budget (two nodes each), and the misspelt keys after them straddle its end."""
+    values = {"list": [{"name": "x"}] * spent + [{"nmae": 1, "name": "x"}] * 4}
+    found = unknown_keys(values, SCHEMA)
+    assert found == every_value(values, SCHEMA, MAX_NODES)
+    assert 0 < len(found) < 4  # the budget ran out among the misspelt items

@@ -131,7 +131,7 @@ class Literal:
 @dataclass(frozen=True, slots=True)
 class PathRef:
     path: ValuePath
-    default: object = None
+    default: object | None = None
 
 
 @dataclass(frozen=True, slots=True)

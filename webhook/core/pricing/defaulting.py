@@ -63,7 +63,7 @@ class Defaulter:
                         result[name] = self.extra._default(item)
             return result
         if isinstance(value, list) and self.items is not None:
-            return [self.items._default(item) if item is not None else item for item in value]
+            return [self.items._default(item) if item is not None else None for item in value]
         return value
 
 

@@ -226,7 +226,7 @@ def _digest(contract_digest: str, fingerprints: list[str]) -> str:
 class _Scope:
     """Where paths resolve: the values root, and the current item with its display path."""
 
-    item: object = None
+    item: object | None = None
     prefix: str = ""
 
 
