@@ -39,10 +39,17 @@ from webhook.core.admission.answers import (
     set_annotation,
     skipped,
 )
-from webhook.core.admission.factors import at_factor, factor, factor_change, factor_fix, signed
+from webhook.core.admission.factors import (
+    Factored,
+    at_factor,
+    factor,
+    factor_change,
+    factor_fix,
+    signed,
+)
 from webhook.core.admission.modes import MODES, Mode
 from webhook.core.admission.pool_check import budget_key_refusal, check_pools
-from webhook.core.admission.price import held, price, price_for_record
+from webhook.core.admission.price import Priced, held, price, price_for_record
 from webhook.core.admission.resolve import (
     Factors,
     Subject,
@@ -66,10 +73,14 @@ __all__ = [
     "MODES",
     "WARNING_LIMIT",
     "WARNING_TARGET",
+    "Decided",
     "Decision",
     "Mode",
     "Policy",
+    "Prepared",
     "decide",
+    "decide_again",
+    "decide_prepared",
     "errored",
     "held_dry_run",
     "invalid",
@@ -90,13 +101,75 @@ class Policy:
         return self.per_kind.get(kind, self.mode)
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """Stages 1 to 3 of one decision: what it priced, against which state at which generation.
+
+    Stages 1 to 3 read the request, the policy and what the state's generation covers (the
+    applications, the Tenants, the platform, the keys, the caps), never the pending charges;
+    stage 4 reads the pools as they are now. So :func:`decide_again` may reuse the price of a
+    decision made on the same state at the same generation and redo only the pool check."""
+
+    subject: Subject
+    priced: Priced
+    factored: Factored
+    policy: Policy
+    generation: int
+
+
+@dataclass(frozen=True)
+class Decided:
+    """A decision, and its stages 1 to 3 when :func:`decide_again` may reuse them."""
+
+    decision: Decision
+    prepared: Prepared | None = None
+
+
 def decide(request: AdmissionRequest, state: ReservationState, policy: Policy) -> Decision:
     """Decide one request against ``state``; never raises for a well-formed request."""
+    return decide_prepared(request, state, policy).decision
+
+
+def decide_prepared(request: AdmissionRequest, state: ReservationState, policy: Policy) -> Decided:
+    """:func:`decide`, keeping its stages 1 to 3 for :func:`decide_again` (none for a Tenant,
+    whose pool check reads more than the pools: it is always decided again in full)."""
     mode = policy.mode_for(request.kind)
     early = screen(request, state, mode)  # deletes, other groups, off, unchanged, not synced
     if early is not None:
+        return Decided(early)
+    generation = state.generation
+    prepared = _prepare(request, state, policy, generation)
+    if isinstance(prepared, Decision):
+        return Decided(_finish(request, state, mode, prepared))
+    decision = _finish(request, state, mode, _check(prepared))
+    return Decided(decision, None if request.kind == TENANT_KIND else prepared)
+
+
+def decide_again(
+    request: AdmissionRequest, state: ReservationState, policy: Policy, prepared: Prepared | None
+) -> Decision:
+    """:func:`decide` ``request`` again against ``state`` (e.g. at commit, with the pools as
+    they are now): the price of ``prepared`` is reused when it was made on this very state at
+    its current generation under the same policy (nothing it read has changed since), and only
+    the screen and the pool check are redone; otherwise the request is decided in full."""
+    if (
+        prepared is None
+        or prepared.subject.state is not state
+        or prepared.generation != state.generation
+        or prepared.policy != policy
+        or prepared.subject.request is not request
+    ):
+        return decide(request, state, policy)
+    mode = policy.mode_for(request.kind)
+    early = screen(request, state, mode)  # the state may have fallen out of sync meanwhile
+    if early is not None:
         return early
-    decision = _staged(request, state, policy)
+    return _finish(request, state, mode, _check(prepared))
+
+
+def _finish(
+    request: AdmissionRequest, state: ReservationState, mode: Mode, decision: Decision
+) -> Decision:
     if request.kind == TENANT_KIND and not decision.allowed and mode != "enforce":
         # Refused before its budget's keys were looked at (a value that does not parse, a spec
         # that does not evaluate): warn would store the keys, and the Tenant's next write would
@@ -105,8 +178,10 @@ def decide(request: AdmissionRequest, state: ReservationState, policy: Policy) -
     return finish("enforce" if decision.reason == BAD_BUDGET_KEY else mode, decision, request)
 
 
-def _staged(request: AdmissionRequest, state: ReservationState, policy: Policy) -> Decision:
-    """Stages 1 to 4; the first to refuse answers, and the pool check answers the rest."""
+def _prepare(
+    request: AdmissionRequest, state: ReservationState, policy: Policy, generation: int
+) -> Prepared | Decision:
+    """Stages 1 to 3; the first to refuse answers."""
     subject = resolve(request, state)  # 1: the application, what is believed of the stored one
     if isinstance(subject, Decision):
         return subject
@@ -116,7 +191,13 @@ def _staged(request: AdmissionRequest, state: ReservationState, policy: Policy) 
     factored = factor(subject, priced, policy.overcommit)  # 3: at its factor, signed
     if isinstance(factored, Decision):
         return factored
-    return check_pools(subject, priced, factored, policy.mode_for)  # 4, answered by 5
+    return Prepared(subject, priced, factored, policy, generation)
+
+
+def _check(prepared: Prepared) -> Decision:
+    """Stage 4, answered by 5: the pool check, against the pools as they are now."""
+    policy = prepared.policy
+    return check_pools(prepared.subject, prepared.priced, prepared.factored, policy.mode_for)
 
 
 def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -> Decision:

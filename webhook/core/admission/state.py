@@ -106,10 +106,13 @@ class ReservationState:
         keys: RecordKeys | None = None,
         unavailable: Callable[[str], str] | None = None,
     ) -> None:
-        self.platform = platform
+        # Bumped by every change a price can read (an application, a Tenant, the platform, the
+        # keys, the caps): a decision priced at one generation holds its price at that generation.
+        self.generation = 0
+        self._platform = platform
         # Records signed with these keys are believed; a state made without keys has a key of
         # its own (records from elsewhere are then evaluated as they stand).
-        self.keys = keys if keys is not None else RecordKeys.generate()
+        self._keys = keys if keys is not None else RecordKeys.generate()
         self.tree = TenantTree()
         self.pending = PendingCharges(self.tree, shows=self._shows)
         self._synced = synced
@@ -126,6 +129,24 @@ class ReservationState:
         # the caps each pool's ledger lists, and what each Tenant declares.
         self._caps: dict[str, dict[str, Cap]] = {}  # pool -> owned namespace -> cap
         self._declared: dict[str, dict[str, Decimal]] = {}  # owned namespace -> its quota
+
+    @property
+    def platform(self) -> Platform:
+        return self._platform
+
+    @platform.setter
+    def platform(self, platform: Platform) -> None:
+        self._platform = platform
+        self.generation += 1
+
+    @property
+    def keys(self) -> RecordKeys:
+        return self._keys
+
+    @keys.setter
+    def keys(self, keys: RecordKeys) -> None:
+        self._keys = keys
+        self.generation += 1
 
     def __len__(self) -> int:
         return len(self._apps) + len(self._unknown)
@@ -177,6 +198,7 @@ class ReservationState:
 
     def observe(self, app: Application) -> None:
         """Apply an application as stored: created or updated."""
+        self.generation += 1
         key = _interned(app.key)
         namespace = key[1]
         budget = self._observe_tenant(key, app) if app.kind == TENANT_KIND else None
@@ -206,6 +228,7 @@ class ReservationState:
 
     def forget(self, key: AppKey, *, version: int = 0) -> None:
         """Apply the deletion of an application (seen at resourceVersion ``version``)."""
+        self.generation += 1
         previous = self._apps.pop(key, None)
         was_unknown = self._unknown.pop(key, None) is not None
         members = self._by_namespace.get(key[1])
@@ -487,6 +510,7 @@ class ReservationState:
         before = self._caps.get(pool, {})
         if dict(before) == dict(caps):
             return
+        self.generation += 1
         if caps:
             self._caps[pool] = dict(caps)
         else:
