@@ -7,21 +7,24 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.builders import FIXTURES, THING_DEFINITION, review
+from tests.builders import FIXTURES, KEYS, THING_DEFINITION, review
 from tests.builders import state as build_state
 from tests.cluster import app, cluster
 from webhook.admission.ledger import MAX_ENTRIES, MAX_ENTRY_BYTES, Ledger, LedgerSettings
 from webhook.core.admission import decisions
 from webhook.core.admission.decisions import Decision, Policy
+from webhook.core.admission.price import price
 from webhook.core.admission.reviews import AdmissionRequest, parse_review
 from webhook.core.admission.state import ReservationState
 from webhook.core.pricing.platform import Platform, PlatformBuilder
 from webhook.core.tenancy.applications import Application
+from webhook.core.tenancy.records import parse_recorded_charge, record_annotation, sign
 from webhook.defaults import default_contracts, default_presets
 from webhook.kube.client import ApiError, KubeClient, ResourceRef
 from webhook.state.manifests import read_manifests
@@ -882,3 +885,53 @@ async def test_an_admission_nothing_changed_under_is_priced_once_and_its_pool_ch
     answers = await asyncio.gather(*(a.admit(create(f"vm{i}", "1Gi")) for i in range(20)))
     assert sum(d.allowed for d in answers) == 17
     assert calls == {"price": 20, "check": 40}, "priced before queueing, checked at both"
+
+
+def count_prices(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    calls = {"price": 0}
+    real = price
+
+    def counted(*args: Any) -> Any:
+        calls["price"] += 1
+        return real(*args)
+
+    monkeypatch.setattr(decisions, "price", counted)
+    return calls
+
+
+@pytest.mark.parametrize("observed", ["x", "y"])
+async def test_a_stored_object_observed_while_its_update_waits_in_the_queue_is_priced_again(
+    monkeypatch: pytest.MonkeyPatch, observed: str
+) -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "8Gi"}})
+    a.observe(thing(cluster, "x", "1Gi"))
+    a.observe(thing(cluster, "y", "1Gi"))
+    calls = count_prices(monkeypatch)
+
+    async def store() -> None:  # x's own record (its price reads it), or another object's
+        a.observe(thing(cluster, observed, "1Gi", note="changed"))
+
+    decision = await queued_while(a, grow("x", "1Gi", "2Gi", uid="grow"), store)
+    assert decision.allowed
+    assert calls["price"] == (2 if observed == "x" else 1)
+
+
+async def test_a_tenant_factor_withdrawn_while_a_request_waits_in_its_pools_queue_is_priced_at_the_new_factor() -> (  # noqa: E501
+    None
+):
+    cluster = Cluster()
+    a = Replica(cluster, "a", {})
+    spec = {"resourceQuotas": {"memory": "4Gi"}}
+    values = a.state.values_digest("Tenant", spec)
+    key = ("Tenant", "tenant-root", "acme")
+    overcommitted = sign(KEYS, key, values, {}, "sha256:t", own={"memory": Decimal(2)})
+    a.observe(Application(*key, spec, parse_recorded_charge(record_annotation(overcommitted))))
+
+    async def withdraw() -> None:  # the platform sets the Tenant's factor back to 1
+        a.observe(Application(*key, spec, version=cluster.bump()))
+
+    decision = await queued_while(a, create("x", "6Gi"), withdraw)
+    assert not decision.allowed, "6Gi at factor 2 reserves 3Gi; at factor 1, 6Gi > 4Gi"
+    assert decision.reason == "exceeded"
+    assert cluster.entries() == []

@@ -1,15 +1,16 @@
 """The conditional commit: a pool's batch decided and written at once, or one request across pools.
 
 **Group commit.** A pool's queued batch is decided against the pool (each request still all or
-nothing, in arrival order, with a running total), and committed in one write conditional on the
-object's resourceVersion that also drops the entries this replica has seen settled and those
-past their grace period: two requests that each fit alone but not together never both pass. A
-conflict (another replica wrote first) re-reads the object and decides the batch again; after
-``attempts`` conflicts the batch is denied with "try again" rather than guessed. A request
-charging several pools takes their locks in sorted order (as OpenShift's ClusterResourceQuota
-does) and writes them one after another: its entries carry its request uid, so a retry
-recognises and reuses them, a failure removes them (:meth:`Commit.roll_back`), and none is
-ever written twice.
+nothing, in arrival order, with a running total; its price, made before it queued, is reused
+while nothing that price read has changed, its pool check never), and committed in one write
+conditional on the object's resourceVersion that also drops the entries this replica has seen
+settled and those past their grace period: two requests that each fit alone but not together
+never both pass. A conflict (another replica wrote first) re-reads the object and decides the
+batch again; after ``attempts`` conflicts the batch is denied with "try again" rather than
+guessed. A request charging several pools takes their locks in sorted order (as OpenShift's
+ClusterResourceQuota does) and writes them one after another: its entries carry its request
+uid, so a retry recognises and reuses them, a failure removes them (:meth:`Commit.roll_back`),
+and none is ever written twice.
 
 **Revisions.** Each entry records the ledger revision that admitted it: a new entry is
 unstamped (it was added by the write that produced the object's current resourceVersion) and

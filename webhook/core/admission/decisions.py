@@ -15,9 +15,11 @@ after it; the first that refuses answers:
 5. :mod:`~webhook.core.admission.answers`: the answer as a value (mode, warnings, audit
    annotations, patch), which the HTTP layer only serialises (:meth:`Decision.response`).
 
-:func:`mutate` is the mutating side over the same stages: it records the charge on the object,
-signed, so that both sides compute the same record. ``Decision``, ``Policy`` and the names the
-adapters use are importable from here.
+:func:`decide_again` decides a request once more against a newer view of the pools (the
+ledger's commit), reusing stages 1 to 3 of an earlier :func:`decide_prepared` while nothing they
+read has changed, and redoing stage 4 always. :func:`mutate` is the mutating side over the
+same stages: it records the charge on the object, signed, so that both sides compute the same
+record. ``Decision``, ``Policy`` and the names the adapters use are importable from here.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ from webhook.core.admission.resolve import (
     subject_of,
 )
 from webhook.core.admission.reviews import AdmissionRequest
-from webhook.core.admission.state import ReservationState
+from webhook.core.admission.state import AppRecord, ReservationState
 from webhook.core.pricing.kinds import APPS_GROUP
 from webhook.core.tenancy.overcommit import OvercommitRules
 from webhook.core.tenancy.records import parse_recorded_charge, record_annotation, verifies
@@ -105,16 +107,18 @@ class Policy:
 class Prepared:
     """Stages 1 to 3 of one decision: what it priced, against which state at which generation.
 
-    Stages 1 to 3 read the request, the policy and what the state's generation covers (the
-    applications, the Tenants, the platform, the keys, the caps), never the pending charges;
-    stage 4 reads the pools as they are now. So :func:`decide_again` may reuse the price of a
-    decision made on the same state at the same generation and redo only the pool check."""
+    Stages 1 to 3 read the request, the policy, the state's record of the application (an
+    UPDATE's stored object) and what the state's generation covers (the Tenants, the platform,
+    the keys, the caps), never the pending charges nor any other application; stage 4 reads the
+    pools as they are now. So :func:`decide_again` may reuse the price of a decision made on the
+    same state at the same generation, its record unchanged, and redo only the pool check."""
 
     subject: Subject
     priced: Priced
     factored: Factored
     policy: Policy
     generation: int
+    record: AppRecord | None  # the state's record of the application, replaced when observed
 
 
 @dataclass(frozen=True)
@@ -137,8 +141,7 @@ def decide_prepared(request: AdmissionRequest, state: ReservationState, policy: 
     early = screen(request, state, mode)  # deletes, other groups, off, unchanged, not synced
     if early is not None:
         return Decided(early)
-    generation = state.generation
-    prepared = _prepare(request, state, policy, generation)
+    prepared = _prepare(request, state, policy)
     if isinstance(prepared, Decision):
         return Decided(_finish(request, state, mode, prepared))
     decision = _finish(request, state, mode, _check(prepared))
@@ -150,12 +153,14 @@ def decide_again(
 ) -> Decision:
     """:func:`decide` ``request`` again against ``state`` (e.g. at commit, with the pools as
     they are now): the price of ``prepared`` is reused when it was made on this very state at
-    its current generation under the same policy (nothing it read has changed since), and only
-    the screen and the pool check are redone; otherwise the request is decided in full."""
+    its current generation, with the application's record unchanged, under the same policy
+    (nothing it read has changed since), and only the screen and the pool check are redone;
+    otherwise the request is decided in full."""
     if (
         prepared is None
         or prepared.subject.state is not state
         or prepared.generation != state.generation
+        or state.record(prepared.subject.app.key) is not prepared.record
         or prepared.policy != policy
         or prepared.subject.request is not request
     ):
@@ -179,9 +184,10 @@ def _finish(
 
 
 def _prepare(
-    request: AdmissionRequest, state: ReservationState, policy: Policy, generation: int
+    request: AdmissionRequest, state: ReservationState, policy: Policy
 ) -> Prepared | Decision:
     """Stages 1 to 3; the first to refuse answers."""
+    generation = state.generation
     subject = resolve(request, state)  # 1: the application, what is believed of the stored one
     if isinstance(subject, Decision):
         return subject
@@ -191,7 +197,8 @@ def _prepare(
     factored = factor(subject, priced, policy.overcommit)  # 3: at its factor, signed
     if isinstance(factored, Decision):
         return factored
-    return Prepared(subject, priced, factored, policy, generation)
+    record = state.record(subject.app.key)
+    return Prepared(subject, priced, factored, policy, generation, record)
 
 
 def _check(prepared: Prepared) -> Decision:

@@ -106,8 +106,9 @@ class ReservationState:
         keys: RecordKeys | None = None,
         unavailable: Callable[[str], str] | None = None,
     ) -> None:
-        # Bumped by every change a price can read (an application, a Tenant, the platform, the
-        # keys, the caps): a decision priced at one generation holds its price at that generation.
+        # Bumped by every change a price reads besides the priced application's own record (a
+        # Tenant, the platform, the keys, the caps): a price made at one generation, while that
+        # record is the same object, is the price now (``decisions.decide_again``).
         self.generation = 0
         self._platform = platform
         # Records signed with these keys are believed; a state made without keys has a key of
@@ -198,8 +199,9 @@ class ReservationState:
 
     def observe(self, app: Application) -> None:
         """Apply an application as stored: created or updated."""
-        self.generation += 1
         key = _interned(app.key)
+        if app.kind == TENANT_KIND:  # its factors and budget reach every price beneath it
+            self.generation += 1
         namespace = key[1]
         budget = self._observe_tenant(key, app) if app.kind == TENANT_KIND else None
         record, problem = self._price(app, namespace)
@@ -228,7 +230,8 @@ class ReservationState:
 
     def forget(self, key: AppKey, *, version: int = 0) -> None:
         """Apply the deletion of an application (seen at resourceVersion ``version``)."""
-        self.generation += 1
+        if key[0] == TENANT_KIND:
+            self.generation += 1
         previous = self._apps.pop(key, None)
         was_unknown = self._unknown.pop(key, None) is not None
         members = self._by_namespace.get(key[1])
