@@ -7,18 +7,27 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from tests.builders import review
+import pytest
+
+from tests.builders import FIXTURES, KEYS, THING_DEFINITION, review
 from tests.builders import state as build_state
 from tests.cluster import app, cluster
 from webhook.admission.ledger import MAX_ENTRIES, MAX_ENTRY_BYTES, Ledger, LedgerSettings
+from webhook.core.admission import decisions
 from webhook.core.admission.decisions import Decision, Policy
+from webhook.core.admission.price import price
 from webhook.core.admission.reviews import AdmissionRequest, parse_review
 from webhook.core.admission.state import ReservationState
+from webhook.core.pricing.platform import Platform, PlatformBuilder
 from webhook.core.tenancy.applications import Application
+from webhook.core.tenancy.records import parse_recorded_charge, record_annotation, sign
+from webhook.defaults import default_contracts, default_presets
 from webhook.kube.client import ApiError, KubeClient, ResourceRef
+from webhook.state.manifests import read_manifests
 
 POLICY = Policy()
 POOL = "tenant-acme"
@@ -757,3 +766,172 @@ async def test_a_burst_of_five_thousand_admissions_stays_under_the_bound_with_no
     assert tres is not None
     assert len(tres["status"]["pending"]) <= 64
     assert replica.ledger.writes < 5000 * 0.2, "group commit: fewer writes than admissions"
+
+
+# ---------------------------------------------------------------------------------------------
+# The commit decides again: what changed while a request waited in its pool's queue
+
+
+async def queued_while(replica: Replica, request: AdmissionRequest, meanwhile: Any) -> Decision:
+    """``request`` decided on ``replica`` and queued for its pool's batch; ``meanwhile`` (a
+    coroutine function) runs before the batch is decided, then the answer is awaited."""
+    lock = replica.ledger._book.lock(POOL)  # the batch waits for the pool's lock
+    await lock.acquire()
+    try:
+        answer = asyncio.create_task(replica.admit(request))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not answer.done(), "queued for the batch, not answered yet"
+        await meanwhile()
+    finally:
+        lock.release()
+    return await answer
+
+
+def micro(name: str) -> AdmissionRequest:
+    return parse_review(review("VMInstance", POOL, name, {"instanceType": "u1.micro"}, uid=name))
+
+
+def resized_platform(memory: str) -> Platform:
+    """The tests' platform after an administrator resized u1.micro (1Gi) to ``memory``."""
+    builder = PlatformBuilder(default_contracts(), default_presets())
+    for manifest in read_manifests([FIXTURES / "cozystack"]):
+        body = copy.deepcopy(dict(manifest.body))
+        name = (body.get("metadata") or {}).get("name")
+        if body.get("kind") == "VirtualMachineClusterInstancetype" and name == "u1.micro":
+            body["spec"]["memory"]["guest"] = memory
+        builder.add(body, source=manifest.source)
+    builder.add(THING_DEFINITION, source="tests/builders.py")
+    return builder.build()
+
+
+async def test_a_budget_lowered_while_a_request_waits_in_its_pools_queue_is_checked_against_the_new_budget() -> (  # noqa: E501
+    None
+):
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "4Gi"}})
+
+    async def lower() -> None:
+        a.observe(
+            Application("Tenant", "tenant-root", "acme", {"resourceQuotas": {"memory": "1Gi"}})
+        )
+
+    decision = await queued_while(a, create("x", "2Gi"), lower)
+    assert not decision.allowed, "2Gi fitted the 4Gi budget it was first decided on, not 1Gi"
+    assert decision.reason == "exceeded"
+    assert cluster.entries() == []
+
+
+@pytest.mark.parametrize("swap", [True, False], ids=["re-priced-into-a-new-state", "in-place"])
+async def test_an_instance_type_resized_while_a_request_waits_in_its_pools_queue_is_priced_at_the_new_size(  # noqa: E501
+    swap: bool,
+) -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "4Gi"}})
+    resized = resized_platform("8Gi")
+
+    async def resize() -> None:
+        if swap:  # as the live state re-prices: a new state, the pending charges carried over
+            fresh = ReservationState(resized, keys=a.state.keys)
+            fresh.observe(
+                Application("Tenant", "tenant-root", "acme", {"resourceQuotas": {"memory": "4Gi"}})
+            )
+            fresh.pending.carry_over(a.state.pending)
+            a.state = fresh
+        else:
+            a.state.platform = resized
+
+    decision = await queued_while(a, micro("vm"), resize)
+    assert not decision.allowed, "u1.micro is 8Gi now, past the 4Gi budget"
+    assert decision.reason == "exceeded"
+    assert cluster.entries() == []
+
+
+async def test_a_request_waiting_in_its_pools_queue_while_a_siblings_hold_lands_first_is_checked_against_the_siblings_hold() -> (  # noqa: E501
+    None
+):
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "3Gi"}})
+    b = Replica(cluster, "b", {POOL: {"memory": "3Gi"}})
+
+    async def sibling() -> None:
+        assert (await b.admit(create("y", "2Gi"))).allowed  # b's hold lands first
+        a.deliver()
+
+    decision = await queued_while(a, create("x", "2Gi"), sibling)
+    assert not decision.allowed, "2Gi (y, held) + 2Gi (x) > 3Gi"
+    assert decision.reason == "exceeded"
+    assert [e["id"] for e in cluster.entries()] == ["uid-y"]
+
+
+async def test_an_admission_nothing_changed_under_is_priced_once_and_its_pool_checked_twice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = {"price": 0, "check": 0}
+
+    def counting(name: str) -> None:
+        real = getattr(decisions, name)
+
+        def counted(*args: Any) -> Any:
+            calls[name if name == "price" else "check"] += 1
+            return real(*args)
+
+        monkeypatch.setattr(decisions, name, counted)
+
+    counting("price")
+    counting("check_pools")
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "17Gi"}})
+    answers = await asyncio.gather(*(a.admit(create(f"vm{i}", "1Gi")) for i in range(20)))
+    assert sum(d.allowed for d in answers) == 17
+    assert calls == {"price": 20, "check": 40}, "priced before queueing, checked at both"
+
+
+def count_prices(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    calls = {"price": 0}
+    real = price
+
+    def counted(*args: Any) -> Any:
+        calls["price"] += 1
+        return real(*args)
+
+    monkeypatch.setattr(decisions, "price", counted)
+    return calls
+
+
+@pytest.mark.parametrize("observed", ["x", "y"])
+async def test_a_stored_object_observed_while_its_update_waits_in_the_queue_is_priced_again(
+    monkeypatch: pytest.MonkeyPatch, observed: str
+) -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "8Gi"}})
+    a.observe(thing(cluster, "x", "1Gi"))
+    a.observe(thing(cluster, "y", "1Gi"))
+    calls = count_prices(monkeypatch)
+
+    async def store() -> None:  # x's own record (its price reads it), or another object's
+        a.observe(thing(cluster, observed, "1Gi", note="changed"))
+
+    decision = await queued_while(a, grow("x", "1Gi", "2Gi", uid="grow"), store)
+    assert decision.allowed
+    assert calls["price"] == (2 if observed == "x" else 1)
+
+
+async def test_a_tenant_factor_withdrawn_while_a_request_waits_in_its_pools_queue_is_priced_at_the_new_factor() -> (  # noqa: E501
+    None
+):
+    cluster = Cluster()
+    a = Replica(cluster, "a", {})
+    spec = {"resourceQuotas": {"memory": "4Gi"}}
+    values = a.state.values_digest("Tenant", spec)
+    key = ("Tenant", "tenant-root", "acme")
+    overcommitted = sign(KEYS, key, values, {}, "sha256:t", own={"memory": Decimal(2)})
+    a.observe(Application(*key, spec, parse_recorded_charge(record_annotation(overcommitted))))
+
+    async def withdraw() -> None:  # the platform sets the Tenant's factor back to 1
+        a.observe(Application(*key, spec, version=cluster.bump()))
+
+    decision = await queued_while(a, create("x", "6Gi"), withdraw)
+    assert not decision.allowed, "6Gi at factor 2 reserves 3Gi; at factor 1, 6Gi > 4Gi"
+    assert decision.reason == "exceeded"
+    assert cluster.entries() == []

@@ -1,15 +1,16 @@
 """The conditional commit: a pool's batch decided and written at once, or one request across pools.
 
 **Group commit.** A pool's queued batch is decided against the pool (each request still all or
-nothing, in arrival order, with a running total), and committed in one write conditional on the
-object's resourceVersion that also drops the entries this replica has seen settled and those
-past their grace period: two requests that each fit alone but not together never both pass. A
-conflict (another replica wrote first) re-reads the object and decides the batch again; after
-``attempts`` conflicts the batch is denied with "try again" rather than guessed. A request
-charging several pools takes their locks in sorted order (as OpenShift's ClusterResourceQuota
-does) and writes them one after another: its entries carry its request uid, so a retry
-recognises and reuses them, a failure removes them (:meth:`Commit.roll_back`), and none is
-ever written twice.
+nothing, in arrival order, with a running total; its price, made before it queued, is reused
+while nothing that price read has changed, its pool check never), and committed in one write
+conditional on the object's resourceVersion that also drops the entries this replica has seen
+settled and those past their grace period: two requests that each fit alone but not together
+never both pass. A conflict (another replica wrote first) re-reads the object and decides the
+batch again; after ``attempts`` conflicts the batch is denied with "try again" rather than
+guessed. A request charging several pools takes their locks in sorted order (as OpenShift's
+ClusterResourceQuota does) and writes them one after another: its entries carry its request
+uid, so a retry recognises and reuses them, a failure removes them (:meth:`Commit.roll_back`),
+and none is ever written twice.
 
 **Revisions.** Each entry records the ledger revision that admitted it: a new entry is
 unstamped (it was added by the write that produced the object's current resourceVersion) and
@@ -48,7 +49,14 @@ from webhook.admission.ledger.entries import (
 from webhook.admission.ledger.queue import Waiter, answer
 from webhook.admission.ledger.shares import holder, holders
 from webhook.admission.ledger.status import Status
-from webhook.core.admission.decisions import Decision, Policy, decide
+from webhook.core.admission.decisions import (
+    Decided,
+    Decision,
+    Policy,
+    decide,
+    decide_again,
+    decide_prepared,
+)
 from webhook.core.admission.pending import PendingCharges
 from webhook.core.admission.reviews import AdmissionRequest
 from webhook.core.admission.state import ReservationState
@@ -56,7 +64,7 @@ from webhook.core.base import resources as rl
 from webhook.core.tenancy.applications import AppKey
 from webhook.kube.client import ApiError
 
-__all__ = ["Commit", "decide_replacing"]
+__all__ = ["Commit", "decide_replacing", "decided_replacing"]
 
 log = logging.getLogger("webhook.admission.ledger")  # one logger for all of the ledger
 
@@ -117,7 +125,9 @@ class Commit:
                         continue  # the caller is gone: hold nothing for it
                     taken_ids = previews(waiter.request, [*listed_previews, *fresh], replaced)
                     floor = self._absorb(pool, taken_ids, added, pending)
-                    decision = decide(waiter.request, state, waiter.policy)
+                    # Decided again against the pools as they are now; the price made before
+                    # the request queued is reused when nothing it read has changed since.
+                    decision = decide_again(waiter.request, state, waiter.policy, waiter.prepared)
                     if decision.allowed and decision.charged_pools:
                         who = holder(pool, waiter.request.namespace)
                         if set(decision.charged_pools) != {pool}:
@@ -335,11 +345,19 @@ def decide_replacing(
     request: AdmissionRequest, state: ReservationState, policy: Policy
 ) -> Decision:
     """``decide``, without the holds of the object's own previews (the write replaces them)."""
+    return decided_replacing(request, state, policy).decision
+
+
+def decided_replacing(
+    request: AdmissionRequest, state: ReservationState, policy: Policy
+) -> Decided:
+    """:func:`decide_replacing`, keeping the price for the commit (``decide_again``): the
+    previews only change the pools, never the price."""
     held = state.pending.previews(_key(request))
     for hold in held:
         state.pending.adjust(hold.namespace, rl.scale(hold.increase, Decimal(-1)))
     try:
-        return decide(request, state, policy)
+        return decide_prepared(request, state, policy)
     finally:
         for hold in held:  # undone exactly: a batch being written keeps its adjustments
             state.pending.adjust(hold.namespace, hold.increase)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from webhook.admission.ledger.barrier import Barrier
 from webhook.admission.ledger.book import Book, StateSource
 from webhook.admission.ledger.bounds import LedgerSettings
-from webhook.admission.ledger.commit import Commit, decide_replacing
+from webhook.admission.ledger.commit import Commit, decided_replacing
 from webhook.admission.ledger.queue import Queues
 from webhook.admission.ledger.settle import Settle
 from webhook.admission.ledger.shares import Caps, explain_cap, largest_share, over_in_warn
@@ -116,11 +116,13 @@ class Ledger:
             request.dry_run and not self.settings.dry_run_holds
         ):
             return decide(request, state, policy)
-        decision = decide_replacing(request, state, policy)
+        decided = decided_replacing(request, state, policy)
+        decision = decided.decision
         expired = not decision.allowed and decision.reason == "exceeded" and decision.pool
         if expired and await self._settle.expire(decision.pool):
             state = self._book.current()
-            decision = decide_replacing(request, state, policy)
+            decided = decided_replacing(request, state, policy)
+            decision = decided.decision
         if over_in_warn(request, decision):
             return await self._caps.admit_capped(request, policy, decision)
         if not decision.allowed and decision.reason == "exceeded":
@@ -145,7 +147,7 @@ class Ledger:
             return errored(400, "BadRequest", "invalid", "tenant reservations: invalid uid")
         pools = sorted(decision.charged_pools)
         if len(pools) == 1:
-            answer = await self._queues.enqueue(pools[0], request, policy)
+            answer = await self._queues.enqueue(pools[0], request, policy, decided.prepared)
         else:
             answer = await self._commit.across(pools, request, policy)
         if request.dry_run and answer.allowed and answer.charged_pools:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from webhook.admission.ledger import answers
 from webhook.admission.ledger.book import Book
-from webhook.core.admission.decisions import Decision, Policy
+from webhook.core.admission.decisions import Decision, Policy, Prepared
 from webhook.core.admission.reviews import AdmissionRequest
 
 __all__ = ["Queues", "Waiter", "answer"]
@@ -31,6 +31,7 @@ class Waiter:
     request: AdmissionRequest
     policy: Policy
     future: asyncio.Future[Decision]
+    prepared: Prepared | None = None  # the price decided before it queued, reused if still true
 
 
 @dataclass
@@ -48,9 +49,16 @@ class Queues:
         self.on_batch: Callable[[int], None] = lambda size: None  # e.g. observe in a metric
         self._queues: dict[str, _Queue] = {}
 
-    async def enqueue(self, pool: str, request: AdmissionRequest, policy: Policy) -> Decision:
+    async def enqueue(
+        self,
+        pool: str,
+        request: AdmissionRequest,
+        policy: Policy,
+        prepared: Prepared | None = None,
+    ) -> Decision:
         queue = self._queues.setdefault(pool, _Queue())
-        waiter = Waiter(request, policy, asyncio.get_running_loop().create_future())
+        future = asyncio.get_running_loop().create_future()
+        waiter = Waiter(request, policy, future, prepared)
         queue.waiting.append(waiter)
         if queue.draining is None:
             queue.draining = asyncio.create_task(self._drain(pool, queue))

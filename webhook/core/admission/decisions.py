@@ -15,9 +15,11 @@ after it; the first that refuses answers:
 5. :mod:`~webhook.core.admission.answers`: the answer as a value (mode, warnings, audit
    annotations, patch), which the HTTP layer only serialises (:meth:`Decision.response`).
 
-:func:`mutate` is the mutating side over the same stages: it records the charge on the object,
-signed, so that both sides compute the same record. ``Decision``, ``Policy`` and the names the
-adapters use are importable from here.
+:func:`decide_again` decides a request once more against a newer view of the pools (the
+ledger's commit), reusing stages 1 to 3 of an earlier :func:`decide_prepared` while nothing they
+read has changed, and redoing stage 4 always. :func:`mutate` is the mutating side over the
+same stages: it records the charge on the object, signed, so that both sides compute the same
+record. ``Decision``, ``Policy`` and the names the adapters use are importable from here.
 """
 
 from __future__ import annotations
@@ -39,10 +41,17 @@ from webhook.core.admission.answers import (
     set_annotation,
     skipped,
 )
-from webhook.core.admission.factors import at_factor, factor, factor_change, factor_fix, signed
+from webhook.core.admission.factors import (
+    Factored,
+    at_factor,
+    factor,
+    factor_change,
+    factor_fix,
+    signed,
+)
 from webhook.core.admission.modes import MODES, Mode
 from webhook.core.admission.pool_check import budget_key_refusal, check_pools
-from webhook.core.admission.price import held, price, price_for_record
+from webhook.core.admission.price import Priced, held, price, price_for_record
 from webhook.core.admission.resolve import (
     Factors,
     Subject,
@@ -54,7 +63,7 @@ from webhook.core.admission.resolve import (
     subject_of,
 )
 from webhook.core.admission.reviews import AdmissionRequest
-from webhook.core.admission.state import ReservationState
+from webhook.core.admission.state import AppRecord, ReservationState
 from webhook.core.pricing.kinds import APPS_GROUP
 from webhook.core.tenancy.overcommit import OvercommitRules
 from webhook.core.tenancy.records import parse_recorded_charge, record_annotation, verifies
@@ -66,10 +75,14 @@ __all__ = [
     "MODES",
     "WARNING_LIMIT",
     "WARNING_TARGET",
+    "Decided",
     "Decision",
     "Mode",
     "Policy",
+    "Prepared",
     "decide",
+    "decide_again",
+    "decide_prepared",
     "errored",
     "held_dry_run",
     "invalid",
@@ -90,13 +103,78 @@ class Policy:
         return self.per_kind.get(kind, self.mode)
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """Stages 1 to 3 of one decision: what it priced, against which state at which generation.
+
+    Stages 1 to 3 read the request, the policy, the state's record of the application (an
+    UPDATE's stored object) and what the state's generation covers (the Tenants, the platform,
+    the keys, the caps), never the pending charges nor any other application; stage 4 reads the
+    pools as they are now. So :func:`decide_again` may reuse the price of a decision made on the
+    same state at the same generation, its record unchanged, and redo only the pool check."""
+
+    subject: Subject
+    priced: Priced
+    factored: Factored
+    policy: Policy
+    generation: int
+    record: AppRecord | None  # the state's record of the application, replaced when observed
+
+
+@dataclass(frozen=True)
+class Decided:
+    """A decision, and its stages 1 to 3 when :func:`decide_again` may reuse them."""
+
+    decision: Decision
+    prepared: Prepared | None = None
+
+
 def decide(request: AdmissionRequest, state: ReservationState, policy: Policy) -> Decision:
     """Decide one request against ``state``; never raises for a well-formed request."""
+    return decide_prepared(request, state, policy).decision
+
+
+def decide_prepared(request: AdmissionRequest, state: ReservationState, policy: Policy) -> Decided:
+    """:func:`decide`, keeping its stages 1 to 3 for :func:`decide_again` (none for a Tenant,
+    whose pool check reads more than the pools: it is always decided again in full)."""
     mode = policy.mode_for(request.kind)
     early = screen(request, state, mode)  # deletes, other groups, off, unchanged, not synced
     if early is not None:
+        return Decided(early)
+    prepared = _prepare(request, state, policy)
+    if isinstance(prepared, Decision):
+        return Decided(_finish(request, state, mode, prepared))
+    decision = _finish(request, state, mode, _check(prepared))
+    return Decided(decision, None if request.kind == TENANT_KIND else prepared)
+
+
+def decide_again(
+    request: AdmissionRequest, state: ReservationState, policy: Policy, prepared: Prepared | None
+) -> Decision:
+    """:func:`decide` ``request`` again against ``state`` (e.g. at commit, with the pools as
+    they are now): the price of ``prepared`` is reused when it was made on this very state at
+    its current generation, with the application's record unchanged, under the same policy
+    (nothing it read has changed since), and only the screen and the pool check are redone;
+    otherwise the request is decided in full."""
+    if (
+        prepared is None
+        or prepared.subject.state is not state
+        or prepared.generation != state.generation
+        or state.record(prepared.subject.app.key) is not prepared.record
+        or prepared.policy != policy
+        or prepared.subject.request is not request
+    ):
+        return decide(request, state, policy)
+    mode = policy.mode_for(request.kind)
+    early = screen(request, state, mode)  # the state may have fallen out of sync meanwhile
+    if early is not None:
         return early
-    decision = _staged(request, state, policy)
+    return _finish(request, state, mode, _check(prepared))
+
+
+def _finish(
+    request: AdmissionRequest, state: ReservationState, mode: Mode, decision: Decision
+) -> Decision:
     if request.kind == TENANT_KIND and not decision.allowed and mode != "enforce":
         # Refused before its budget's keys were looked at (a value that does not parse, a spec
         # that does not evaluate): warn would store the keys, and the Tenant's next write would
@@ -105,8 +183,11 @@ def decide(request: AdmissionRequest, state: ReservationState, policy: Policy) -
     return finish("enforce" if decision.reason == BAD_BUDGET_KEY else mode, decision, request)
 
 
-def _staged(request: AdmissionRequest, state: ReservationState, policy: Policy) -> Decision:
-    """Stages 1 to 4; the first to refuse answers, and the pool check answers the rest."""
+def _prepare(
+    request: AdmissionRequest, state: ReservationState, policy: Policy
+) -> Prepared | Decision:
+    """Stages 1 to 3; the first to refuse answers."""
+    generation = state.generation
     subject = resolve(request, state)  # 1: the application, what is believed of the stored one
     if isinstance(subject, Decision):
         return subject
@@ -116,7 +197,14 @@ def _staged(request: AdmissionRequest, state: ReservationState, policy: Policy) 
     factored = factor(subject, priced, policy.overcommit)  # 3: at its factor, signed
     if isinstance(factored, Decision):
         return factored
-    return check_pools(subject, priced, factored, policy.mode_for)  # 4, answered by 5
+    record = state.record(subject.app.key)
+    return Prepared(subject, priced, factored, policy, generation, record)
+
+
+def _check(prepared: Prepared) -> Decision:
+    """Stage 4, answered by 5: the pool check, against the pools as they are now."""
+    policy = prepared.policy
+    return check_pools(prepared.subject, prepared.priced, prepared.factored, policy.mode_for)
 
 
 def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -> Decision:

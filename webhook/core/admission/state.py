@@ -106,10 +106,14 @@ class ReservationState:
         keys: RecordKeys | None = None,
         unavailable: Callable[[str], str] | None = None,
     ) -> None:
-        self.platform = platform
+        # Bumped by every change a price reads besides the priced application's own record (a
+        # Tenant, the platform, the keys, the caps): a price made at one generation, while that
+        # record is the same object, is the price now (``decisions.decide_again``).
+        self.generation = 0
+        self._platform = platform
         # Records signed with these keys are believed; a state made without keys has a key of
         # its own (records from elsewhere are then evaluated as they stand).
-        self.keys = keys if keys is not None else RecordKeys.generate()
+        self._keys = keys if keys is not None else RecordKeys.generate()
         self.tree = TenantTree()
         self.pending = PendingCharges(self.tree, shows=self._shows)
         self._synced = synced
@@ -126,6 +130,24 @@ class ReservationState:
         # the caps each pool's ledger lists, and what each Tenant declares.
         self._caps: dict[str, dict[str, Cap]] = {}  # pool -> owned namespace -> cap
         self._declared: dict[str, dict[str, Decimal]] = {}  # owned namespace -> its quota
+
+    @property
+    def platform(self) -> Platform:
+        return self._platform
+
+    @platform.setter
+    def platform(self, platform: Platform) -> None:
+        self._platform = platform
+        self.generation += 1
+
+    @property
+    def keys(self) -> RecordKeys:
+        return self._keys
+
+    @keys.setter
+    def keys(self, keys: RecordKeys) -> None:
+        self._keys = keys
+        self.generation += 1
 
     def __len__(self) -> int:
         return len(self._apps) + len(self._unknown)
@@ -178,6 +200,8 @@ class ReservationState:
     def observe(self, app: Application) -> None:
         """Apply an application as stored: created or updated."""
         key = _interned(app.key)
+        if app.kind == TENANT_KIND:  # its factors and budget reach every price beneath it
+            self.generation += 1
         namespace = key[1]
         budget = self._observe_tenant(key, app) if app.kind == TENANT_KIND else None
         record, problem = self._price(app, namespace)
@@ -206,6 +230,8 @@ class ReservationState:
 
     def forget(self, key: AppKey, *, version: int = 0) -> None:
         """Apply the deletion of an application (seen at resourceVersion ``version``)."""
+        if key[0] == TENANT_KIND:
+            self.generation += 1
         previous = self._apps.pop(key, None)
         was_unknown = self._unknown.pop(key, None) is not None
         members = self._by_namespace.get(key[1])
@@ -487,6 +513,7 @@ class ReservationState:
         before = self._caps.get(pool, {})
         if dict(before) == dict(caps):
             return
+        self.generation += 1
         if caps:
             self._caps[pool] = dict(caps)
         else:
