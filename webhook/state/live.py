@@ -26,8 +26,9 @@ it), reduced from each list page as it arrives; never whole objects.
 This module holds readiness, the run loop and the application reflectors; the rest sits beside
 it, named after what it does: ``platform_objects`` (what of each platform object is kept, and
 the platform built from it), ``platform_rebuilds`` (debounced rebuilds and the re-price),
-``held_applications`` (what is held of each application) and ``consistent_reads`` (the barrier
-that proves a quiet kind complete).
+``held_applications`` (what is held of each application), ``consistent_reads`` (the barrier
+that proves a quiet kind complete) and ``readiness`` (the walk's answer kept between changes, so
+a request asks readiness in constant time).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from webhook.state.platform_objects import (
     reduce_instance_type,
 )
 from webhook.state.platform_rebuilds import PlatformRebuilds
+from webhook.state.readiness import Readiness, WatchedReflector, first_to_go_silent
 from webhook.waits import sleep_unless_stopped
 
 __all__ = ["LiveSettings", "LiveState"]
@@ -114,6 +116,7 @@ class LiveState(PlatformRebuilds, ConsistentReads):
         self.clock = clock
         self.started = clock()
         self.first_sync_seconds: float | None = None
+        self._readiness: Readiness | None = None  # the last walk's answer, while it holds
         self._init_platform_rebuilds()
         self._platform_reflectors = [
             self._platform_reflector("definitions", DEFINITIONS, reduce_definition),
@@ -156,14 +159,53 @@ class LiveState(PlatformRebuilds, ConsistentReads):
 
     @property
     def synced(self) -> bool:
-        """Whether admission may trust the state (a kind that cannot be listed aside)."""
+        """Whether admission may trust the state (a kind that cannot be listed aside).
+
+        Asked on every read: the reflectors' part is the kept answer (see
+        :mod:`webhook.state.readiness`), the required checks are asked each time."""
         if self.platform_generation == 0:
             return False
-        if not all(r.synced for r in self._platform_reflectors):
+        if not self._readiness_now().reflectors_synced:
             return False
-        if not all(check() for check in self.required.values()):
-            return False
-        return all(self._kind_excused(watch) for watch in self._apps.values())
+        return all(check() for check in self.required.values())
+
+    def kind_unavailable(self, kind: str) -> str:
+        """Why writes of ``kind`` cannot be decided now; empty when they can."""
+        return self._readiness_now().unavailable.get(kind, "")
+
+    def unavailable_kinds(self) -> dict[str, str]:
+        """Kinds whose writes are denied, each with why."""
+        return dict(self._readiness_now().unavailable)
+
+    def _readiness_changed(self) -> None:
+        """Something readiness reads changed: the next ask walks again."""
+        self._readiness = None
+
+    def _readiness_now(self) -> Readiness:
+        kept = self._readiness
+        if kept is not None and kept.current():
+            return kept
+        kept = self._walk_readiness()
+        self._readiness = kept
+        return kept
+
+    def _walk_readiness(self) -> Readiness:
+        """Every reflector asked once: whether they let the state be trusted, and why each
+        unavailable kind is (by kind, in the order of each kind's first watch)."""
+        watches = list(self._apps.values())
+        synced = all(r.synced for r in self._platform_reflectors) and all(
+            self._kind_excused(watch) for watch in watches
+        )
+        reasons: dict[str, str] = {}
+        for watch in watches:  # a kind's first reason, among its watches, counts
+            reasons[watch.kind] = reasons.get(watch.kind, "") or self._unavailable(watch)
+        return Readiness(
+            reflectors_synced=synced,
+            unavailable={kind: reason for kind, reason in reasons.items() if reason},
+            sentinels=first_to_go_silent(
+                [*self._platform_reflectors, *(watch.reflector for watch in watches)]
+            ),
+        )
 
     def _kind_excused(self, watch: AppWatch) -> bool:
         """Whether this kind's reflector does not hold back the whole state."""
@@ -179,26 +221,16 @@ class LiveState(PlatformRebuilds, ConsistentReads):
         # stops admission.
         return self._first_synced and reflector.first_sync_seconds is None
 
-    def kind_unavailable(self, kind: str) -> str:
-        """Why writes of ``kind`` cannot be decided now; empty when they can."""
-        for watch in self._apps.values():
-            if watch.kind != kind or watch.reflector.synced:
-                continue
-            reflector = watch.reflector
-            if reflector.list_error:
-                return f"cannot be listed ({reflector.list_error})"
-            if reflector.first_sync_seconds is None and self._first_synced:
-                return "not listed yet"  # a kind that appeared after the first sync
+    def _unavailable(self, watch: AppWatch) -> str:
+        """Why this watch's kind cannot be decided now; empty when it can."""
+        reflector = watch.reflector
+        if reflector.synced:
+            return ""
+        if reflector.list_error:
+            return f"cannot be listed ({reflector.list_error})"
+        if reflector.first_sync_seconds is None and self._first_synced:
+            return "not listed yet"  # a kind that appeared after the first sync
         return ""
-
-    def unavailable_kinds(self) -> dict[str, str]:
-        """Kinds whose writes are denied, each with why."""
-        found = {}
-        for watch in self._apps.values():
-            reason = self.kind_unavailable(watch.kind)
-            if reason:
-                found[watch.kind] = reason
-        return found
 
     def explain(self) -> tuple[list[str], list[str]]:
         """What keeps the state from being synced, and what only degrades it (one kind, one
@@ -237,6 +269,7 @@ class LiveState(PlatformRebuilds, ConsistentReads):
         if self._first_synced or not self.synced:
             return
         self._first_synced = True
+        self._readiness_changed()
         self.first_sync_seconds = self.clock() - self.started
         settle_memory(first=True)
         log.info(
@@ -292,6 +325,7 @@ class LiveState(PlatformRebuilds, ConsistentReads):
                 stopped = asyncio.Event()
                 task = asyncio.create_task(reflector.run(stopped))
                 self._apps[plural] = AppWatch(kind, reflector, task, stopped)
+        self._readiness_changed()  # kinds came or went
 
     def _app_reflector(self, ref: ResourceRef, kind: str) -> Reflector:
         def reduce(obj: Obj) -> tuple[tuple[str, str], Held] | None:
@@ -337,7 +371,7 @@ class LiveState(PlatformRebuilds, ConsistentReads):
                 if known:
                     state.observe(held_application(kind, namespace, name, held))
 
-        reflector = Reflector(
+        reflector = WatchedReflector(
             self.client,
             ref,
             on_replace=replace_all,
@@ -346,6 +380,7 @@ class LiveState(PlatformRebuilds, ConsistentReads):
             watch_timeout=self.settings.watch_timeout,
             read_timeout=self.settings.read_timeout,
             clock=self.clock,
+            changed=self._readiness_changed,
         )
         return reflector
 

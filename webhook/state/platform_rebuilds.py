@@ -22,6 +22,7 @@ from webhook.kube.client import KubeClient, ResourceRef
 from webhook.kube.reflector import Reflector
 from webhook.state.held_applications import Held, held_application, settle_memory
 from webhook.state.platform_objects import STORES, build_platform, uid_of
+from webhook.state.readiness import WatchedReflector
 
 if TYPE_CHECKING:
     from webhook.core.admission.state import ReservationState
@@ -52,6 +53,8 @@ class PlatformRebuilds:
         def _new_state(self, platform: Platform) -> ReservationState: ...
 
         def _sync_app_watches(self, platform: Platform, *, stop: bool = True) -> None: ...
+
+        def _readiness_changed(self) -> None: ...
 
     def _init_platform_rebuilds(self) -> None:
         # Per store, uid -> the object reduced to what the platform depends on.
@@ -93,7 +96,7 @@ class PlatformRebuilds:
                 objects[uid] = reduced
             self._schedule_rebuild()
 
-        return Reflector(
+        return WatchedReflector(
             self.client,
             ref,
             on_replace=replace_all,
@@ -104,6 +107,7 @@ class PlatformRebuilds:
             watch_timeout=self.settings.watch_timeout,
             read_timeout=self.settings.read_timeout,
             clock=self.clock,
+            changed=self._readiness_changed,
         )
 
     def _schedule_rebuild(self) -> None:

@@ -1,0 +1,78 @@
+"""Readiness kept as an answer, dropped the moment anything it was read from changes.
+
+Every admission asks whether the state may be trusted and whether its kind can be decided, at
+least twice; walking every reflector (the platform's four and one per application kind, over
+thirty on Cozystack) each time spends the event loop on an answer that changes only when a
+list or a watch does. So the walk is made once and its answer kept until something it read
+changes: any assignment to a reflector's ``listed``, ``watching``, ``list_error``,
+``first_sync_seconds`` or ``last_activity`` (made by the reflector's own code: a 410 and
+relist, a failed list, a 404, a dropped watch, an event) drops it, as do a kind's watch
+started or stopped and the first sync. The only change with no assignment is time: a watch
+silent past its read timeout stops being synced. For that the answer also keeps, per read
+timeout and clock, the synced reflector heard from longest ago, the first of them to go
+silent; once it is no longer synced the answer is walked again. A reflector that stops being
+synced is therefore seen by the very next request: readiness fails closed at once, never on a
+timer. (Clocks are monotonic, so a reflector unsynced by silence stays so until it hears
+something, which is an assignment.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from webhook.kube.reflector import Reflector
+
+__all__ = ["Readiness", "WatchedReflector", "first_to_go_silent"]
+
+# What of a reflector readiness reads (with the clock, through :attr:`Reflector.synced`).
+READ: frozenset[str] = frozenset(
+    {"listed", "watching", "list_error", "first_sync_seconds", "last_activity"}
+)
+
+
+class WatchedReflector(Reflector):
+    """A :class:`Reflector` that calls ``changed`` whenever something readiness reads of it
+    is assigned."""
+
+    _changed: Callable[[], None]
+
+    def __init__(self, *args: Any, changed: Callable[[], None], **kwargs: Any) -> None:
+        object.__setattr__(self, "_changed", changed)
+        super().__init__(*args, **kwargs)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
+        if name in READ:
+            self._changed()
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """One walk's answer: whether the reflectors let the state be trusted (the required
+    checks and the platform's first build aside, asked every time), why each unavailable
+    kind is, and the reflectors whose silence ends it first."""
+
+    reflectors_synced: bool
+    unavailable: dict[str, str]
+    sentinels: tuple[Reflector, ...]
+
+    def current(self) -> bool:
+        """Whether this answer still holds (asked while no assignment has dropped it)."""
+        return all(s.synced for s in self.sentinels)
+
+
+def first_to_go_silent(reflectors: Iterable[Reflector]) -> tuple[Reflector, ...]:
+    """Of the synced reflectors, per read timeout and clock, the one heard from longest ago:
+    while it is synced so are the others (``now - last < timeout`` holds for every later
+    ``last`` once it holds for the earliest)."""
+    first: dict[tuple[float, Callable[[], float]], Reflector] = {}
+    for reflector in reflectors:
+        if not reflector.synced:
+            continue
+        key = (reflector.read_timeout, reflector.clock)
+        kept = first.get(key)
+        if kept is None or reflector.last_activity < kept.last_activity:
+            first[key] = reflector
+    return tuple(first.values())
