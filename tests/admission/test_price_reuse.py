@@ -94,19 +94,24 @@ def _signed(app: Application, keys: RecordKeys = KEYS, **extra: Any) -> Applicat
 X = ("Disk", POOL, "x")
 MARKS = {"disk": 6 * GI}
 
-Step = Callable[[ReservationState], object]
+Step = Callable[[ReservationState], None]
+
+
+def _recreate(state: ReservationState, app: Application) -> None:
+    """The stored object deleted and another created under its name (a new uid)."""
+    state.forget(app.key)
+    state.observe(app)
+
 
 STEPS: dict[str, Step] = {
     "other application observed": lambda s: s.observe(_disk("y", "3Gi")),
     "other application deleted": lambda s: s.forget(("Disk", POOL, "y")),
     "own object deleted": lambda s: s.forget(X),
-    "own object deleted and created again under its name": lambda s: (
-        s.forget(X),
-        s.observe(_disk("x", "1Gi")),
+    "own object deleted and created again under its name": lambda s: _recreate(
+        s, _disk("x", "1Gi")
     ),
-    "own object created again with a volume high mark": lambda s: (
-        s.forget(X),
-        s.observe(_signed(_disk("x", "1Gi"), marks=MARKS)),
+    "own object created again with a volume high mark": lambda s: _recreate(
+        s, _signed(_disk("x", "1Gi"), marks=MARKS)
     ),
     "own object stored bigger": lambda s: s.observe(_disk("x", "5Gi")),
     "own object stored unevaluable": lambda s: s.observe(_disk("x", "lots")),
