@@ -173,11 +173,14 @@ REQUESTS: dict[str, Callable[[], AdmissionRequest]] = {
     st.booleans(),
     st.lists(st.sampled_from(sorted(STEPS)), max_size=4),
     st.sampled_from(["enforce", "warn"]),
+    st.booleans(),
 )
 def test_whatever_a_tenant_changes_between_pricing_and_commit_the_commit_decides_as_afresh(
-    written: str, stored: bool, steps: list[str], mode: str
+    written: str, stored: bool, steps: list[str], mode: str, factored: bool
 ) -> None:
     state = _state()
+    if factored:  # the pool's Tenant overcommits memory 2x: its deletion re-prices beneath it
+        state.observe(_tenant_at("8Gi", "2"))
     state.observe(_disk("y", "1Gi"))
     if stored:
         state.observe(_disk("x", "1Gi"))
