@@ -149,6 +149,15 @@ STEPS: dict[str, Step] = {
 }
 
 
+STORED: dict[str, Callable[[], Application] | None] = {
+    "absent": None,
+    "plain": lambda: _disk("x", "1Gi"),
+    "unknown": lambda: _disk("x", "lots"),
+    "with a volume high mark": lambda: _signed(_disk("x", "1Gi"), marks=MARKS),
+    "with its own factor": lambda: _signed(_disk("x", "1Gi"), own={"memory": Decimal(2)}),
+}
+
+
 def _update(new: dict[str, str], old: dict[str, str], **more: Any) -> AdmissionRequest:
     return build_request("Disk", POOL, "x", new, operation="UPDATE", old_spec=old, **more)
 
@@ -170,20 +179,20 @@ REQUESTS: dict[str, Callable[[], AdmissionRequest]] = {
 @settings(max_examples=300, deadline=None)
 @given(
     st.sampled_from(sorted(REQUESTS)),
-    st.booleans(),
+    st.sampled_from(sorted(STORED)),
     st.lists(st.sampled_from(sorted(STEPS)), max_size=4),
     st.sampled_from(["enforce", "warn"]),
     st.booleans(),
 )
 def test_whatever_a_tenant_changes_between_pricing_and_commit_the_commit_decides_as_afresh(
-    written: str, stored: bool, steps: list[str], mode: str, factored: bool
+    written: str, stored: str, steps: list[str], mode: str, factored: bool
 ) -> None:
     state = _state()
     if factored:  # the pool's Tenant overcommits memory 2x: its deletion re-prices beneath it
         state.observe(_tenant_at("8Gi", "2"))
     state.observe(_disk("y", "1Gi"))
-    if stored:
-        state.observe(_disk("x", "1Gi"))
+    if STORED[stored] is not None:
+        state.observe(STORED[stored]())
     policy = Policy(mode=mode)  # type: ignore[arg-type]
     request = REQUESTS[written]()
     prepared = decide_prepared(request, state, policy).prepared
