@@ -191,8 +191,9 @@ def test_whatever_a_tenant_changes_between_pricing_and_commit_the_commit_decides
     if factored:  # the pool's Tenant overcommits memory 2x: its deletion re-prices beneath it
         state.observe(_tenant_at("8Gi", "2"))
     state.observe(_disk("y", "1Gi"))
-    if STORED[stored] is not None:
-        state.observe(STORED[stored]())
+    make = STORED[stored]
+    if make is not None:
+        state.observe(make())
     policy = Policy(mode=mode)  # type: ignore[arg-type]
     request = REQUESTS[written]()
     prepared = decide_prepared(request, state, policy).prepared
