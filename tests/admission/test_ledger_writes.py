@@ -10,10 +10,14 @@ the relaxed form, and fails on a naive one.
 from __future__ import annotations
 
 import sys
+from decimal import Decimal
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.admission.test_ledger import POOL, Clock, Cluster, Replica, create, grow, thing
 from tests.builders import ROOT
@@ -21,7 +25,9 @@ from tests.builders import state as build_state
 from tests.realkube import kubectl, real_apiserver
 from webhook.admission.ledger import LedgerSettings
 from webhook.admission.ledger.book import Book
-from webhook.admission.ledger.entries import TENANT_RESERVATIONS, parse_hold
+from webhook.admission.ledger.commit import Commit
+from webhook.admission.ledger.entries import TENANT_RESERVATIONS, hold_of, parse_hold
+from webhook.core.admission.decisions import Decision
 from webhook.core.base import resources as rl
 from webhook.core.tenancy.applications import Application
 from webhook.kube.client import KubeClient
@@ -208,3 +214,28 @@ async def test_a_real_api_server_keeps_the_managed_fields_a_status_write_leaves_
             assert stored["status"]["pending"] == []
         finally:
             await client.close()
+
+
+_AMOUNTS = st.dictionaries(
+    st.sampled_from(["cpu", "memory", "storage"]),
+    st.integers(min_value=0, max_value=4).map(lambda n: Decimal(n * 1024**3)),
+    max_size=3,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_AMOUNTS.filter(bool), _AMOUNTS, _AMOUNTS)
+def test_an_entry_leaving_out_its_expected_charge_settles_as_its_writer_holds_it(
+    increase: dict[str, Decimal], expected: dict[str, Decimal], floor: dict[str, Decimal]
+) -> None:
+    # Whatever the pool increase, the object's whole charge and the previews it absorbs (the
+    # floor), every replica reading the entry back expects what its writer holds: an absent
+    # ``expected`` never lets a copy of the object showing only the increase settle it.
+    book = SimpleNamespace(settings=LedgerSettings(replica="a"), clock=lambda: 0.0, now=lambda: "x")
+    commit = Commit(book, None, None)  # type: ignore[arg-type]
+    request = create("x", "1Gi", uid="u")
+    decision = Decision(True, "allowed", charged_pools={POOL: increase}, expected=expected)
+    entry = commit._entry(request, decision, POOL, floor=floor)
+    written, read = hold_of(entry, decision, POOL), parse_hold(POOL, entry, 7, {})
+    assert dict(read.increase) == dict(written.increase)
+    assert dict(read.charge) == dict(written.charge) == expected
