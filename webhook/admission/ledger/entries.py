@@ -13,6 +13,7 @@ string comparison, not a parse.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -110,7 +111,7 @@ def parse_hold(pool: str, entry: Obj, version: int, known: Mapping[str, tuple[Ob
     cached = known.get(hold_id)
     if cached is not None and same(cached[0], entry):
         hold = cached[1]
-        return hold if hold.after == after else _with_after(hold, after)
+        return hold if hold.after == after else dataclasses.replace(hold, after=after)
     _, _, rest = str(entry.get("application") or "").partition("/")
     namespace, _, name = rest.partition("/")
     key: AppKey = (kind_of(entry), namespace, name)
@@ -169,19 +170,6 @@ def size(entry: Mapping[str, Any]) -> int:
 
 def same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     return all(a.get(k) == b.get(k) for k in ("application", "charge", "expected", "dryRun"))
-
-
-def _with_after(hold: Hold, after: int) -> Hold:
-    return Hold(
-        id=hold.id,
-        key=hold.key,
-        namespace=hold.namespace,
-        increase=hold.increase,
-        charge=hold.charge,
-        expires=hold.expires,
-        after=after,
-        preview=hold.preview,
-    )
 
 
 def quantities(values: object) -> dict[str, Decimal]:
