@@ -95,7 +95,7 @@ def test_label_only_updates_of_a_spec_past_the_values_bounds_are_not_encoded_on_
     # each label-only update of it would be compared and encoded whole, twice or four times,
     # on the loop every admission shares. Past the values bounds it goes on to the
     # evaluation, which refuses it in a bounded walk, and nothing of it is encoded.
-    huge = {f"k{i}": i for i in range(DEFAULT_VALUES_LIMITS.max_nodes + 1)}
+    huge = {f"k{i}": "1Gi" for i in range(DEFAULT_VALUES_LIMITS.max_nodes + 1)}
     encoded: list[object] = []
     real_dumps = json.dumps
 
