@@ -25,6 +25,7 @@ from webhook.core.admission.resolve import (
 )
 from webhook.core.admission.reviews import AdmissionRequest, parse_review
 from webhook.core.admission.state import ReservationState
+from webhook.core.pricing.bounds import DEFAULT_VALUES_LIMITS
 from webhook.core.tenancy.applications import CHARGE_ANNOTATION, Application
 from webhook.core.tenancy.overcommit import OVERCOMMIT_ANNOTATION
 from webhook.core.tenancy.records import parse_recorded_charge
@@ -85,6 +86,30 @@ def test_an_update_that_changes_only_labels_is_skipped() -> None:
     decision = screen(body, acme(), "enforce")
     assert decision is not None
     assert decision.reason == "skipped"
+
+
+def test_label_only_updates_of_a_spec_past_the_values_bounds_are_not_encoded_on_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A spec stored unevaluated (its kind was off) may be as large as the API server stores:
+    # each label-only update of it would be compared and encoded whole, twice or four times,
+    # on the loop every admission shares. Past the values bounds it goes on to the
+    # evaluation, which refuses it in a bounded walk, and nothing of it is encoded.
+    huge = {f"k{i}": "1Gi" for i in range(DEFAULT_VALUES_LIMITS.max_nodes + 1)}
+    encoded: list[object] = []
+    real_dumps = json.dumps
+
+    def counting(value: object, **kwargs: Any) -> str:
+        encoded.append(value)
+        return real_dumps(value, **kwargs)
+
+    body, current = update(dict(huge), dict(huge)), acme()
+    monkeypatch.setattr(json, "dumps", counting)
+    assert screen(body, current, "enforce") is None
+    assert encoded == []
+    decision = decide(update(dict(huge), dict(huge)), acme(), Policy())
+    assert (decision.allowed, decision.outcome) == (False, "denied")
+    assert f"more than {DEFAULT_VALUES_LIMITS.max_nodes} entries" in decision.message
 
 
 @pytest.mark.parametrize(

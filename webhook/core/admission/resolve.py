@@ -25,7 +25,8 @@ from webhook.core.admission.answers import Decision, errored, finish, invalid, s
 from webhook.core.admission.modes import Mode
 from webhook.core.admission.reviews import AdmissionRequest
 from webhook.core.admission.state import ReservationState
-from webhook.core.base.errors import UNEVALUABLE
+from webhook.core.base.errors import UNEVALUABLE, EvaluationError
+from webhook.core.pricing.bounds import check_values
 from webhook.core.pricing.kinds import APPS_GROUP, ApplicationKind
 from webhook.core.pricing.volumes import hold
 from webhook.core.tenancy.applications import (
@@ -110,6 +111,10 @@ def _unchanged(request: AdmissionRequest) -> bool:
     if request.operation != "UPDATE" or request.object is None or request.old_object is None:
         return False
     new, old = request.object, request.old_object
+    try:  # bounded first: equal specs are compared and encoded whole, on the shared loop
+        check_values(new.get("spec"))
+    except EvaluationError:
+        return False  # the evaluation refuses it, in as bounded a walk
     return written_alike(
         [new.get("spec"), _reservation_annotations(new)],
         [old.get("spec"), _reservation_annotations(old)],
