@@ -2,16 +2,14 @@
 
 Before anything is priced, a request must name an application this webhook can decide now: an
 ``apps.cozystack.io`` object in the namespace the API server sent (:func:`screen` answers the
-requests that never reach a price: deletes, kinds switched off, label-only updates, a state not
-yet synced). :func:`resolve` then reads the application, its kind and the stored object it
-replaces into a :class:`Subject`, of which the later stages ask what the webhook believes of
-the *stored* object, each when it needs it: its own overcommit factor (:func:`vouched_own`),
-the high marks of its volumes (:func:`old_marks`), and the old charge an UPDATE is credited
-(:func:`old_charge`).
+requests that never reach a price: deletes, kinds switched off, label-only updates, a state not yet
+synced). :func:`resolve` then reads the application, its kind and the stored object it replaces
+into a :class:`Subject`, of which the later stages ask what the webhook believes of the *stored*
+object, each when it needs it: its own overcommit factor (:func:`vouched_own`), the high marks of
+its volumes (:func:`old_marks`), and the old charge an UPDATE is credited (:func:`old_charge`).
 Those come only from what the webhook itself computed or signed (a record a tenant could write
-would be a discount on its own budget): :func:`record_problem` and :func:`kept` say which
-charge annotation a write may carry. Nothing here prices the new values; that is
-:mod:`webhook.core.admission.price`.
+would be a discount on its own budget): :func:`record_problem` and :func:`kept` say which charge
+annotation a write may carry. Pricing the new values is :mod:`webhook.core.admission.price`.
 """
 
 from __future__ import annotations
