@@ -11,7 +11,6 @@ and the replica's state follows its watch).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import copy
 import json
@@ -27,6 +26,7 @@ import cel
 import yaml
 
 from tests.builders import ADMIN, ROOT
+from tests.waiting import eventually
 from webhook.core.tenancy.applications import CHARGE_ANNOTATION
 from webhook.core.tenancy.records import parse_recorded_charge
 
@@ -237,12 +237,6 @@ def tls_post(
             return answer
 
     return post, session.close
-
-
-async def eventually(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.02)
 
 
 __all__ = ["ADMIN", "REMOVE", "Answer", "ApiServer", "eventually", "offered", "patched", "tls_post"]

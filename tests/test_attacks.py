@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 
-from tests.attacks import ADMIN, REMOVE, ApiServer, eventually, tls_post
+from tests.attacks import ADMIN, REMOVE, ApiServer, tls_post
 from tests.builders import FIXTURES
 from tests.cluster import cluster, tenant
+from tests.waiting import eventually
 from webhook.core.tenancy.applications import CHARGE_ANNOTATION, application_from_object
 from webhook.core.tenancy.overcommit import OVERCOMMIT_ANNOTATION
 from webhook.core.tenancy.records import parse_recorded_charge

@@ -13,12 +13,12 @@ from tests.test_live import (
     Caller,
     caller,
     certs,
-    eventually,
     replica,
     spawn,
     store,
     wait_ready,
 )
+from tests.waiting import eventually
 
 __all__ = ["caller", "certs"]  # the fixtures, used by name
 

@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 from kubernetes import client as k8s_client
 
+from tests.waiting import eventually
 from webhook.kube.client import KubeClient
 from webhook.server import LiveServices
 from webhook.settings import Settings
@@ -35,9 +36,7 @@ async def test_a_pool_status_writer_that_raises_does_not_stop_the_other_duties(
     monkeypatch.setattr(services.ledger, "reconcile", poisoned_pool_status)
     stop = asyncio.Event()
     task = asyncio.create_task(services._duties(stop))
-    async with asyncio.timeout(10):
-        while rounds < 3:
-            await asyncio.sleep(0.01)
+    await eventually(lambda: rounds >= 3, 10, interval=0.01)
     stop.set()
     await task
     await services.client.close()
@@ -77,11 +76,9 @@ async def test_a_tenant_slowing_the_policy_reports_never_delays_the_pool_statuse
         asyncio.create_task(services._duties(stop)),
         asyncio.create_task(services._reports(stop)),
     ]
-    async with asyncio.timeout(10):
-        await reports_started.wait()
-        before = statuses
-        while statuses < before + 5:
-            await asyncio.sleep(0.01)
+    await asyncio.wait_for(reports_started.wait(), 10)
+    before = statuses
+    await eventually(lambda: statuses >= before + 5, 10, interval=0.01)
     stop.set()
     for task in tasks:
         task.cancel()

@@ -9,7 +9,7 @@ import os
 import ssl
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -20,6 +20,7 @@ import pytest
 from tests.apiserver.server import EmulatedAPIServer
 from tests.builders import ROOT, free_port, review
 from tests.cluster import app, cluster, tenant
+from tests.waiting import eventually, eventually_async
 from webhook.kube.client import KubeClient
 from webhook.server import LiveServices, WebhookServer
 from webhook.settings import Settings
@@ -32,12 +33,6 @@ LIVE = {
     "listen_port": 0,
     "metrics_port": 0,
 }
-
-
-async def eventually(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.02)
 
 
 @pytest.fixture
@@ -94,9 +89,7 @@ async def caller(certs: Path) -> AsyncIterator[Caller]:
 
 
 async def wait_ready(caller: Caller, port: int, timeout: float = 15.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not await caller.ready(port):
-            await asyncio.sleep(0.05)
+    await eventually_async(lambda: caller.ready(port), timeout)
 
 
 def store(server: EmulatedAPIServer, body: dict[str, Any]) -> None:

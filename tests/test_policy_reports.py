@@ -16,7 +16,8 @@ from tests.builders import ROOT, state, tenant, thing
 from tests.cluster import app, cluster, kube_client
 from tests.cluster import tenant as tenant_object
 from tests.realkube import kubectl, real_apiserver
-from tests.test_live import MICRO, certs, eventually, replica  # noqa: F401  (fixture)
+from tests.test_live import MICRO, certs, replica  # noqa: F401  (fixture)
+from tests.waiting import eventually
 from webhook.core.admission.policy_reports import REPORT_NAME, build_reports
 from webhook.kube.client import KubeClient
 from webhook.kube.reports import ABSENT_SECONDS, ReportWriter

@@ -18,6 +18,7 @@ import pytest
 from cryptography import x509
 
 from tests.builders import FIXTURES, ROOT, free_port
+from tests.waiting import eventually_async
 from webhook.commands.cli import main as cli
 from webhook.server import WebhookServer
 from webhook.settings import Settings
@@ -108,9 +109,11 @@ async def test_rotated_certificate_files_serve_the_new_serial(
 ) -> None:
     before = await peer_serial(server.port, certs)
     rotated = generate(certs, dns_names=["localhost"], ip_addresses=["127.0.0.1"])
-    async with asyncio.timeout(5):
-        while await peer_serial(server.port, certs) == before:
-            await asyncio.sleep(0.05)
+
+    async def rotated_in() -> bool:
+        return await peer_serial(server.port, certs) != before
+
+    await eventually_async(rotated_in, 5)
     assert await peer_serial(server.port, certs) == rotated.serial
 
 

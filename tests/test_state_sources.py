@@ -13,6 +13,7 @@ import yaml
 
 from tests.builders import FIXTURES, KEYS, request, signed
 from tests.cluster import app, cluster, kube_client, tenant
+from tests.waiting import eventually
 from webhook.core.admission.decisions import Decision, Policy, decide
 from webhook.core.admission.reviews import AdmissionRequest
 from webhook.core.admission.state import ReservationState
@@ -126,9 +127,7 @@ async def from_cluster(
             stop = asyncio.Event()
             task = asyncio.create_task(live.run(stop))
             try:
-                async with asyncio.timeout(15):
-                    while not live.synced:
-                        await asyncio.sleep(0.02)
+                await eventually(lambda: live.synced, 15)
                 check(live.state)
             finally:
                 stop.set()

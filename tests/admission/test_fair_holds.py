@@ -19,7 +19,8 @@ import pytest
 from tests.apiserver.server import EmulatedAPIServer
 from tests.builders import review
 from tests.cluster import app, cluster, tenant
-from tests.test_live import Caller, certs, eventually, replica, wait_ready
+from tests.test_live import Caller, certs, replica, wait_ready
+from tests.waiting import eventually
 from webhook.server import WebhookServer
 
 __all__ = ["certs"]

@@ -15,6 +15,7 @@ import yaml
 from tests.apiserver.server import EmulatedAPIServer
 from tests.builders import FIXTURES
 from tests.capacity.objects import hostile_mixed_cluster, node_object, vm_objects
+from tests.waiting import eventually
 from webhook.capacity.rebalance import Rebalancer, RebalanceSettings
 from webhook.core.capacity.rebalance import Goal, fair_order, find_goals, for_tenant, tenant_of
 from webhook.kube.client import KubeClient
@@ -198,9 +199,7 @@ async def test_the_loop_survives_a_failing_api_call_and_stops_on_request(tmp_pat
         api.fail_next(1, 500)
         stop = asyncio.Event()
         task = asyncio.create_task(rebalancer.run(stop))
-        async with asyncio.timeout(30):
-            while not api.objects("", "events"):
-                await asyncio.sleep(0.02)
+        await eventually(lambda: api.objects("", "events"), 30)
         stop.set()
         await asyncio.wait_for(task, 5)
         assert counter(rebalancer, "reservation_rebalance_errors_total") == 1

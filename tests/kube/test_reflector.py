@@ -11,7 +11,8 @@ import pytest
 
 from tests.apiserver.server import EmulatedAPIServer
 from tests.cluster import kube_client
-from webhook.kube.client import KubeClient, ResourceRef
+from tests.waiting import eventually
+from webhook.kube.client import KubeClient, ResourceRef, WatchTimeout
 from webhook.kube.reflector import Reflector
 
 THINGS = ResourceRef("example.io", "v1", "things")
@@ -56,12 +57,6 @@ async def server(tmp_path: Path) -> AsyncIterator[EmulatedAPIServer]:
 async def client(server: EmulatedAPIServer, tmp_path: Path) -> AsyncIterator[KubeClient]:
     async with kube_client(server.kubeconfig(tmp_path / "kubeconfig")) as kube:
         yield kube
-
-
-async def eventually(condition: Any, timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.02)
 
 
 def reflector(client: KubeClient, mirror: Mirror, **kwargs: Any) -> Reflector:
@@ -266,3 +261,60 @@ async def test_a_kind_cozystack_api_lists_empty_is_still_followed(tmp_path: Path
         finally:
             stop.set()
             await task
+
+
+async def test_a_watch_that_worked_before_it_broke_backs_off_from_the_start(
+    server: EmulatedAPIServer, client: KubeClient
+) -> None:
+    # A watch that delivered events and then fell silent is a first failure each time, not
+    # the next of a run: otherwise a replica whose watches break now and then (a stalled
+    # node, a restarted API server) waits ever longer to reconnect, up to the ceiling.
+    mirror = Mirror()
+    watcher = reflector(client, mirror, backoff=(0.02, 60.0))
+    runs: list[int] = []
+    delay = watcher._delay
+
+    def recorded(failures: int) -> float:
+        runs.append(failures)
+        return delay(failures)
+
+    watcher._delay = recorded  # type: ignore[method-assign]
+    stop, task = await run(watcher)
+    await eventually(lambda: watcher.synced)
+    for round_ in range(4):
+        server.silence_watches()
+        await eventually(lambda: not watcher.synced, timeout=5)
+        name = f"after{round_}"
+        server.create(thing(name, round_))
+        await eventually(lambda n=name, v=round_: mirror.items.get(n) == v)  # type: ignore[misc]
+    assert runs
+    assert max(runs) == 1, runs
+    stop.set()
+    await task
+
+
+class BrokenWatchClient:
+    """Lists one empty page; every watch breaks at once, before its first event."""
+
+    async def request(self, method: str, path: str, **_: Any) -> dict[str, Any]:
+        return {"metadata": {"resourceVersion": "5"}, "items": []}
+
+    async def watch(self, path: str, **_: Any) -> AsyncIterator[dict[str, Any]]:
+        raise WatchTimeout(f"watch {path}: silent")
+        yield {}  # an async generator
+
+
+async def test_a_watch_broken_as_its_replica_stops_leaves_no_unretrieved_error() -> None:
+    # asyncio logs "Task exception was never retrieved" for such a watch, whenever the
+    # garbage collector gets to it: noise in an operator's log, at a random later moment.
+    watcher = reflector(BrokenWatchClient(), Mirror())  # type: ignore[arg-type]
+    before = asyncio.all_tasks()
+    _, task = await run(watcher)
+    await asyncio.sleep(0)  # the reflector lists and opens its watch, whose consumer is due
+    (consumer,) = [t for t in asyncio.all_tasks() - before if "consume" in repr(t.get_coro())]
+    task.cancel()  # ... and the replica stops before the reflector hears the watch broke
+    await asyncio.gather(task, return_exceptions=True)
+    assert task.cancelled()
+    unretrieved = consumer._log_traceback  # asyncio's own flag
+    assert isinstance(consumer.exception(), WatchTimeout)  # it did break, not get cancelled
+    assert not unretrieved

@@ -23,7 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.builders import ROOT, review
 from tests.cluster import app, cluster, tenant
-from tests.test_live import MICRO, Caller, eventually, replica, store, wait_ready
+from tests.test_live import MICRO, Caller, replica, store, wait_ready
+from tests.waiting import eventually
 from webhook.tls.certificates import generate
 
 # Labels the scrape adds to every series (the Prometheus operator's ServiceMonitor and the

@@ -12,7 +12,8 @@ from typing import Any
 from tests.apiserver.server import EmulatedAPIServer
 from tests.builders import review
 from tests.cluster import app, cluster, tenant
-from tests.test_live import MICRO, Caller, eventually, replica, wait_ready
+from tests.test_live import MICRO, Caller, replica, wait_ready
+from tests.waiting import eventually
 from webhook.admission.report import build_report, render_report
 from webhook.server import WebhookServer
 from webhook.state.live import LiveState
@@ -285,10 +286,13 @@ async def test_an_instance_type_resize_reprices_held_applications_without_a_reli
             lists = app_lists(server)
             unsynced = 0
             server.patch(*CLUSTER_TYPES, None, "mine", {"spec": {"memory": {"guest": "2Gi"}}})
-            async with asyncio.timeout(10):
-                while memory() != 100 * 1024**3:
-                    unsynced += not live.synced
-                    await asyncio.sleep(0.01)
+
+            def repriced() -> bool:
+                nonlocal unsynced
+                unsynced += not live.synced
+                return bool(memory() == 100 * 1024**3)
+
+            await eventually(repriced, 10, interval=0.01)
             assert unsynced == 0  # the old state served until the new one was complete
             assert app_lists(server) == lists
             assert live.reprices == 1

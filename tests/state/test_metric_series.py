@@ -12,7 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.cluster import cluster, tenant
 from tests.state.test_live import live_of, metrics
-from tests.test_live import Caller, eventually, replica, wait_ready
+from tests.test_live import Caller, replica, wait_ready
+from tests.waiting import eventually
 from webhook.core.pricing.catalog import InstanceType, StaticCatalog
 from webhook.core.pricing.metric_keys import OTHER, fold, known_keys, quota_keys
 from webhook.core.pricing.platform import Platform

@@ -7,7 +7,9 @@ the consumer needs from an object), so a list of a large cluster never holds eve
 at once; the reduced items replace the consumer's view in one call, so readers never see half a
 list. A watch that ends normally is reopened from the last
 resourceVersion; one that breaks, or stays silent past the read timeout, is reopened after a
-backoff with jitter; ``410 Gone`` (the resume point was compacted away) forces a fresh list.
+backoff with jitter, which grows only while reopened watches deliver nothing (a watch that
+worked for an hour and then broke is a first failure, not the next of a run); ``410 Gone``
+(the resume point was compacted away) forces a fresh list.
 
 :attr:`Reflector.synced` is true only after the first list was applied and while the watch is
 live: a watch silent for longer than its read timeout is dead, and the state is then stale.
@@ -78,6 +80,7 @@ class Reflector:
         self.last_error = ""
         self.list_error = ""  # why the last list failed (with its URL); empty once one succeeds
         self.list_failures = 0
+        self._heard = False  # whether the current watch delivered anything, a bookmark too
 
     @property
     def synced(self) -> bool:
@@ -101,6 +104,8 @@ class Reflector:
                 failures = 0
             except (ApiError, WatchTimeout) as exc:
                 self.watching = False
+                if self.listed and self._heard:
+                    failures = 0  # the watch worked before it broke: back off from the start
                 failures += 1
                 if not self.listed:
                     self.list_failures += 1
@@ -171,6 +176,7 @@ class Reflector:
                 self._apply(event)
 
         self.watching = True  # optimistic: the read timeout unmasks a watch that never opens
+        self._heard = False
         self.last_activity = self.clock()
         if self.first_sync_seconds is None:
             self.first_sync_seconds = self.clock() - self.started
@@ -184,11 +190,14 @@ class Reflector:
                 consumer.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await consumer
-        if consumer.done() and not consumer.cancelled():
+            elif not consumer.cancelled():
+                consumer.exception()  # retrieved even when this watch is itself cancelled
+        if not consumer.cancelled():
             consumer.result()  # raise what broke the watch; a normal end reopens it
 
     def _apply(self, event: Obj) -> None:
         self.last_activity = self.clock()
+        self._heard = True
         kind = event.get("type")
         obj = event.get("object") or {}
         if kind == "ERROR":
