@@ -77,3 +77,28 @@ def test_a_tenants_share_of_a_pools_ledger_from_flag_environment_and_file(
 def test_a_share_outside_zero_to_one_is_refused_by_name(value: str) -> None:
     with pytest.raises(SettingsError, match="ledger-namespace-share"):
         load_settings({"ledger_namespace_share": value}, environ={})
+
+
+def test_watch_resync_from_flag_and_environment_with_zero_for_off() -> None:
+    assert load_settings({}, environ={}).watch_resync_seconds == 300.0
+    assert load_settings({"watch_resync_seconds": "60"}, environ={}).watch_resync_seconds == 60
+    off = load_settings({}, environ={"WEBHOOK_WATCH_RESYNC_SECONDS": "0"})
+    assert off.watch_resync_seconds == 0
+    with pytest.raises(SettingsError, match="watch-resync-seconds"):
+        load_settings({"watch_resync_seconds": "-1"}, environ={})
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        {"watch_resync_seconds": "nan"},
+        {"watch_resync_seconds": "inf"},
+        {"shutdown_seconds": "nan"},
+        {"ledger_namespace_share": "nan"},
+    ],
+)
+def test_a_number_setting_of_nan_or_infinity_is_refused(flags: dict[str, object]) -> None:
+    # nan passes every range check's "else": a resync of nan seconds would read every kind
+    # at every tick, a share of nan would hold no limit.
+    with pytest.raises(SettingsError, match="not a finite number"):
+        load_settings(flags, environ={})

@@ -62,7 +62,11 @@ class LiveServices:
         self.settings = settings
         self.live = LiveState(
             client,
-            LiveSettings(namespace=settings.namespace, read_timeout=settings.watch_read_timeout),
+            LiveSettings(
+                namespace=settings.namespace,
+                read_timeout=settings.watch_read_timeout,
+                resync_seconds=settings.watch_resync_seconds,
+            ),
         )
         self.ledger = Ledger(
             client,

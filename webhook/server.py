@@ -101,6 +101,7 @@ class WebhookServer:
                 largest=ledger.largest_share,
                 capped=lambda: float(len(services.live.state.capped())),
                 reads=lambda: float(services.live.consistent_reads),
+                repairs=lambda: float(sum(services.live.repairs.values())),
             )
             metrics.watch_health(
                 unavailable=services.live.unavailable_kinds,

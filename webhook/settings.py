@@ -8,6 +8,7 @@ Invalid values are refused at start with the setting's name.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from collections.abc import Mapping, Sequence
@@ -70,6 +71,8 @@ class Settings:
     # Hold a dry run's increase like a write's: cozystack-api stores what it calls a dry run.
     dry_run_holds: bool = True
     watch_read_timeout: float = 90.0
+    # Every kind is read this often to find what its watch lost (0: only when the ledger waits).
+    watch_resync_seconds: float = 300.0
     # The share of a pool's ledger (MAX_ENTRIES entries) one tenant's unsettled holds may take.
     ledger_namespace_share: float = 0.1
 
@@ -127,6 +130,7 @@ _SPELLINGS: Final = {
     "pending_grace_seconds": ("WEBHOOK_PENDING_GRACE_SECONDS", "pendingGraceSeconds"),
     "dry_run_holds": ("WEBHOOK_DRY_RUN_HOLDS", "dryRunHolds"),
     "watch_read_timeout": ("WEBHOOK_WATCH_READ_TIMEOUT", "watchReadTimeout"),
+    "watch_resync_seconds": ("WEBHOOK_WATCH_RESYNC_SECONDS", "watchResyncSeconds"),
     "ledger_namespace_share": ("WEBHOOK_LEDGER_NAMESPACE_SHARE", "ledgerNamespaceShare"),
 }
 
@@ -210,6 +214,11 @@ def _build(raw: Mapping[str, Any]) -> Settings:
             if number <= 0:
                 raise SettingsError(f"{name.replace('_', '-')}: must be positive")
             values[name] = number
+    if "watch_resync_seconds" in raw:
+        resync = _number("watch-resync-seconds", raw["watch_resync_seconds"], integer=False)
+        if resync < 0:
+            raise SettingsError("watch-resync-seconds: must be 0 (off) or positive")
+        values["watch_resync_seconds"] = resync
     if "dry_run_holds" in raw:
         values["dry_run_holds"] = _switch("dry-run-holds", raw["dry_run_holds"])
     if "ledger_namespace_share" in raw:
@@ -251,6 +260,8 @@ def _number(name: str, value: Any, *, integer: bool) -> float:
         number = int(value) if integer else float(value)
     except (TypeError, ValueError):
         raise SettingsError(f"{name}: {value!r} is not a number") from None
+    if not math.isfinite(number):  # nan passes every comparison's "else"
+        raise SettingsError(f"{name}: {value!r} is not a finite number")
     return number
 
 

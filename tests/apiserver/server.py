@@ -505,6 +505,7 @@ class EmulatedAPIServer:
         self.token = token
         self.bookmark_interval = bookmark_interval
         self.requests: list[RecordedRequest] = []
+        self._lose = 0  # changes still to keep from open watches (lose_next_events)
         self._history_limit = history_limit
         self._random = random.Random(seed)
         self._resources: dict[tuple[str, str], Resource] = {}
@@ -691,6 +692,12 @@ class EmulatedAPIServer:
             watcher.silenced = True
             watcher.queue.put_nowait(_Signal.WAKE)
 
+    def lose_next_events(self, count: int = 1) -> None:
+        """The next ``count`` changes reach no open watch, which stays open and goes on with
+        the changes after them, as cozystack-api's watches can. They are stored, and in the
+        history: a list, and a watch opened later, see them."""
+        self._lose += count
+
     def pause(self) -> None:
         """Stop answering: new requests are accepted but wait, unanswered, until
         ``resume()``; open watches go silent (events queue up, no bookmarks, no timeout
@@ -721,6 +728,9 @@ class EmulatedAPIServer:
         self._history.append(change)
         while len(self._history) > self._history_limit:
             self._floor = self._history.popleft().revision
+        if self._lose > 0:
+            self._lose -= 1
+            return
         for watcher in self._watchers:
             if watcher.resource == resource and not watcher.silenced and not watcher.deaf:
                 event = self._translate(change, watcher.selection)

@@ -79,6 +79,12 @@ def add_parser(commands: argparse._SubParsersAction[Any]) -> None:
         help="hold a dry run's charge like a write's, for API servers that store dry runs "
         "(cozystack-api does); default on",
     )
+    serve.add_argument(
+        "--watch-resync-seconds",
+        metavar="SECONDS",
+        help="read every application kind this often to put right what its watch lost "
+        "(0: only when the ledger waits on it); default 300",
+    )
     serve.add_argument("--config", metavar="FILE", help="settings file (YAML)")
     serve.add_argument(
         "--log-level", metavar="LEVEL", help="debug, info, warning, error (default info)"
@@ -107,6 +113,7 @@ def _serve(args: argparse.Namespace) -> int:
         "mode_for": args.mode_for,
         **overcommit_flags(args),
         "dry_run_holds": args.dry_run_holds,
+        "watch_resync_seconds": args.watch_resync_seconds,
         "config": args.config,
         "log_level": args.log_level,
     }

@@ -255,6 +255,7 @@ class Metrics:
         largest: Callable[[], float],
         capped: Callable[[], float],
         reads: Callable[[], float],
+        repairs: Callable[[], float],
     ) -> None:
         """Expose the ledger's bounds (entries per pool, per tenant in a pool, the share) and
         the largest share one tenant's unsettled admissions take in any pool now. No label
@@ -289,6 +290,12 @@ class Metrics:
             "the ledger waits for, since start.",
             registry=self.registry,
         ).set_function(reads)
+        Gauge(
+            "reservation_watch_repairs",
+            "Applications whose change a watch lost, put right from a consistent read, since "
+            "start (cozystack-api's watches can lose events).",
+            registry=self.registry,
+        ).set_function(repairs)
 
     def watch_health(
         self,

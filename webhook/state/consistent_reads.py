@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Final
 from webhook.core.tenancy.applications import resource_version
 from webhook.kube.client import ApiError, KubeClient, ResourceRef
 from webhook.kube.reflector import Reflector, consistent_read
+from webhook.state.watch_repairs import WatchRepairs
 
 if TYPE_CHECKING:
     from webhook.core.admission.state import ReservationState
@@ -39,7 +40,7 @@ RELEASE_NAME_LABEL: Final = "apps.cozystack.io/application.name"
 RELEASE_GROUP: Final = "apps.cozystack.io/application.group=apps.cozystack.io"
 
 
-class ConsistentReads:
+class ConsistentReads(WatchRepairs):
     """The consistent-read barrier of :class:`~webhook.state.live.LiveState` (a mixin)."""
 
     client: KubeClient
@@ -58,6 +59,7 @@ class ConsistentReads:
         self._last_items: dict[str, int] = {}  # kind -> how many objects that read listed
         self._releases_readable = True  # until a HelmRelease list is refused or not served
         self.consistent_reads = 0
+        self._init_watch_repairs()
 
     def observed_version(self, kind: str) -> int:
         """The revision up to which the state has seen every write of ``kind`` (0: none yet).
@@ -165,20 +167,19 @@ class ConsistentReads:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.confirm_wait
         while True:
-            watched = resource_version(reflector.resource_version)
-            held = self._held.get(kind, {})
-            behind = [
-                (key, version)
-                for key, version in items
-                if version > watched and (key not in held or held[key][2] < version)
-            ]
-            if not behind:
+            behind, gone = self.lost(kind, items, revision)
+            if not behind and not gone:
                 if self._apps.get(plural) is watch:  # not a reflector replaced meanwhile
                     self._confirmed[kind] = max(self._confirmed.get(kind, 0), revision)
                 return
             if loop.time() >= deadline:
-                return
-            await asyncio.sleep(0.02)
+                break
+            await asyncio.sleep(0.02)  # their events exist: give the watch time to deliver
+        # The watch had its time and did not deliver them: it lost them. Put them right.
+        await self.repair(kind, watch, [*behind, *gone], revision)
+        behind, gone = self.lost(kind, items, revision)
+        if not behind and not gone and self._apps.get(plural) is watch:
+            self._confirmed[kind] = max(self._confirmed.get(kind, 0), revision)
 
 
 def release_version_of(obj: Obj) -> tuple[tuple[str, str], int] | None:

@@ -27,8 +27,8 @@ This module holds readiness, the run loop and the application reflectors; the re
 it, named after what it does: ``platform_objects`` (what of each platform object is kept, and
 the platform built from it), ``platform_rebuilds`` (debounced rebuilds and the re-price),
 ``held_applications`` (what is held of each application), ``consistent_reads`` (the barrier
-that proves a quiet kind complete) and ``readiness`` (the walk's answer kept between changes, so
-a request asks readiness in constant time).
+that proves a quiet kind complete), ``watch_repairs`` (what a watch lost) and ``readiness``
+(the walk's answer kept between changes: a request asks readiness in constant time).
 """
 
 from __future__ import annotations
@@ -89,6 +89,8 @@ class LiveSettings:
     # lists every object of the kind in the cluster, and a tenant can make reads wanted at
     # every interval, so a kind of 100,000 objects is read every 20 s, not twice a second.
     confirm_objects: float = 5_000.0
+    repair_objects: int = 100  # fetched at most per read to repair a watch's losses
+    resync_seconds: float = 300.0  # every kind read this often for them (0: only on demand)
 
 
 @dataclass
@@ -216,9 +218,8 @@ class LiveState(PlatformRebuilds, ConsistentReads):
             return False  # without tenants no pool is known: nothing can be decided
         if reflector.list_error:
             return True  # cannot be listed: unavailable for that kind only
-        # A kind that appeared after the first sync and is listing for the first time holds
-        # nothing yet; it waits alone. A kind listed before counts in shared pools: stale, it
-        # stops admission.
+        # A kind that appeared after the first sync, listing for the first time, holds nothing
+        # yet: it waits alone. One listed before counts in shared pools: stale, it stops all.
         return self._first_synced and reflector.first_sync_seconds is None
 
     def _unavailable(self, watch: AppWatch) -> str:
@@ -287,11 +288,12 @@ class LiveState(PlatformRebuilds, ConsistentReads):
                 if self.platform_generation == 0:
                     self._schedule_rebuild()  # the first build, once every list is in
                 self._note_first_sync()
+                self.resync_due(asyncio.get_running_loop().time())
                 await sleep_unless_stopped(0.05, stop)
         finally:
             if self._repricing is not None:
                 self._repricing.cancel()
-            for confirming in list(self._confirming.values()):
+            for confirming in [*self._confirming.values(), *self._resyncing.values()]:
                 confirming.cancel()
             for watch in list(self._apps.values()):
                 watch.stop.set()
@@ -334,6 +336,7 @@ class LiveState(PlatformRebuilds, ConsistentReads):
         def replace_all(items: list[tuple[tuple[str, str], Held]]) -> None:
             before = self._held.get(kind, {})
             fresh = dict(items)
+            self.forget_repairs(kind)
             self._held[kind] = fresh
             if self._dirty is not None:
                 self._dirty.update((kind, ns, name) for ns, name in before.keys() | fresh.keys())
@@ -356,6 +359,8 @@ class LiveState(PlatformRebuilds, ConsistentReads):
             if reduced is None:
                 return
             (namespace, name), held = reduced
+            if event_type != "DELETED" and self.stale_event(kind, (namespace, name), held[2]):
+                return  # a repair ran ahead of the watch
             held_now = self._held.setdefault(kind, {})
             key = (kind, namespace, name)
             if self._dirty is not None:

@@ -1,0 +1,166 @@
+"""Repairs of what a watch lost: a consistent read finds it, a GET puts it right.
+
+A watch through cozystack-api can lose an event and stay open: it translates a HelmRelease
+watch of its own, and a change it drops is never sent again on that stream (and one made just
+before a reopen is replayed only if the object still exists). The state would then count a
+spec the object no longer has, or an object already gone, until the next full list, which
+a healthy watch never needs. So a consistent read (:mod:`webhook.state.consistent_reads`) that
+still finds objects the state holds older than the list shows, or holds objects the list
+no longer shows, once the watch has had :attr:`LiveSettings.confirm_wait` to deliver them,
+fetches each (at most :attr:`LiveSettings.repair_objects` a read) and applies it as the watch
+would have: newer, deleted. Every kind is also read that way every
+:attr:`LiveSettings.resync_seconds` whether or not the ledger waits on it, because a lost
+event that nothing waits for would otherwise never be found.
+
+A repair can run ahead of the watch: an event older than what the state holds (or than a
+repaired deletion) is ignored, so a late one never reverts a repair.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Final
+
+from webhook.core.tenancy.applications import resource_version
+from webhook.kube.client import ApiError, KubeClient
+from webhook.kube.reflector import Reflector
+
+if TYPE_CHECKING:
+    from webhook.state.held_applications import Held
+    from webhook.state.live import AppWatch, LiveSettings
+
+__all__ = ["WatchRepairs"]
+
+log = logging.getLogger("webhook.state.live")  # the live state's log, whichever part writes
+Obj = dict[str, Any]
+Key = tuple[str, str]  # (namespace, name)
+TOMBSTONES: Final = 10_000  # repaired deletions remembered, per kind, against late events
+
+
+class WatchRepairs:
+    """The repairs of :class:`~webhook.state.live.LiveState` (a mixin)."""
+
+    client: KubeClient
+    settings: LiveSettings
+    _apps: dict[str, AppWatch]
+    _held: dict[str, dict[Key, Held]]
+    _last_read: dict[str, float]
+    _last_items: dict[str, int]
+
+    def _init_watch_repairs(self) -> None:
+        self.repairs: dict[str, int] = {}  # kind -> objects put right, since start
+        self._tombstones: dict[str, OrderedDict[Key, int]] = {}  # kind -> key -> at revision
+        self._resyncing: dict[str, asyncio.Task[None]] = {}
+
+    def stale_event(self, kind: str, key: Key, version: int) -> bool:
+        """Whether an ADDED or MODIFIED event at ``version`` is older than what the state
+        holds of ``key`` (a repair ran ahead of the watch): it is then ignored."""
+        held = self._held.get(kind, {}).get(key)
+        if held is not None:
+            return version < held[2]
+        gone = self._tombstones.get(kind)
+        return gone is not None and version <= gone.get(key, 0)
+
+    def forget_repairs(self, kind: str) -> None:
+        """A fresh list of ``kind`` replaced the state's view: repaired deletions are moot."""
+        self._tombstones.pop(kind, None)
+
+    def lost(
+        self, kind: str, items: list[tuple[Key, int]], revision: int
+    ) -> tuple[list[Key], list[Key]]:
+        """Of a consistent read of ``kind`` at ``revision``: the objects the state holds older
+        than listed (or not at all), and those it holds that the read no longer shows although
+        they are older than it (deleted before it)."""
+        held = self._held.get(kind, {})
+        behind = [key for key, version in items if key not in held or held[key][2] < version]
+        listed = {key for key, _ in items}
+        gone = [key for key, h in held.items() if key not in listed and h[2] <= revision]
+        return behind, gone
+
+    async def repair(self, kind: str, watch: AppWatch, keys: Iterable[Key], revision: int) -> int:
+        """Fetch each of ``keys`` (at most :attr:`LiveSettings.repair_objects`) and apply what
+        it is now, as the watch would have; how many were put right."""
+        reflector = watch.reflector
+        fixed = 0
+        for namespace, name in list(keys)[: self.settings.repair_objects]:
+            if self._apps.get(reflector.resource.plural) is not watch:
+                break  # the kind went, or a new reflector listed it afresh
+            try:
+                obj: Obj | None = await self.client.request(
+                    "GET", f"{reflector.resource.path(namespace)}/{name}"
+                )
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+                obj = None
+            fixed += self._apply_repair(kind, reflector, (namespace, name), obj, revision)
+        if fixed:
+            self.repairs[kind] = self.repairs.get(kind, 0) + fixed
+            log.warning(
+                "watch lost changes; put right from a consistent read",
+                extra={"fields": {"kind": kind, "objects": fixed, "revision": revision}},
+            )
+        return fixed
+
+    def _apply_repair(
+        self, kind: str, reflector: Reflector, key: Key, obj: Obj | None, revision: int
+    ) -> int:
+        held = self._held.get(kind, {}).get(key)
+        namespace, name = key
+        if obj is None:
+            if held is None:
+                return 0
+            version = max(revision, held[2])
+            gone = self._tombstones.setdefault(kind, OrderedDict())
+            gone[key] = version
+            gone.move_to_end(key)
+            while len(gone) > TOMBSTONES:
+                gone.popitem(last=False)
+            deleted = {"namespace": namespace, "name": name, "resourceVersion": str(version)}
+            reflector.on_event("DELETED", {"metadata": deleted})
+            return 1
+        metadata = obj.get("metadata")
+        version = resource_version(
+            metadata.get("resourceVersion") if isinstance(metadata, dict) else None
+        )
+        if held is not None and version <= held[2]:
+            return 0  # the watch got there meanwhile
+        reflector.on_event("MODIFIED", obj)
+        return 1
+
+    def resync_due(self, now: float) -> None:
+        """Start a consistent read of each kind not read for :attr:`LiveSettings.resync_seconds`
+        (one at a time per kind; off at 0)."""
+        interval = self.settings.resync_seconds
+        if interval <= 0:
+            return
+        for plural, watch in list(self._apps.items()):
+            kind = watch.kind
+            if kind in self._resyncing or not watch.reflector.listed:
+                continue
+            last = self._last_read.get(kind)
+            if last is None:
+                self._last_read[kind] = now  # the list itself was the first read
+                continue
+            if now - last < max(
+                interval, self._last_items.get(kind, 0) / self.settings.confirm_objects
+            ):
+                continue
+            self._last_read[kind] = now
+            task = asyncio.get_running_loop().create_task(self._resync(kind, plural))
+            self._resyncing[kind] = task
+
+    async def _resync(self, kind: str, plural: str) -> None:
+        try:
+            await self._consistent_read(kind)
+        except Exception as exc:  # the next interval tries again
+            log.warning("resync failed", extra={"fields": {"kind": kind, "error": str(exc)}})
+        finally:
+            del self._resyncing[kind]
+
+    if TYPE_CHECKING:
+
+        async def _consistent_read(self, kind: str) -> None: ...  # ConsistentReads
