@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final
 
 from webhook.core.tenancy.applications import resource_version
@@ -80,12 +79,20 @@ class WatchRepairs:
         gone = [key for key, h in held.items() if key not in listed and h[2] <= revision]
         return behind, gone
 
-    async def repair(self, kind: str, watch: AppWatch, keys: Iterable[Key], revision: int) -> int:
-        """Fetch each of ``keys`` (at most :attr:`LiveSettings.repair_objects`) and apply what
-        it is now, as the watch would have; how many were put right."""
+    async def repair(
+        self, kind: str, watch: AppWatch, behind: list[Key], gone: list[Key], revision: int
+    ) -> int:
+        """Fetch each of ``behind`` and ``gone`` (see :meth:`lost`; at most
+        :attr:`LiveSettings.repair_objects` in all) and apply what it is now, as the watch
+        would have; how many were put right.
+
+        A deletion needs both the read and the GET to say the object is gone: one the read
+        still shows is never deleted on a GET's 404 (cozystack-api may answer from a cache
+        that has not seen it re-created yet), or the state would forget it: an undercount."""
         reflector = watch.reflector
         fixed = 0
-        for namespace, name in list(keys)[: self.settings.repair_objects]:
+        deletable = set(gone)
+        for namespace, name in [*behind, *gone][: self.settings.repair_objects]:
             if self._apps.get(reflector.resource.plural) is not watch:
                 break  # the kind went, or a new reflector listed it afresh
             try:
@@ -96,7 +103,9 @@ class WatchRepairs:
                 if exc.status != 404:
                     raise
                 obj = None
-            fixed += self._apply_repair(kind, reflector, (namespace, name), obj, revision)
+            key = (namespace, name)
+            if obj is not None or key in deletable:
+                fixed += self._apply_repair(kind, reflector, key, obj, revision)
         if fixed:
             self.repairs[kind] = self.repairs.get(kind, 0) + fixed
             log.warning(
@@ -113,13 +122,13 @@ class WatchRepairs:
         if obj is None:
             if held is None:
                 return 0
-            version = max(revision, held[2])
+            # Only the held version's events are late ones: a re-created object's are newer.
             gone = self._tombstones.setdefault(kind, OrderedDict())
-            gone[key] = version
+            gone[key] = held[2]
             gone.move_to_end(key)
             while len(gone) > TOMBSTONES:
                 gone.popitem(last=False)
-            deleted = {"namespace": namespace, "name": name, "resourceVersion": str(version)}
+            deleted = {"namespace": namespace, "name": name, "resourceVersion": str(revision)}
             reflector.on_event("DELETED", {"metadata": deleted})
             return 1
         metadata = obj.get("metadata")
