@@ -292,6 +292,9 @@ class CozystackAPI:
                     "WEBHOOK_CERTS": "cert-manager",  # the pair in --cert-dir, caBundle ours
                     "WEBHOOK_MODE": "enforce",
                     "WEBHOOK_LOG_LEVEL": os.environ.get("WEBHOOK_LOG_LEVEL", "WARNING"),
+                    # cozystack-api's watches can lose an event: a resync every 10 s (not 300)
+                    # puts it right within the tests' waits, and exercises the repair here.
+                    "WEBHOOK_WATCH_RESYNC_SECONDS": "10",
                     **env,
                 },
                 stdout=out,

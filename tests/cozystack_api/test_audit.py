@@ -107,9 +107,10 @@ def test_summary_replay_and_verify_agree_with_what_kubectl_was_answered(
     ]
     for operation, name, run in steps:
         if operation == "dry-run":
-            # The shrink counts once observed. cozystack-api's watches can miss an event just
-            # after they open; the replica's watch then catches up when it is reopened after
-            # its read timeout (90 s of silence), so the wait allows for one reopen.
+            # The shrink counts once observed. cozystack-api's watches can lose an event; the
+            # replica puts it right from a consistent read (at the latest at its next resync,
+            # every 10 s here), or its watch catches up when it is reopened after its read
+            # timeout (90 s of silence): the wait allows for both.
             env.wait_pool(namespace, 200, reserved={"memory": "3Gi"})
         done = run()
         assert done.returncode == 0 or "denied the request" in done.stderr, done.stderr
