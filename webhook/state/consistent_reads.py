@@ -166,18 +166,15 @@ class ConsistentReads(WatchRepairs):
         revision = resource_version(listed)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.confirm_wait
-        while True:
-            behind, gone = self.lost(kind, items, revision)
-            if not behind and not gone:
-                if self._apps.get(plural) is watch:  # not a reflector replaced meanwhile
-                    self._confirmed[kind] = max(self._confirmed.get(kind, 0), revision)
-                return
-            if loop.time() >= deadline:
-                break
-            await asyncio.sleep(0.02)  # their events exist: give the watch time to deliver
-        # The watch had its time and did not deliver them: it lost them. Put them right.
-        await self.repair(kind, watch, behind, gone, revision)
         behind, gone = self.lost(kind, items, revision)
+        del items
+        while (behind or gone) and loop.time() < deadline:
+            await asyncio.sleep(0.02)  # their events exist: give the watch time to deliver
+            behind, gone = self.still_lost(kind, behind, gone, revision)
+        if behind or gone:
+            # The watch had its time and did not deliver them: it lost them. Put them right.
+            await self.repair(kind, watch, list(behind), gone, revision)
+            behind, gone = self.still_lost(kind, behind, gone, revision)
         if not behind and not gone and self._apps.get(plural) is watch:
             self._confirmed[kind] = max(self._confirmed.get(kind, 0), revision)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final
 
 from webhook.core.tenancy.applications import resource_version
@@ -69,18 +70,28 @@ class WatchRepairs:
 
     def lost(
         self, kind: str, items: list[tuple[Key, int]], revision: int
-    ) -> tuple[list[Key], list[Key]]:
+    ) -> tuple[dict[Key, int], list[Key]]:
         """Of a consistent read of ``kind`` at ``revision``: the objects the state holds older
-        than listed (or not at all), and those it holds that the read no longer shows although
-        they are older than it (deleted before it)."""
+        than listed (or not at all), with the version listed, and those it holds that the read
+        no longer shows although they are older than it (deleted before it). One pass over the
+        read and the held objects; :meth:`still_lost` then narrows the result cheaply."""
         held = self._held.get(kind, {})
-        behind = [key for key, version in items if key not in held or held[key][2] < version]
+        behind = {key: v for key, v in items if key not in held or held[key][2] < v}
         listed = {key for key, _ in items}
         gone = [key for key, h in held.items() if key not in listed and h[2] <= revision]
         return behind, gone
 
+    def still_lost(
+        self, kind: str, behind: dict[Key, int], gone: list[Key], revision: int
+    ) -> tuple[dict[Key, int], list[Key]]:
+        """Of what :meth:`lost` found, what the state still has not caught up with."""
+        held = self._held.get(kind, {})
+        behind = {key: v for key, v in behind.items() if key not in held or held[key][2] < v}
+        gone = [key for key in gone if key in held and held[key][2] <= revision]
+        return behind, gone
+
     async def repair(
-        self, kind: str, watch: AppWatch, behind: list[Key], gone: list[Key], revision: int
+        self, kind: str, watch: AppWatch, behind: Iterable[Key], gone: list[Key], revision: int
     ) -> int:
         """Fetch each of ``behind`` and ``gone`` (see :meth:`lost`; at most
         :attr:`LiveSettings.repair_objects` in all) and apply what it is now, as the watch
