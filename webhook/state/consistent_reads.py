@@ -109,10 +109,11 @@ class ConsistentReads(WatchRepairs):
         If the watch has not got there by itself after :attr:`LiveSettings.confirm_delay`, a
         consistent read of the kind (a list at the API server's current revision ``R``) is
         compared with what the state holds: once every object it shows is held at that
-        version or newer (waiting, bounded, for the watch to deliver those it has not yet:
-        their events exist, so this waits on nothing but the watch itself), the state has
-        seen every write of the kind up to ``R``. An object deleted since is still held, so
-        the state can only count too much, never too little. One confirmation per kind runs
+        version or newer, and none it no longer shows is held from before ``R`` (waiting,
+        bounded, for the watch to deliver them: their events exist), the state has seen every
+        write of the kind up to ``R``. What the watch still has not delivered then, it lost:
+        it is fetched and put right (:mod:`webhook.state.watch_repairs`). One confirmation per
+        kind runs
         at a time, at most :attr:`LiveSettings.confirm_reads` reads spaced by
         :attr:`LiveSettings.confirm_interval`, or longer as the kind's last read listed more
         objects (:attr:`LiveSettings.confirm_objects`); never called from a request it would
