@@ -30,7 +30,7 @@ import hashlib
 import hmac
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from types import MappingProxyType
 from typing import Final
@@ -52,7 +52,9 @@ __all__ = [
     "parse_recorded_charge",
     "record_annotation",
     "sign",
+    "sign_record",
     "signed_annotation",
+    "unsigned",
     "values_digest",
     "verifies",
 ]
@@ -193,37 +195,64 @@ def sign(
 
     ``committed`` is kept only when it differs from ``charge`` (a factor applied).
     """
-    committed = dict(committed) if dict(committed) != dict(charge) else {}
-    own = dict(own) if own is not None else None
-    source = source if factor else ""
-    signature = mac(
-        keys.current,
-        app,
-        values,
-        charge,
-        digest,
-        factor,
-        committed,
-        own,
-        source,
-        uid=uid,
-        marks=marks,
-        dry=dry,
+    content = unsigned(
+        values, charge, digest, factor, committed, own, source, uid=uid, marks=marks, dry=dry
     )
+    return sign_record(keys, app, content)
+
+
+def unsigned(
+    values: str,
+    charge: Mapping[str, Decimal],
+    digest: str,
+    factor: Mapping[str, Decimal] = _EMPTY,
+    committed: Mapping[str, Decimal] = _EMPTY,
+    own: Mapping[str, Decimal] | None = None,
+    source: str = "",
+    *,
+    uid: str = "",
+    marks: Mapping[str, Decimal] = _EMPTY,
+    dry: bool = False,
+) -> RecordedCharge:
+    """What :func:`sign` would record, without the key id and MAC: its
+    :meth:`~RecordedCharge.content` is the signed record's, at no HMAC's cost, for comparing a
+    record carried on an object with the one this request computes."""
+    committed = dict(committed) if dict(committed) != dict(charge) else {}
     return RecordedCharge(
         dict(charge),
         digest,
         values,
-        signature,
+        "",
         dict(factor),
         committed,
-        own,
-        source,
-        keys.current_id,
+        dict(own) if own is not None else None,
+        source if factor else "",
+        "",
         uid,
         dict(marks),
         dry,
     )
+
+
+def sign_record(
+    keys: RecordKeys, app: tuple[str, str, str], record: RecordedCharge
+) -> RecordedCharge:
+    """``record`` (from :func:`unsigned`) signed for ``app`` with the current key."""
+    signature = mac(
+        keys.current,
+        app,
+        record.values,
+        record.resources,
+        record.digest,
+        record.factor,
+        record.committed,
+        record.own,
+        record.source,
+        uid=record.uid,
+        marks=record.marks,
+        dry=record.dry,
+    )
+    return replace(record, mac=signature, kid=keys.current_id)
 
 
 def verifies(
