@@ -23,7 +23,7 @@ from webhook.core.admission import decisions, factors, pool_check
 from webhook.core.admission.decisions import Decision, Policy, decide, mutate
 from webhook.core.admission.reviews import AdmissionRequest
 from webhook.core.tenancy import records
-from webhook.core.tenancy.applications import Application
+from webhook.core.tenancy.applications import CHARGE_ANNOTATION, Application
 from webhook.core.tenancy.overcommit import OVERCOMMIT_ANNOTATION, OvercommitRules
 from webhook.core.tenancy.records import RecordedCharge, RecordKeys, record_annotation
 
@@ -159,21 +159,20 @@ def corpus() -> list[AdmissionRequest]:
                 spec,
                 operation="UPDATE",
                 old_spec=spec,
-                annotations={records_key(): stored},
-                old_annotations={records_key(): stored},
+                annotations={CHARGE_ANNOTATION: stored},
+                old_annotations={CHARGE_ANNOTATION: stored},
                 dry_run=dry,
             ),
             request(
-                "Thing", NS, "x", spec, annotations={records_key(): '{"charge":{}}'}, dry_run=dry
+                "Thing",
+                NS,
+                "x",
+                spec,
+                annotations={CHARGE_ANNOTATION: '{"charge":{}}'},
+                dry_run=dry,
             ),
         ]
     return found
-
-
-def records_key() -> str:
-    from webhook.core.tenancy.applications import CHARGE_ANNOTATION
-
-    return CHARGE_ANNOTATION
 
 
 def answers(requests: list[AdmissionRequest]) -> list[tuple[bytes, bytes, Application | None]]:
@@ -216,7 +215,7 @@ def test_what_the_state_observes_is_the_record_the_mutating_side_wrote() -> None
     assert admitted.recorded is not None
     written = patch[0]["value"]
     assert isinstance(written, dict)
-    assert written[records_key()] == record_annotation(admitted.recorded)
+    assert written[CHARGE_ANNOTATION] == record_annotation(admitted.recorded)
 
 
 @settings(max_examples=200, deadline=None)
@@ -319,3 +318,31 @@ async def test_every_ledger_entry_is_byte_for_byte_the_eager_one(
         before = await entries()
     assert lazy == before
     assert b'"pending"' in lazy[0]
+
+
+@pytest.mark.parametrize("dry", [False, True], ids=["write", "dry-run"])
+def test_a_record_with_this_writes_content_and_a_forged_mac_is_refused_unsigned(
+    dry: bool, hmacs: list[str]
+) -> None:
+    """The validating side compares the carried record's content with this write's unsigned
+    record: equal content is not enough, the carried MAC must still verify (one HMAC, the
+    verification's; this write's record is never signed for the comparison)."""
+    current = state({NS: {"memory": "16Gi"}})
+    body = request("Thing", NS, "x", {"memory": "5Gi"}, dry_run=dry)
+    genuine = mutate(body, current, POLICY).patch[0]["value"]
+    assert isinstance(genuine, dict)
+    record = json.loads(genuine[CHARGE_ANNOTATION])
+    record["mac"] = "hmac-sha256:" + "0" * 64
+    forged = request(
+        "Thing",
+        NS,
+        "x",
+        {"memory": "5Gi"},
+        dry_run=dry,
+        annotations={CHARGE_ANNOTATION: json.dumps(record)},
+    )
+    hmacs.clear()
+    decision = decide(forged, current, POLICY)
+    assert not decision.allowed
+    assert decision.reason == "forged-charge"
+    assert hmacs == ["x"], "the carried record's verification only"

@@ -5,6 +5,7 @@ before/after figure."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -45,9 +46,7 @@ def raw_unknown_keys(
                     if len(found) >= max_findings:
                         return
                     where = f"{path}.{key}" if path else str(key)
-                    found.append(
-                        UnknownKey(where, did_you_mean(str(key), tuple(map(str, declared))))
-                    )
+                    found.append(UnknownKey(where, _hint(str(key), declared)))
                     continue
                 if type(item) in _SCALARS:
                     budget[0] -= 1
@@ -65,3 +64,16 @@ def raw_unknown_keys(
 
     walk(values, schema, "")
     return found
+
+
+def _hint(word: str, declared: Mapping[str, Any]) -> str:
+    """The old hint: the known keys spelt out per unknown key, short keys remembered."""
+    known = tuple(map(str, declared))
+    if len(word) > 253:
+        return did_you_mean(word, known)
+    return _remembered_hint(word, known)
+
+
+@functools.lru_cache(maxsize=1024)
+def _remembered_hint(word: str, known: tuple[str, ...]) -> str:
+    return did_you_mean(word, known)
