@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
@@ -346,3 +347,12 @@ def test_a_record_with_this_writes_content_and_a_forged_mac_is_refused_unsigned(
     assert not decision.allowed
     assert decision.reason == "forged-charge"
     assert hmacs == ["x"], "the carried record's verification only"
+
+
+def test_a_decision_admitting_later_equals_one_admitting_at_once() -> None:
+    current = state({NS: {"memory": "16Gi"}})
+    decision = decide(request("Thing", NS, "x", {"memory": "5Gi"}), current, POLICY)
+    admitted = decision.admitted
+    assert admitted is not None
+    assert replace(decision, admitting=admitted) == decision
+    assert decision == replace(decision, admitting=admitted)

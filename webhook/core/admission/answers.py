@@ -78,6 +78,8 @@ class Admitted:
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Admitted):
             return self.get() == other.get()
+        if isinstance(other, Application):  # the same application, built at once
+            return self.get() == other
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]  # equal by content, which is built lazily
