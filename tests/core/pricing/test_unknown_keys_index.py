@@ -223,7 +223,16 @@ def test_a_properties_map_key_named_type_is_a_property_not_a_keyword() -> None:
         pytest.param({"properties": ["a"]}, {"b": 1}, id="properties-a-list"),
         pytest.param({"additionalProperties": False, "properties": {}}, {"b": 1}, id="extra-false"),
         pytest.param({"additionalProperties": "yes"}, {"b": 1}, id="extra-a-string"),
-        pytest.param({"x-kubernetes-preserve-unknown-fields": "true"}, {"b": 1}, id="preserve-str"),
+        pytest.param(
+            {"x-kubernetes-preserve-unknown-fields": "true", "properties": {"a": {}}},
+            {"b": 1},
+            id="preserve-a-string",
+        ),
+        pytest.param(
+            {"x-kubernetes-preserve-unknown-fields": 1, "properties": {"a": {}}},
+            {"b": 1},
+            id="preserve-one",
+        ),
     ],
 )
 def test_lists_against_maps_are_judged_as_the_raw_walk_judges_them(
@@ -231,6 +240,17 @@ def test_lists_against_maps_are_judged_as_the_raw_walk_judges_them(
 ) -> None:
     raw = raw_unknown_keys(values, schema, max_nodes=MAX_NODES, max_findings=MAX_FINDINGS)
     assert unknown_keys(values, index_schema(schema)) == raw
+
+
+@pytest.mark.parametrize("typo", ["FOO", "fooo", "Fo"])
+def test_known_keys_that_fold_alike_hint_in_schema_order(typo: str) -> None:
+    """Keys differing only in case (``Foo``, ``foo``): the first in the schema is the hint, as
+    the raw walk gave it; an index that reordered the known keys would name the other."""
+    for order in (["Foo", "foo", "bar"], ["foo", "Foo", "bar"]):
+        schema: dict[str, Any] = {"properties": {key: {} for key in order}}
+        raw = raw_unknown_keys({typo: 1}, schema, max_nodes=MAX_NODES, max_findings=MAX_FINDINGS)
+        assert unknown_keys({typo: 1}, index_schema(schema)) == raw
+        assert raw[0].hint == f" (did you mean {order[0]}?)"
 
 
 def _read_nodes(node: KeyIndex) -> int:
