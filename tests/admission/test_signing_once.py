@@ -356,3 +356,21 @@ def test_a_decision_admitting_later_equals_one_admitting_at_once() -> None:
     assert admitted is not None
     assert replace(decision, admitting=admitted) == decision
     assert decision == replace(decision, admitting=admitted)
+
+
+def test_a_mutating_reinvocation_on_an_object_carrying_its_record_signs_nothing(
+    hmacs: list[str],
+) -> None:
+    """The API server may call the mutating webhook again on the object it already patched:
+    the record there is this request's (same content, its MAC verifies), nothing is patched,
+    and nothing is signed just to be compared (one HMAC: the carried record's verification)."""
+    current = state({NS: {"memory": "16Gi"}})
+    body = request("Thing", NS, "x", {"memory": "5Gi"})
+    written = mutate(body, current, POLICY).patch[0]["value"]
+    assert isinstance(written, dict)
+    again = request("Thing", NS, "x", {"memory": "5Gi"}, annotations=dict(written))
+    hmacs.clear()
+    decision = mutate(again, current, POLICY)
+    assert decision.patch == ()
+    assert decision.message == "charge already recorded"
+    assert hmacs == ["x"]
