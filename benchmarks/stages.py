@@ -9,6 +9,12 @@ once the two stages before are taken out), encoding the answer, and the metrics 
 INFO log line. ``total`` is the sum of the measured stages, what the event loop spends on one
 request besides aiohttp and TLS.
 
+Two figures are compared before and after in the same rounds (a ratio above 1 is the saving):
+the unknown-key walk over the kind's raw ``openAPISchema`` (the old walk, kept as the tests'
+reference) against the walk over the kind's index, and a dry run's decision with its record
+signed at once (as before) against the decision that signs only what is read (nothing: a dry
+run's answer carries no record).
+
 Stages are interleaved within each round (a noisy neighbour slows them all alike) and every
 figure is the median over the rounds, in microseconds per request. The machine is shared:
 compare figures from one run, not across runs.
@@ -32,9 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.server import BODIES, kubernetes_review, vm_review
-from webhook.core.admission.decisions import Decision, Policy, decide
+from tests.core.pricing.raw_schema_walk import raw_unknown_keys
+from webhook.core.admission.decisions import Decision, Policy, decide, decide_prepared
 from webhook.core.admission.reviews import AdmissionRequest, parse_review, review_response
 from webhook.core.admission.state import ReservationState
+from webhook.core.pricing.unknown_keys import MAX_FINDINGS, MAX_NODES, unknown_keys
 from webhook.http import app as http_app
 from webhook.http.metrics import Metrics
 from webhook.logs import configure as configure_logs
@@ -49,6 +57,11 @@ STAGES = (
     "decide (cache miss)",
     "response encoding",
     "metrics + log line",
+)
+# (figure, before, after): each pair timed in the same rounds as the stages.
+COMPARED = (
+    ("unknown keys", "unknown keys (raw schema, before)", "unknown keys (index, after)"),
+    ("decide, dry run", "decide (record signed at once, before)", "decide (cache miss)"),
 )
 
 
@@ -97,6 +110,14 @@ def one_round(kind: Kind, policy: Policy, metrics: Metrics, count: int) -> dict[
     def respond(i: int) -> object:
         return http_app._compact(review_response(requests[i].uid, decisions[i].response()))
 
+    before = kind.next_requests(count)  # misses the cache as ``fresh`` does
+
+    def signing_at_once(i: int) -> object:
+        decided = decide_prepared(before[i], state, policy)
+        return decided.prepared.factored.record if decided.prepared is not None else None
+
+    raw_schema, index = found.schema, found.key_index
+
     return {
         "json.loads": per_request(lambda i: json.loads(raws[i]), count),
         "parse_review": per_request(lambda i: parse_review(bodies[i]), count),
@@ -105,6 +126,14 @@ def one_round(kind: Kind, policy: Policy, metrics: Metrics, count: int) -> dict[
         ),
         "evaluate (no cache)": per_request(evaluate, count),
         "decide (cache miss)": per_request(lambda i: decide(fresh[i], state, policy), count),
+        "decide (record signed at once, before)": per_request(signing_at_once, count),
+        "unknown keys (raw schema, before)": per_request(
+            lambda i: raw_unknown_keys(
+                specs[i], raw_schema, max_nodes=MAX_NODES, max_findings=MAX_FINDINGS
+            ),
+            count,
+        ),
+        "unknown keys (index, after)": per_request(lambda i: unknown_keys(specs[i], index), count),
         "response encoding": per_request(respond, count),
         "metrics + log line": per_request(observe, count),
     }
@@ -163,6 +192,14 @@ def main() -> None:
             ]
             print(f"{'  of which the rest of decide':34s}" + "".join(f"{r:24.1f}" for r in rest))
     print(f"{'total':34s}" + "".join(f"{totals[k.name]:24.1f}" for k in kinds))
+    print("before and after, same rounds (x: before / after)")
+    for figure, before, after in COMPARED:
+        cells = []
+        for kind in kinds:
+            old = statistics.median(figures[kind.name][before])
+            new = statistics.median(figures[kind.name][after])
+            cells.append(f"{old:7.1f} -> {new:7.1f} x{old / new:4.2f}")
+        print(f"{figure:34s}" + "".join(f"{c:>24s}" for c in cells))
     for name, counts in outcomes.items():
         print(f"{name} outcomes: " + ", ".join(f"{o} {n}" for o, n in sorted(counts.items())))
     sys.stdout.flush()

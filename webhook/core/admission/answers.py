@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any, Final
@@ -31,6 +31,7 @@ __all__ = [
     "DRY_RUN_NOTE",
     "OVERCOMMIT_POINTER",
     "WARNING_LIMIT",
+    "Admitted",
     "Decision",
     "Facts",
     "errored",
@@ -56,6 +57,37 @@ BAD_BUDGET_KEY: Final = "invalid-budget-key"
 _ZERO = Decimal(0)
 
 
+class Admitted:
+    """What the state holds once the object is stored, built the first time it is read.
+
+    Its record is signed (an HMAC over the canonical record) only then: the validating answer
+    never returns it, so a dry run, or a write held in the ledger, signs nothing; the state
+    that observes it, the audit replay and the tests read it as before."""
+
+    __slots__ = ("_app", "_build")
+
+    def __init__(self, build: Callable[[], Application]) -> None:
+        self._build = build
+        self._app: Application | None = None
+
+    def get(self) -> Application:
+        if self._app is None:
+            self._app = self._build()
+        return self._app
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Admitted):
+            return self.get() == other.get()
+        if isinstance(other, Application):  # the same application, built at once
+            return self.get() == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # equal by content, which is built lazily
+
+    def __repr__(self) -> str:
+        return f"Admitted({self.get()!r})"
+
+
 @dataclass(frozen=True)
 class Decision:
     """The answer to one admission request, with every fact worth reporting."""
@@ -79,12 +111,19 @@ class Decision:
     reserved_after: Mapping[str, Decimal] = field(default_factory=dict)
     budget: Mapping[str, Decimal] = field(default_factory=dict)
     digest: str = ""
-    admitted: Application | None = None  # what the state holds once the object is stored
+    # What the state holds once the object is stored (:attr:`admitted`), built when read.
+    admitting: Application | Admitted | None = None
     patch: tuple[Mapping[str, object], ...] = ()  # JSONPatch operations (mutating side)
     # For the ledger: the increases this request adds to each pool (by pool namespace), and
     # what the stored object will show once observed (its charge; a Tenant's budget).
     charged_pools: Mapping[str, Mapping[str, Decimal]] = field(default_factory=dict)
     expected: Mapping[str, Decimal] | None = None
+
+    @property
+    def admitted(self) -> Application | None:
+        """What the state holds once the object is stored: the application, its record signed."""
+        held = self.admitting
+        return held.get() if isinstance(held, Admitted) else held
 
     def response(self) -> Response:
         """The AdmissionResponse body (without the uid, added by ``review_response``)."""
@@ -122,7 +161,7 @@ class Facts:
     charge: Mapping[str, Decimal]
     delta: Mapping[str, Decimal]
     digest: str
-    admitted: Application
+    admitted: Application | Admitted
     warnings: list[str] = field(default_factory=list)
     expected: Mapping[str, Decimal] | None = None
     committed: Mapping[str, Decimal] | None = None
@@ -322,7 +361,7 @@ def _figures(
         "reserved_after": after,
         "budget": budget,
         "digest": facts.digest,
-        "admitted": facts.admitted,
+        "admitting": facts.admitted,
     }
 
 

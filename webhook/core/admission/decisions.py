@@ -47,6 +47,7 @@ from webhook.core.admission.factors import (
     factor,
     factor_change,
     factor_fix,
+    record_content,
     signed,
 )
 from webhook.core.admission.modes import MODES, Mode
@@ -239,32 +240,32 @@ def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -
         fixed = factor_fix(subject, own)
         if fixed is not None:
             operations.append(fixed)
-    value: str | None = None
+    recorded = False  # this request's record is on the object, or patched onto it
     carried = subject is not None and kept(subject, values)
     if subject is not None and charge is not None:
         volumes = held(subject, charge)
         charge = volumes.charge
-        record = signed(
-            subject, values, charge, at_factor(subject, charge.resources, own), own, volumes.marks
-        )
-        value = record_annotation(record)
+        at = at_factor(subject, charge.resources, own)
+        content = record_content(subject, values, charge, at, own, volumes.marks)
         parsed = parse_recorded_charge(claimed) if claimed is not None else None
         same = (
             parsed is not None
-            and parsed.content() == record.content()
+            and parsed.content() == content.content()
             and verifies(state.keys, subject.app.key, values, parsed, uid=subject.uid)
         )
-        if not same:
-            operations.append(set_annotation(request.object, value))
+        if not same:  # signed only to be written: an object carrying it is left as it is
+            record = signed(subject, values, charge, at, own, volumes.marks)
+            operations.append(set_annotation(request.object, record_annotation(record)))
+        recorded = True
     elif claimed is not None and not carried:
         operations.append({"op": "remove", "path": f"/metadata/annotations/{CHARGE_POINTER}"})
     if not operations:
-        reason = "charge already recorded" if value is not None else "no reservation recorded"
+        reason = "charge already recorded" if recorded else "no reservation recorded"
         return skipped("signed record kept" if carried else reason, kind=request.kind)
     return Decision(
         allowed=True,
         outcome="allowed",
-        reason="recorded" if value is not None else "unsigned-record-removed",
+        reason="recorded" if recorded else "unsigned-record-removed",
         kind=request.kind,
         charge=charge.resources if charge is not None else None,
         digest=charge.digest if charge is not None else "",

@@ -5,14 +5,17 @@ counts only by decision: the stored object's factor is what its record vouches f
 the platform (``OvercommitRules.admins``, from ``userInfo``) changes it, within bounds and
 steps (:func:`factor_change`). The charge the contract gave is then reserved at the effective
 factor (the object's own, else its tenant's; a Tenant's own factor is for its subtree) and
-signed as the record both webhooks write and expect (:func:`signed`). The object may carry no
+signed as the record both webhooks write and expect (:func:`signed`; the validating side
+signs it only where it is read, :class:`Factored`). The object may carry no
 other record than that one or the stored one, unchanged (``forged-charge`` otherwise, judged by
 :func:`webhook.core.admission.resolve.record_problem`).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import NamedTuple
 
@@ -40,10 +43,19 @@ from webhook.core.tenancy.overcommit import (
     format_factors,
     parse_factors,
 )
-from webhook.core.tenancy.records import RecordedCharge, sign
+from webhook.core.tenancy.records import RecordedCharge, RecordKeys, sign_record, unsigned
 from webhook.core.tenancy.tenants import TENANT_KIND
 
-__all__ = ["AtFactor", "Factored", "at_factor", "factor", "factor_change", "factor_fix", "signed"]
+__all__ = [
+    "AtFactor",
+    "Factored",
+    "at_factor",
+    "factor",
+    "factor_change",
+    "factor_fix",
+    "record_content",
+    "signed",
+]
 
 
 class AtFactor(NamedTuple):
@@ -55,14 +67,28 @@ class AtFactor(NamedTuple):
     label: str  # e.g. "memory=1.2 (tenant-a)", "" when none applies
 
 
-class Factored(NamedTuple):
+@dataclass(frozen=True, eq=False)
+class Factored:
     """Stage 3's result: the object's own factor once admitted, whether this write changes it,
-    what it reserves at the effective factor, and the record signed for it."""
+    what it reserves at the effective factor, and the record for it.
+
+    The record is signed the first time :attr:`record` is read, once: the validating side
+    compares only its :attr:`content` with what the object carries, and its answer never
+    returns it, so a dry run (or a write through the ledger, which stores no record) does no
+    HMAC; what the state observes, the audit replays and the mutating side patches is signed
+    exactly as before."""
 
     own: Factors | None
     changed: bool
     at: AtFactor
-    record: RecordedCharge
+    content: RecordedCharge  # the record, unsigned (no key id, no MAC)
+    app: tuple[str, str, str]
+    keys: RecordKeys
+
+    @functools.cached_property
+    def record(self) -> RecordedCharge:
+        """The record both webhooks write and expect, signed with the current key."""
+        return sign_record(self.keys, self.app, self.content)
 
 
 def factor(subject: Subject, priced: Priced, rules: OvercommitRules) -> Factored | Decision:
@@ -74,11 +100,11 @@ def factor(subject: Subject, priced: Priced, rules: OvercommitRules) -> Factored
         return change
     own, changed = change
     at = at_factor(subject, priced.charge.resources, own)
-    record = signed(subject, priced.values, priced.charge, at, own, priced.marks)
-    forged = record_problem(subject, priced.values, record)
+    content = record_content(subject, priced.values, priced.charge, at, own, priced.marks)
+    forged = record_problem(subject, priced.values, content)
     if forged:
         return errored(403, "Forbidden", "forged-charge", forged)
-    return Factored(own, changed, at, record)
+    return Factored(own, changed, at, content, subject.app.key, subject.state.keys)
 
 
 def factor_change(
@@ -169,9 +195,20 @@ def signed(
     validating side will recompute, so neither can drift from the other. It is bound to what
     the tenant cannot choose: the stored object's uid (on UPDATE, from the old object the API
     server read; a CREATE has none yet) and whether this is a dry run."""
-    return sign(
-        subject.state.keys,
-        subject.app.key,
+    content = record_content(subject, values, charge, at, own, marks)
+    return sign_record(subject.state.keys, subject.app.key, content)
+
+
+def record_content(
+    subject: Subject,
+    values: str,
+    charge: Charge,
+    at: AtFactor,
+    own: Factors | None,
+    marks: Mapping[str, Decimal],
+) -> RecordedCharge:
+    """:func:`signed`'s record, unsigned: the same :meth:`~RecordedCharge.content`."""
+    return unsigned(
         values,
         at.reserved,
         charge.digest,

@@ -21,6 +21,7 @@ from decimal import Decimal
 
 from webhook.core.admission.answers import (
     BAD_BUDGET_KEY,
+    Admitted,
     Decision,
     Facts,
     fit,
@@ -96,14 +97,11 @@ def quota_facts(subject: Subject, priced: Priced, factored: Factored) -> Facts:
     old = old_charge(subject) if request.operation == "UPDATE" else {}
     reserved = factored.at.reserved
     delta = {k: v for k, v in rl.subtract(reserved, old).items() if v != 0}
-    admitted = Application(
-        app.kind,
-        app.namespace,
-        app.name,
-        app.spec,
-        factored.record,
-        app.overcommit,
-        uid=subject.uid or app.uid,
+    uid = subject.uid or app.uid
+    admitted = Admitted(  # its record signed only when read: the answer never returns it
+        lambda: Application(
+            app.kind, app.namespace, app.name, app.spec, factored.record, app.overcommit, uid=uid
+        )
     )
     declared = priced.charge.resources
     known = Facts(

@@ -51,9 +51,9 @@ def price(subject: Subject) -> Priced | Decision:
             "spec", f"{request.kind}: the values cannot be evaluated ({type(exc).__name__})"
         )
     volumes = held(subject, charge)
-    schema = subject.kind.schema if subject.kind is not None else {}
+    index = subject.kind.key_index if subject.kind is not None else None  # made once per kind
     warnings = (
-        *unknown_key_warnings(request.kind, subject.app.spec, schema),
+        *(unknown_key_warnings(request.kind, subject.app.spec, index) if index is not None else ()),
         *held_warnings(volumes),
     )
     # prepared.digest is what state.values_digest gives, without a second encoding

@@ -26,6 +26,7 @@ from webhook.core.pricing.evaluation import (
     contract_reads,
     evaluate,
 )
+from webhook.core.pricing.unknown_keys import KeyIndex, index_schema
 
 __all__ = ["APPS_GROUP", "ApplicationKind", "kind_from_definition"]
 
@@ -46,12 +47,15 @@ class ApplicationKind:
     defaulter: Defaulter | None = field(default=None, repr=False, compare=False)
     # What the contract reads of the values (None: all of them, or no contract).
     reads: Reads | None = field(default=None, init=False, repr=False, compare=False)
+    # The schema as the unknown-key walk reads it, made once per kind (per platform version).
+    key_index: KeyIndex = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.defaulter is None:
             object.__setattr__(self, "defaulter", compile_defaults(self.schema))
         if self.contract is not None:
             object.__setattr__(self, "reads", contract_reads(self.contract))
+        object.__setattr__(self, "key_index", index_schema(self.schema))
 
     def defaulted(self, spec: object) -> Any:
         """The values as Cozystack reads them back: schema defaults applied.
