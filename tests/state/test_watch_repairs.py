@@ -110,3 +110,50 @@ async def test_losing_many_events_costs_a_bounded_number_of_fetches_per_read(
             assert fetched <= 2 * live.consistent_reads
             await eventually(lambda: memory(live) == 6 * GiB, 30)
             assert live.repairs == {"VMInstance": 6}
+
+
+def release(kind: str, namespace: str, name: str, label: str) -> dict[str, Any]:
+    """A HelmRelease as kube-apiserver stores an application (``label``: its name label)."""
+    return {
+        "apiVersion": "helm.toolkit.fluxcd.io/v2",
+        "kind": "HelmRelease",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {
+                "apps.cozystack.io/application.kind": kind,
+                "apps.cozystack.io/application.group": "apps.cozystack.io",
+                "apps.cozystack.io/application.name": label,
+            },
+        },
+        "spec": {"values": {}},
+    }
+
+
+async def test_the_root_tenant_labelled_other_than_its_name_never_stalls_the_tenant_kind(
+    tmp_path: Path, certs: Path, caller: Caller
+) -> None:
+    # cozystack-api names an application after its HelmRelease without the kind's prefix
+    # (TrimPrefix), not after the name label; the root tenant's HelmRelease `tenant-root` is
+    # labelled `tenant-root` and served as Tenant `root`. Keyed by the label, every read of the
+    # Tenant kind found an object the state never holds and one it holds but the read never
+    # shows: the kind was never confirmed (the ledger's waits on it ran to their bound, for
+    # every tenant) and both were fetched at every read.
+    async with cluster(tmp_path) as (server, kubeconfig):
+        server.resource("helm.toolkit.fluxcd.io", "v2", "helmreleases", "HelmRelease")
+        # Each HelmRelease before its application: the application is then never older than
+        # what the read shows (cozystack-api serves both at one resourceVersion).
+        server.create(release("Tenant", "tenant-root", "tenant-root", "tenant-root"))
+        server.create(tenant("tenant-root", "root"))
+        server.create(release("Tenant", "tenant-root", "tenant-acme", "acme"))
+        server.create(tenant("tenant-root", "acme", {"memory": "100Gi"}))
+        async with replica(kubeconfig, certs, **FAST) as webhook:
+            await wait_ready(caller, webhook.port)
+            live = live_of(webhook)
+            written = int(server.resource_version)
+            await eventually(lambda: live._confirmed.get("Tenant", 0) >= written, 10)
+            fetched = [
+                r.path for r in server.requests if r.method == "GET" and "/tenants/" in r.path
+            ]
+            assert fetched == [], fetched
+            assert live.repairs == {}
