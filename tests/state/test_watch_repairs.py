@@ -157,3 +157,27 @@ async def test_the_root_tenant_labelled_other_than_its_name_never_stalls_the_ten
             ]
             assert fetched == [], fetched
             assert live.repairs == {}
+
+
+async def test_a_late_deletion_of_the_name_before_a_recreate_never_hides_the_new_object(
+    tmp_path: Path, certs: Path, caller: Caller
+) -> None:
+    # A tenant deletes a VM and creates a larger one of the same name; the watch is late with
+    # both and a repair fetches the new VM first. Were the late deletion (of the old VM, at a
+    # version before the new one's) then applied, the new VM would count nothing until the
+    # next read found it: the tenant's way past its budget, while the kind stood confirmed.
+    async with cluster(tmp_path) as (server, kubeconfig):
+        server.create(tenant("tenant-root", "acme", {"memory": "100Gi"}))
+        server.create(app("VMInstance", "tenant-acme", "vm", MICRO))
+        async with replica(kubeconfig, certs, **FAST) as webhook:
+            await wait_ready(caller, webhook.port)
+            live = live_of(webhook)
+            assert memory(live) == 1 * GiB
+            server.lose_next_events(2)
+            deleted = server.delete(*VMS, "tenant-acme", "vm")
+            server.create(app("VMInstance", "tenant-acme", "vm", {"instanceType": "u1.medium"}))
+            await eventually(lambda: memory(live) == 4 * GiB, 15)
+            watch = live._apps["vminstances"]
+            watch.reflector.on_event("DELETED", deleted)  # the old VM's deletion, delivered late
+            assert memory(live) == 4 * GiB
+            assert live.state.record(("VMInstance", "tenant-acme", "vm")) is not None

@@ -359,7 +359,7 @@ class LiveState(PlatformRebuilds, ConsistentReads):
             if reduced is None:
                 return
             (namespace, name), held = reduced
-            if event_type != "DELETED" and self.stale_event(kind, (namespace, name), held[2]):
+            if self.stale_event(kind, (namespace, name), held[2], event_type):
                 return  # a repair ran ahead of the watch
             held_now = self._held.setdefault(kind, {})
             key = (kind, namespace, name)

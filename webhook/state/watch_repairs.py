@@ -13,7 +13,7 @@ would have: newer, deleted. Every kind is also read that way every
 event that nothing waits for would otherwise never be found.
 
 A repair can run ahead of the watch: an event older than what the state holds (or than a
-repaired deletion) is ignored, so a late one never reverts a repair.
+repaired deletion) is ignored, a deletion too, so a late one never reverts a repair.
 """
 
 from __future__ import annotations
@@ -55,10 +55,14 @@ class WatchRepairs:
         self._tombstones: dict[str, OrderedDict[Key, int]] = {}  # kind -> key -> at revision
         self._resyncing: dict[str, asyncio.Task[None]] = {}
 
-    def stale_event(self, kind: str, key: Key, version: int) -> bool:
-        """Whether an ADDED or MODIFIED event at ``version`` is older than what the state
-        holds of ``key`` (a repair ran ahead of the watch): it is then ignored."""
+    def stale_event(self, kind: str, key: Key, version: int, event_type: str = "") -> bool:
+        """Whether an event at ``version`` is older than what the state holds of ``key`` (a
+        repair ran ahead of the watch): it is then ignored. A DELETED one older than what is
+        held deleted an earlier object of that name, before the one a repair fetched was
+        created (one without a version is applied)."""
         held = self._held.get(kind, {}).get(key)
+        if event_type == "DELETED":
+            return held is not None and 0 < version < held[2]
         if held is not None:
             return version < held[2]
         gone = self._tombstones.get(kind)
