@@ -177,7 +177,7 @@ class ConsistentReads(WatchRepairs):
                 break
             await asyncio.sleep(0.02)  # their events exist: give the watch time to deliver
         # The watch had its time and did not deliver them: it lost them. Put them right.
-        await self.repair(kind, watch, [*behind, *gone], revision)
+        await self.repair(kind, watch, [*behind, *gone], revision, set(behind))
         behind, gone = self.lost(kind, items, revision)
         if not behind and not gone and self._apps.get(plural) is watch:
             self._confirmed[kind] = max(self._confirmed.get(kind, 0), revision)

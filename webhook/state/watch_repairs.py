@@ -84,9 +84,13 @@ class WatchRepairs:
         gone = [key for key, h in held.items() if key not in listed and h[2] <= revision]
         return behind, gone
 
-    async def repair(self, kind: str, watch: AppWatch, keys: Iterable[Key], revision: int) -> int:
+    async def repair(
+        self, kind: str, watch: AppWatch, keys: Iterable[Key], revision: int, listed: set[Key]
+    ) -> int:
         """Fetch each of ``keys`` (at most :attr:`LiveSettings.repair_objects`) and apply what
-        it is now, as the watch would have; how many were put right."""
+        it is now, as the watch would have; how many were put right. A 404 for one of
+        ``listed`` (those the read showed) is no deletion: cozystack-api answers a GET from
+        its cache, which can be older than the read; the next read tells."""
         reflector = watch.reflector
         fixed = 0
         for namespace, name in list(keys)[: self.settings.repair_objects]:
@@ -99,6 +103,8 @@ class WatchRepairs:
             except ApiError as exc:
                 if exc.status != 404:
                     raise
+                if (namespace, name) in listed:
+                    continue  # older than the read: a tombstone would hide what it showed
                 obj = None
             fixed += self._apply_repair(kind, reflector, (namespace, name), obj, revision)
         if fixed:
