@@ -4,6 +4,8 @@ server's ``lose_next_events`` does that on demand."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -162,13 +164,11 @@ async def test_the_root_tenant_labelled_other_than_its_name_never_stalls_the_ten
             assert live.repairs == {}
 
 
-async def test_a_late_deletion_of_the_name_before_a_recreate_never_hides_the_new_object(
+@asynccontextmanager
+async def acme_with_a_vm(
     tmp_path: Path, certs: Path, caller: Caller
-) -> None:
-    # A tenant deletes a VM and creates a larger one of the same name; the watch is late with
-    # both and a repair fetches the new VM first. Were the late deletion (of the old VM, at a
-    # version before the new one's) then applied, the new VM would count nothing until the
-    # next read found it: the tenant's way past its budget, while the kind stood confirmed.
+) -> AsyncIterator[tuple[Any, LiveState]]:
+    """A replica, ready, of a cluster where tenant acme has one VM (1 GiB)."""
     async with cluster(tmp_path) as (server, kubeconfig):
         server.create(tenant("tenant-root", "acme", {"memory": "100Gi"}))
         server.create(app("VMInstance", "tenant-acme", "vm", MICRO))
@@ -176,14 +176,47 @@ async def test_a_late_deletion_of_the_name_before_a_recreate_never_hides_the_new
             await wait_ready(caller, webhook.port)
             live = live_of(webhook)
             assert memory(live) == 1 * GiB
-            server.lose_next_events(2)
-            deleted = server.delete(*VMS, "tenant-acme", "vm")
-            server.create(app("VMInstance", "tenant-acme", "vm", {"instanceType": "u1.medium"}))
-            await eventually(lambda: memory(live) == 4 * GiB, 15)
-            watch = live._apps["vminstances"]
-            watch.reflector.on_event("DELETED", deleted)  # the old VM's deletion, delivered late
-            assert memory(live) == 4 * GiB
-            assert live.state.record(("VMInstance", "tenant-acme", "vm")) is not None
+            yield server, live
+
+
+def vm_not_found_once(
+    monkeypatch: pytest.MonkeyPatch, live: LiveState, first: Callable[[], Awaitable[None]]
+) -> list[str]:
+    """The next GET of the VM answers 404 after ``first``; the list says when it answered."""
+    request = live.client.request
+    answered: list[str] = []
+
+    async def not_found(method: str, path: str, **kwargs: Any) -> Any:
+        if method == "GET" and path.endswith("/vminstances/vm") and not answered:
+            await first()
+            answered.append(path)
+            raise ApiError(404, "NotFound", 'vminstances.apps.cozystack.io "vm" not found')
+        return await request(method, path, **kwargs)
+
+    monkeypatch.setattr(live.client, "request", not_found)
+    return answered
+
+
+async def nothing() -> None:
+    return None
+
+
+async def test_a_late_deletion_of_the_name_before_a_recreate_never_hides_the_new_object(
+    tmp_path: Path, certs: Path, caller: Caller
+) -> None:
+    # A tenant deletes a VM and creates a larger one of the same name; the watch is late with
+    # both and a repair fetches the new VM first. Were the late deletion (of the old VM, at a
+    # version before the new one's) then applied, the new VM would count nothing until the
+    # next read found it: the tenant's way past its budget, while the kind stood confirmed.
+    async with acme_with_a_vm(tmp_path, certs, caller) as (server, live):
+        server.lose_next_events(2)
+        deleted = server.delete(*VMS, "tenant-acme", "vm")
+        server.create(app("VMInstance", "tenant-acme", "vm", {"instanceType": "u1.medium"}))
+        await eventually(lambda: memory(live) == 4 * GiB, 15)
+        watch = live._apps["vminstances"]
+        watch.reflector.on_event("DELETED", deleted)  # the old VM's deletion, delivered late
+        assert memory(live) == 4 * GiB
+        assert live.state.record(("VMInstance", "tenant-acme", "vm")) is not None
 
 
 async def test_a_not_found_older_than_the_read_never_hides_what_the_read_showed(
@@ -193,25 +226,40 @@ async def test_a_not_found_older_than_the_read_never_hides_what_the_read_showed(
     # list from kube-apiserver): a VM deleted and created again, both lost by the watch, is
     # listed at its new version and yet not found. Taken as a deletion, its tombstone (at the
     # read's revision) then ignored the VM at every later repair: it counted nothing for good.
-    async with cluster(tmp_path) as (server, kubeconfig):
-        server.create(tenant("tenant-root", "acme", {"memory": "100Gi"}))
-        server.create(app("VMInstance", "tenant-acme", "vm", MICRO))
-        async with replica(kubeconfig, certs, **FAST) as webhook:
-            await wait_ready(caller, webhook.port)
-            live = live_of(webhook)
-            request = live.client.request
-            lagging: list[str] = []
+    async with acme_with_a_vm(tmp_path, certs, caller) as (server, live):
+        answered = vm_not_found_once(monkeypatch, live, nothing)
+        server.lose_next_events(2)
+        server.delete(*VMS, "tenant-acme", "vm")
+        server.create(app("VMInstance", "tenant-acme", "vm", {"instanceType": "u1.small"}))
+        await eventually(lambda: answered, 15)
+        assert memory(live) == 1 * GiB, "the VM the read showed is not dropped"
+        await eventually(lambda: memory(live) == 2 * GiB, 15)
 
-            async def behind_the_read(method: str, path: str, **kwargs: Any) -> Any:
-                if method == "GET" and path.endswith("/vminstances/vm") and not lagging:
-                    lagging.append(path)
-                    raise ApiError(404, "NotFound", 'vminstances.apps.cozystack.io "vm" not found')
-                return await request(method, path, **kwargs)
 
-            monkeypatch.setattr(live.client, "request", behind_the_read)
-            server.lose_next_events(2)
-            server.delete(*VMS, "tenant-acme", "vm")
+async def test_an_object_created_again_while_its_deletion_is_fetched_is_not_deleted(
+    tmp_path: Path, certs: Path, caller: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The watch lost a VM's deletion; the tenant creates it again (larger) while the repair's
+    # GET is in flight, and the watch delivers that at once. The GET, answered before the
+    # create, says 404: taken as the deletion of the new VM (tombstoned at its version), it
+    # removed it, and every later event and repair of it was ignored: it counted nothing.
+    async with acme_with_a_vm(tmp_path, certs, caller) as (server, live):
+
+        async def created_again() -> None:
             server.create(app("VMInstance", "tenant-acme", "vm", {"instanceType": "u1.small"}))
-            await eventually(lambda: lagging, 15)
-            assert memory(live) == 1 * GiB, "the VM the read showed is not dropped"
-            await eventually(lambda: memory(live) == 2 * GiB, 15)
+            await eventually(lambda: memory(live) == 2 * GiB, 5)
+
+        answered = vm_not_found_once(monkeypatch, live, created_again)
+        server.lose_next_events(1)
+        server.delete(*VMS, "tenant-acme", "vm")
+        await eventually(lambda: answered, 15)
+        await eventually(lambda: "VMInstance" not in live._resyncing, 5)  # repair done
+        assert memory(live) == 2 * GiB
+        repaired = live._last_read["VMInstance"]
+        await eventually(  # the next read of the kind, its repairs done: it keeps the VM
+            lambda: (
+                live._last_read["VMInstance"] > repaired and "VMInstance" not in live._resyncing
+            ),
+            15,
+        )
+        assert memory(live) == 2 * GiB

@@ -121,11 +121,10 @@ class WatchRepairs:
         held = self._held.get(kind, {}).get(key)
         namespace, name = key
         if obj is None:
-            if held is None:
-                return 0
-            version = max(revision, held[2])
+            if held is None or held[2] > revision:
+                return 0  # none, or one the watch delivered during the GET: not what it missed
             gone = self._tombstones.setdefault(kind, OrderedDict())
-            gone[key] = version
+            version = gone[key] = revision
             gone.move_to_end(key)
             while len(gone) > TOMBSTONES:
                 gone.popitem(last=False)
