@@ -263,3 +263,38 @@ async def test_an_object_created_again_while_its_deletion_is_fetched_is_not_dele
             15,
         )
         assert memory(live) == 2 * GiB
+
+
+async def test_a_tenant_deleting_objects_during_reads_never_keeps_the_kind_unconfirmed(
+    tmp_path: Path, certs: Path, caller: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A tenant that deletes a VM of its own while a read of the kind is under way (created,
+    # listed, deleted, the deletion delivered): the read shows a VM the state rightly no longer
+    # holds. Taken for one the watch lost, it was fetched (404) and the read left the kind
+    # unconfirmed; with a deletion at every read, every ledger wait on the kind ran to its
+    # bound, for every tenant of the pools waiting on it.
+    async with acme_with_a_vm(tmp_path, certs, caller) as (server, live):
+        request = live.client.request
+        churned: list[str] = []
+
+        def holds(name: str) -> bool:
+            return ("tenant-acme", name) in live._held.get("VMInstance", {})
+
+        async def churning(method: str, path: str, **kwargs: Any) -> Any:
+            params = kwargs.get("params") or {}
+            if method != "GET" or not path.endswith("/vminstances") or "limit" not in params:
+                return await request(method, path, **kwargs)
+            name = f"churn{len(churned)}"
+            churned.append(name)
+            server.create(app("VMInstance", "tenant-acme", name, MICRO))
+            await eventually(lambda: holds(name), 5)
+            listed = await request(method, path, **kwargs)
+            server.delete(*VMS, "tenant-acme", name)
+            await eventually(lambda: not holds(name), 5)
+            return listed
+
+        monkeypatch.setattr(live.client, "request", churning)
+        await eventually(lambda: len(churned) >= 1, 15)
+        written = int(server.resource_version)
+        await eventually(lambda: live._confirmed.get("VMInstance", 0) >= written, 10)
+        assert live.repairs.get("VMInstance", 0) == 0

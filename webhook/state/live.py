@@ -368,7 +368,7 @@ class LiveState(PlatformRebuilds, ConsistentReads):
             state = self.state
             known = state.platform.kind(kind) is not None
             if event_type == "DELETED":
-                held_now.pop((namespace, name), None)
+                self.deleted(kind, (namespace, name), held[2])
                 if known:
                     state.forget(key, version=held[2])
             else:

@@ -13,7 +13,8 @@ would have: newer, deleted. Every kind is also read that way every
 event that nothing waits for would otherwise never be found.
 
 A repair can run ahead of the watch: an event older than what the state holds (or than a
-repaired deletion) is ignored, a deletion too, so a late one never reverts a repair.
+deletion it remembers) is ignored, a deletion too, so a late one never reverts a repair; and an
+object a read lists but the watch deleted since is not taken for one the watch lost.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ __all__ = ["WatchRepairs"]
 log = logging.getLogger("webhook.state.live")  # the live state's log, whichever part writes
 Obj = dict[str, Any]
 Key = tuple[str, str]  # (namespace, name)
-TOMBSTONES: Final = 10_000  # repaired deletions remembered, per kind, against late events
+TOMBSTONES: Final = 10_000  # deletions remembered, per kind, against late events and reads
 
 
 class WatchRepairs:
@@ -52,7 +53,7 @@ class WatchRepairs:
 
     def _init_watch_repairs(self) -> None:
         self.repairs: dict[str, int] = {}  # kind -> objects put right, since start
-        self._tombstones: dict[str, OrderedDict[Key, int]] = {}  # kind -> key -> at revision
+        self._tombstones: dict[str, OrderedDict[Key, int]] = {}  # kind -> key -> deleted at
         self._resyncing: dict[str, asyncio.Task[None]] = {}
 
     def stale_event(self, kind: str, key: Key, version: int, event_type: str = "") -> bool:
@@ -68,8 +69,21 @@ class WatchRepairs:
         gone = self._tombstones.get(kind)
         return gone is not None and version <= gone.get(key, 0)
 
+    def deleted(self, kind: str, key: Key, version: int) -> None:
+        """The watch (or a repair) deleted ``key`` at ``version``: it is dropped, and the version
+        kept, so that neither an older event nor a read listed before the deletion (a tenant's
+        VM deleted while a read is under way) is taken for news the watch lost."""
+        self._held.get(kind, {}).pop(key, None)
+        if version <= 0:
+            return
+        gone = self._tombstones.setdefault(kind, OrderedDict())
+        gone[key] = max(version, gone.get(key, 0))
+        gone.move_to_end(key)
+        while len(gone) > TOMBSTONES:
+            gone.popitem(last=False)
+
     def forget_repairs(self, kind: str) -> None:
-        """A fresh list of ``kind`` replaced the state's view: repaired deletions are moot."""
+        """A fresh list of ``kind`` replaced the state's view: remembered deletions are moot."""
         self._tombstones.pop(kind, None)
 
     def lost(
@@ -79,7 +93,12 @@ class WatchRepairs:
         than listed (or not at all), and those it holds that the read no longer shows although
         they are older than it (deleted before it)."""
         held = self._held.get(kind, {})
-        behind = [key for key, version in items if key not in held or held[key][2] < version]
+        deleted = self._tombstones.get(kind, {})
+        behind = [  # a key is known at what is held of it, or at its deletion
+            key
+            for key, version in items
+            if (held[key][2] if key in held else deleted.get(key, 0)) < version
+        ]
         listed = {key for key, _ in items}
         gone = [key for key, h in held.items() if key not in listed and h[2] <= revision]
         return behind, gone
@@ -123,12 +142,7 @@ class WatchRepairs:
         if obj is None:
             if held is None or held[2] > revision:
                 return 0  # none, or one the watch delivered during the GET: not what it missed
-            gone = self._tombstones.setdefault(kind, OrderedDict())
-            version = gone[key] = revision
-            gone.move_to_end(key)
-            while len(gone) > TOMBSTONES:
-                gone.popitem(last=False)
-            deleted = {"namespace": namespace, "name": name, "resourceVersion": str(version)}
+            deleted = {"namespace": namespace, "name": name, "resourceVersion": str(revision)}
             reflector.on_event("DELETED", {"metadata": deleted})
             return 1
         metadata = obj.get("metadata")
