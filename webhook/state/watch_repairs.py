@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from webhook.core.tenancy.applications import resource_version
@@ -93,7 +93,7 @@ class WatchRepairs:
         than listed (or not at all), and those it holds that the read no longer shows although
         they are older than it (deleted before it)."""
         held = self._held.get(kind, {})
-        deleted = self._tombstones.get(kind, {})
+        deleted: Mapping[Key, int] = self._tombstones.get(kind, {})
         behind = [  # a key is known at what is held of it, or at its deletion
             key
             for key, version in items
