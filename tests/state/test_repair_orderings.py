@@ -3,7 +3,8 @@ those events the watch loses or delivers late, and whatever a repair's GET answe
 older than the read, as cozystack-api's cache can be, or overtaken by the watch while in
 flight), once the watch has delivered what it did not lose, a consistent read and its repairs
 leave the state holding exactly what is stored: never an object hidden for good (a budget
-bypass), and nothing a read still finds lost (a kind kept unconfirmed)."""
+bypass), and nothing a read still finds lost (a kind kept unconfirmed); and a watch that lost
+nothing never leaves a read unproven, whatever the tenant wrote after it."""
 
 from __future__ import annotations
 
@@ -78,6 +79,7 @@ STEP = st.one_of(
     st.tuples(st.just("write"), st.booleans()),
     st.tuples(st.just("deliver"), st.just(False)),
     st.tuples(st.just("repair"), st.booleans()),
+    st.tuples(st.just("check"), st.booleans()),
 )
 
 
@@ -132,11 +134,24 @@ async def orderings(lost: list[bool], steps: list[tuple[str, bool]], data: st.Da
         client.answer = answer
         await live.repair(KIND, watch, [*behind, *gone], revision, set(behind))
 
+    def check(delete: bool) -> None:
+        """A read lists the name; the tenant writes again and the watch delivers it all before
+        the read is compared: without a loss, the read finds nothing lost."""
+        revision = name.revision
+        now = name.at(revision)
+        items = [(KEY, revision_of(now))] if now is not None else []
+        name.write(delete)
+        deliver(len(name.events))
+        if not any(lost[: len(name.events)]):
+            assert live.lost(KIND, items, revision) == ([], []), "a read proves a kind complete"
+
     for step, flag in steps:
         if step == "write":
             name.write(delete=flag)
         elif step == "deliver":
             deliver(1)
+        elif step == "check":
+            check(delete=flag)
         else:
             await read(lagging=flag)
     deliver(len(name.events))  # the watch delivers all it did not lose
