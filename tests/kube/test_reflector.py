@@ -318,3 +318,39 @@ async def test_a_watch_broken_as_its_replica_stops_leaves_no_unretrieved_error()
     unretrieved = consumer._log_traceback  # asyncio's own flag
     assert isinstance(consumer.exception(), WatchTimeout)  # it did break, not get cancelled
     assert not unretrieved
+
+
+class ErrorEventClient:
+    """Lists one empty page; every watch opens and sends one ERROR event (etcd unavailable)."""
+
+    def __init__(self) -> None:
+        self.watches = 0
+
+    async def request(self, method: str, path: str, **_: Any) -> dict[str, Any]:
+        return {"metadata": {"resourceVersion": "5"}, "items": []}
+
+    async def watch(self, path: str, **_: Any) -> AsyncIterator[dict[str, Any]]:
+        self.watches += 1
+        status = {"kind": "Status", "code": 500, "reason": "InternalError", "message": "etcd"}
+        yield {"type": "ERROR", "object": status}
+
+
+async def test_a_watch_answering_every_open_with_an_error_event_backs_off() -> None:
+    # An ERROR event is what broke the watch, not a sign it worked: counted as heard, it
+    # reset the backoff at every reopen, so a sick API server answering each watch with one
+    # was reopened at the shortest backoff (several a second per kind per replica) for good.
+    client = ErrorEventClient()
+    watcher = reflector(client, Mirror(), backoff=(0.001, 60.0))  # type: ignore[arg-type]
+    runs: list[int] = []
+    delay = watcher._delay
+
+    def recorded(failures: int) -> float:
+        runs.append(failures)
+        return delay(failures)
+
+    watcher._delay = recorded  # type: ignore[method-assign]
+    stop, task = await run(watcher)
+    await eventually(lambda: len(runs) >= 5)
+    stop.set()
+    await task
+    assert runs[:5] == [1, 2, 3, 4, 5], runs

@@ -80,7 +80,7 @@ class Reflector:
         self.last_error = ""
         self.list_error = ""  # why the last list failed (with its URL); empty once one succeeds
         self.list_failures = 0
-        self._heard = False  # whether the current watch delivered anything, a bookmark too
+        self._heard = False  # whether the current watch delivered anything but an error
 
     @property
     def synced(self) -> bool:
@@ -197,10 +197,9 @@ class Reflector:
 
     def _apply(self, event: Obj) -> None:
         self.last_activity = self.clock()
-        self._heard = True
         kind = event.get("type")
         obj = event.get("object") or {}
-        if kind == "ERROR":
+        if kind == "ERROR":  # the failure itself, not a watch that worked: no backoff reset
             if obj.get("code") == 410:
                 raise _Relist()
             raise ApiError(
@@ -208,6 +207,7 @@ class Reflector:
                 str(obj.get("reason") or ""),
                 str(obj.get("message") or "watch error"),
             )
+        self._heard = True
         version = (obj.get("metadata") or {}).get("resourceVersion")
         if kind in ("ADDED", "MODIFIED", "DELETED"):
             try:

@@ -36,7 +36,6 @@ Obj = dict[str, Any]
 # labelled with the application's kind and name.
 HELM_RELEASES = ResourceRef("helm.toolkit.fluxcd.io", "v2", "helmreleases")
 RELEASE_KIND_LABEL: Final = "apps.cozystack.io/application.kind"
-RELEASE_NAME_LABEL: Final = "apps.cozystack.io/application.name"
 RELEASE_GROUP: Final = "apps.cozystack.io/application.group=apps.cozystack.io"
 
 
@@ -84,11 +83,13 @@ class ConsistentReads(WatchRepairs):
         where they cannot be (403 without the RBAC rule, 404 with no such resource) the
         applications are, and their list proves only up to the version it reports."""
         if self._releases_readable:
+            found = self.state.platform.kind(kind)
+            prefix = found.release_prefix if found is not None else ""
             try:
                 return await consistent_read(
                     self.client,
                     HELM_RELEASES,
-                    release_version_of,
+                    lambda obj: release_version_of(obj, prefix),
                     params={"labelSelector": f"{RELEASE_KIND_LABEL}={kind},{RELEASE_GROUP}"},
                 )
             except ApiError as exc:
@@ -174,23 +175,27 @@ class ConsistentReads(WatchRepairs):
             behind, gone = self.still_lost(kind, behind, gone, revision)
         if behind or gone:
             # The watch had its time and did not deliver them: it lost them. Put them right.
-            await self.repair(kind, watch, list(behind), gone, revision)
+            await self.repair(kind, watch, [*behind, *gone], revision, set(behind))
             behind, gone = self.still_lost(kind, behind, gone, revision)
         if not behind and not gone and self._apps.get(plural) is watch:
             self._confirmed[kind] = max(self._confirmed.get(kind, 0), revision)
 
 
-def release_version_of(obj: Obj) -> tuple[tuple[str, str], int] | None:
+def release_version_of(obj: Obj, prefix: str = "") -> tuple[tuple[str, str], int] | None:
     """A HelmRelease of a consistent read, as its application's key and resourceVersion
-    (cozystack-api serves the application at the HelmRelease's resourceVersion)."""
+    (cozystack-api serves the application at the HelmRelease's resourceVersion).
+
+    The application's name is the HelmRelease's without the kind's release ``prefix``, as
+    cozystack-api names it (``TrimPrefix``), not its name label: the root tenant's HelmRelease
+    ``tenant-root`` is labelled ``tenant-root`` but served as Tenant ``root``, and a key the
+    state never holds would keep the kind unconfirmed, its objects fetched at every read."""
     metadata = obj.get("metadata")
-    labels = metadata.get("labels") if isinstance(metadata, Mapping) else None
-    if not isinstance(metadata, Mapping) or not isinstance(labels, Mapping):
+    if not isinstance(metadata, Mapping):
         return None
-    name, namespace = labels.get(RELEASE_NAME_LABEL), metadata.get("namespace")
+    name, namespace = metadata.get("name"), metadata.get("namespace")
     if not isinstance(name, str) or not isinstance(namespace, str):
         return None
-    return (namespace, name), resource_version(metadata.get("resourceVersion"))
+    return (namespace, name.removeprefix(prefix)), resource_version(metadata.get("resourceVersion"))
 
 
 def version_of(obj: Obj) -> tuple[tuple[str, str], int] | None:

@@ -359,7 +359,7 @@ class LiveState(PlatformRebuilds, ConsistentReads):
             if reduced is None:
                 return
             (namespace, name), held = reduced
-            if event_type != "DELETED" and self.stale_event(kind, (namespace, name), held[2]):
+            if self.stale_event(kind, (namespace, name), held[2], event_type):
                 return  # a repair ran ahead of the watch
             held_now = self._held.setdefault(kind, {})
             key = (kind, namespace, name)
@@ -368,7 +368,7 @@ class LiveState(PlatformRebuilds, ConsistentReads):
             state = self.state
             known = state.platform.kind(kind) is not None
             if event_type == "DELETED":
-                held_now.pop((namespace, name), None)
+                self.deleted(kind, (namespace, name), held[2])
                 if known:
                     state.forget(key, version=held[2])
             else:

@@ -13,7 +13,8 @@ would have: newer, deleted. Every kind is also read that way every
 event that nothing waits for would otherwise never be found.
 
 A repair can run ahead of the watch: an event older than what the state holds (or than a
-repaired deletion) is ignored, so a late one never reverts a repair.
+deletion it remembers) is ignored, a deletion too, so a late one never reverts a repair; and an
+object a read lists but the watch deleted since is not taken for one the watch lost.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from webhook.core.tenancy.applications import resource_version
@@ -37,7 +38,7 @@ __all__ = ["WatchRepairs"]
 log = logging.getLogger("webhook.state.live")  # the live state's log, whichever part writes
 Obj = dict[str, Any]
 Key = tuple[str, str]  # (namespace, name)
-TOMBSTONES: Final = 10_000  # repaired deletions remembered, per kind, against late events
+TOMBSTONES: Final = 10_000  # deletions remembered, per kind, against late events and reads
 
 
 class WatchRepairs:
@@ -52,20 +53,37 @@ class WatchRepairs:
 
     def _init_watch_repairs(self) -> None:
         self.repairs: dict[str, int] = {}  # kind -> objects put right, since start
-        self._tombstones: dict[str, OrderedDict[Key, int]] = {}  # kind -> key -> at revision
+        self._tombstones: dict[str, OrderedDict[Key, int]] = {}  # kind -> key -> deleted at
         self._resyncing: dict[str, asyncio.Task[None]] = {}
 
-    def stale_event(self, kind: str, key: Key, version: int) -> bool:
-        """Whether an ADDED or MODIFIED event at ``version`` is older than what the state
-        holds of ``key`` (a repair ran ahead of the watch): it is then ignored."""
+    def stale_event(self, kind: str, key: Key, version: int, event_type: str = "") -> bool:
+        """Whether an event at ``version`` is older than what the state holds of ``key`` (a
+        repair ran ahead of the watch): it is then ignored. A DELETED one older than what is
+        held deleted an earlier object of that name, before the one a repair fetched was
+        created (one without a version is applied)."""
         held = self._held.get(kind, {}).get(key)
+        if event_type == "DELETED":
+            return held is not None and 0 < version < held[2]
         if held is not None:
             return version < held[2]
         gone = self._tombstones.get(kind)
         return gone is not None and version <= gone.get(key, 0)
 
+    def deleted(self, kind: str, key: Key, version: int) -> None:
+        """The watch (or a repair) deleted ``key`` at ``version``: it is dropped, and the version
+        kept, so that neither an older event nor a read listed before the deletion (a tenant's
+        VM deleted while a read is under way) is taken for news the watch lost."""
+        self._held.get(kind, {}).pop(key, None)
+        if version <= 0:
+            return
+        gone = self._tombstones.setdefault(kind, OrderedDict())
+        gone[key] = max(version, gone.get(key, 0))
+        gone.move_to_end(key)
+        while len(gone) > TOMBSTONES:
+            gone.popitem(last=False)
+
     def forget_repairs(self, kind: str) -> None:
-        """A fresh list of ``kind`` replaced the state's view: repaired deletions are moot."""
+        """A fresh list of ``kind`` replaced the state's view: remembered deletions are moot."""
         self._tombstones.pop(kind, None)
 
     def lost(
@@ -76,7 +94,7 @@ class WatchRepairs:
         no longer shows although they are older than it (deleted before it). One pass over the
         read and the held objects; :meth:`still_lost` then narrows the result cheaply."""
         held = self._held.get(kind, {})
-        behind = {key: v for key, v in items if key not in held or held[key][2] < v}
+        behind = self._behind(kind, dict(items))
         listed = {key for key, _ in items}
         gone = [key for key, h in held.items() if key not in listed and h[2] <= revision]
         return behind, gone
@@ -86,24 +104,29 @@ class WatchRepairs:
     ) -> tuple[dict[Key, int], list[Key]]:
         """Of what :meth:`lost` found, what the state still has not caught up with."""
         held = self._held.get(kind, {})
-        behind = {key: v for key, v in behind.items() if key not in held or held[key][2] < v}
-        gone = [key for key in gone if key in held and held[key][2] <= revision]
-        return behind, gone
+        return self._behind(kind, behind), [
+            key for key in gone if key in held and held[key][2] <= revision
+        ]
+
+    def _behind(self, kind: str, listed: dict[Key, int]) -> dict[Key, int]:
+        held = self._held.get(kind, {})
+        deleted: Mapping[Key, int] = self._tombstones.get(kind, {})
+        return {  # a key is known at what is held of it, or at its deletion
+            key: version
+            for key, version in listed.items()
+            if (held[key][2] if key in held else deleted.get(key, 0)) < version
+        }
 
     async def repair(
-        self, kind: str, watch: AppWatch, behind: Iterable[Key], gone: list[Key], revision: int
+        self, kind: str, watch: AppWatch, keys: Iterable[Key], revision: int, listed: set[Key]
     ) -> int:
-        """Fetch each of ``behind`` and ``gone`` (see :meth:`lost`; at most
-        :attr:`LiveSettings.repair_objects` in all) and apply what it is now, as the watch
-        would have; how many were put right.
-
-        A deletion needs both the read and the GET to say the object is gone: one the read
-        still shows is never deleted on a GET's 404 (cozystack-api may answer from a cache
-        that has not seen it re-created yet), or the state would forget it: an undercount."""
+        """Fetch each of ``keys`` (at most :attr:`LiveSettings.repair_objects`) and apply what
+        it is now, as the watch would have; how many were put right. A 404 for one of
+        ``listed`` (those the read showed) is no deletion: cozystack-api answers a GET from
+        its cache, which can be older than the read; the next read tells."""
         reflector = watch.reflector
         fixed = 0
-        deletable = set(gone)
-        for namespace, name in [*behind, *gone][: self.settings.repair_objects]:
+        for namespace, name in list(keys)[: self.settings.repair_objects]:
             if self._apps.get(reflector.resource.plural) is not watch:
                 break  # the kind went, or a new reflector listed it afresh
             try:
@@ -113,10 +136,10 @@ class WatchRepairs:
             except ApiError as exc:
                 if exc.status != 404:
                     raise
+                if (namespace, name) in listed:
+                    continue  # older than the read: a tombstone would hide what it showed
                 obj = None
-            key = (namespace, name)
-            if obj is not None or key in deletable:
-                fixed += self._apply_repair(kind, reflector, key, obj, revision)
+            fixed += self._apply_repair(kind, reflector, (namespace, name), obj, revision)
         if fixed:
             self.repairs[kind] = self.repairs.get(kind, 0) + fixed
             log.warning(
@@ -131,14 +154,8 @@ class WatchRepairs:
         held = self._held.get(kind, {}).get(key)
         namespace, name = key
         if obj is None:
-            if held is None:
-                return 0
-            # Only the held version's events are late ones: a re-created object's are newer.
-            gone = self._tombstones.setdefault(kind, OrderedDict())
-            gone[key] = held[2]
-            gone.move_to_end(key)
-            while len(gone) > TOMBSTONES:
-                gone.popitem(last=False)
+            if held is None or held[2] > revision:
+                return 0  # none, or one the watch delivered during the GET: not what it missed
             deleted = {"namespace": namespace, "name": name, "resourceVersion": str(revision)}
             reflector.on_event("DELETED", {"metadata": deleted})
             return 1

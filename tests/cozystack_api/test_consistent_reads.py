@@ -1,0 +1,60 @@
+"""Consistent reads behind the real cozystack-api: the HelmReleases kube-apiserver lists are
+keyed as cozystack-api serves them, so a kind whose releases do not carry their application's
+name in the name label (the root tenant's) is confirmed like any other."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.cozystack_api.conftest import CozystackAPI
+from tests.state.test_live import live_of
+from tests.test_live import Caller, caller, certs, replica, wait_ready
+from tests.waiting import eventually
+
+__all__ = ["caller", "certs"]
+
+pytestmark = pytest.mark.cozystack_api
+
+# packages/system/cozystack-basics/templates/tenant-root.yaml: served as Tenant `root`.
+ROOT_RELEASE = {
+    "apiVersion": "helm.toolkit.fluxcd.io/v2",
+    "kind": "HelmRelease",
+    "metadata": {
+        "name": "tenant-root",
+        "namespace": "tenant-root",
+        "labels": {
+            "sharding.fluxcd.io/key": "tenants",
+            "apps.cozystack.io/application.kind": "Tenant",
+            "apps.cozystack.io/application.group": "apps.cozystack.io",
+            "apps.cozystack.io/application.name": "tenant-root",
+        },
+    },
+    "spec": {
+        "chartRef": {
+            "kind": "ExternalArtifact",
+            "name": "cozystack-tenant-application-default-tenant",
+            "namespace": "cozy-system",
+        },
+        "interval": "1m0s",
+        "values": {},
+    },
+}
+
+
+async def test_the_root_tenant_labelled_other_than_its_name_is_confirmed(
+    cozystack_api: CozystackAPI, certs: Path, caller: Caller
+) -> None:
+    env = cozystack_api
+    env.apply(ROOT_RELEASE)
+    served = env.get("tenants.apps.cozystack.io", "-n", "tenant-root", "root")
+    written = int(served["metadata"]["resourceVersion"])
+    env.tenant("reads", {"memory": "4Gi"})
+    kubeconfig = env.service_account_kubeconfig()  # the shipped RBAC: HelmReleases listed
+    async with replica(kubeconfig, certs, watch_resync_seconds=1.0) as webhook:
+        await wait_ready(caller, webhook.port, timeout=60)
+        live = live_of(webhook)
+        await eventually(lambda: live._confirmed.get("Tenant", 0) >= written, 20)
+        assert live._releases_readable, "read from kube-apiserver, at its current revision"
+        assert live.repairs == {}, "nothing lost, nothing fetched"
