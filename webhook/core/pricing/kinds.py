@@ -16,6 +16,7 @@ from typing import Any
 from webhook.core.base.errors import ContractError, EvaluationError
 from webhook.core.pricing.bounds import check_values
 from webhook.core.pricing.catalog import Catalog
+from webhook.core.pricing.compiled import Program, program
 from webhook.core.pricing.contracts import Contract, compile_contract
 from webhook.core.pricing.defaulting import Defaulter, compile_defaults
 from webhook.core.pricing.evaluation import (
@@ -24,7 +25,6 @@ from webhook.core.pricing.evaluation import (
     EvaluationLimits,
     Reads,
     contract_reads,
-    evaluate,
 )
 
 __all__ = ["APPS_GROUP", "ApplicationKind", "kind_from_definition"]
@@ -46,12 +46,15 @@ class ApplicationKind:
     defaulter: Defaulter | None = field(default=None, repr=False, compare=False)
     # What the contract reads of the values (None: all of them, or no contract).
     reads: Reads | None = field(default=None, init=False, repr=False, compare=False)
+    # The contract compiled, once per kind (so once per platform version).
+    program: Program | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.defaulter is None:
             object.__setattr__(self, "defaulter", compile_defaults(self.schema))
         if self.contract is not None:
             object.__setattr__(self, "reads", contract_reads(self.contract))
+            object.__setattr__(self, "program", program(self.contract))
 
     def defaulted(self, spec: object) -> Any:
         """The values as Cozystack reads them back: schema defaults applied.
@@ -85,7 +88,10 @@ class ApplicationKind:
         limits: EvaluationLimits = DEFAULT_LIMITS,
     ) -> Charge:
         """:meth:`charge` for values already bounded and defaulted (by :meth:`defaulted`)."""
-        return evaluate(self._contract(), values, catalog, namespace=namespace, limits=limits)
+        compiled = self.program
+        if compiled is None or compiled.contract is not self._contract():
+            compiled = program(self._contract())
+        return compiled.evaluate(values, catalog, namespace=namespace, limits=limits)
 
     def _contract(self) -> Contract:
         if self.contract is None:
