@@ -447,6 +447,13 @@ def test_a_list_where_a_map_is_expected_prices_alike() -> None:
         assert compiled == reference, values
     reference, _ = both(KUBERNETES, defaulted({"nodeGroups": [dict(WORKER)]}))
     assert "nodeGroups[0]" in repr(reference)
+    vm = CONTRACTS["VMInstance"]  # devices: $.gpus[*].name, a key after a wildcard
+    for gpus in [[[{"name": "nvidia.com/A"}]], [{"name": ["nvidia.com/A"]}], {"name": "x"}]:
+        values = PLATFORM.kinds["VMInstance"].defaulted({"gpus": gpus})
+        reference, compiled = both(vm, values)
+        assert compiled == reference, gpus
+    reference, _ = both(vm, PLATFORM.kinds["VMInstance"].defaulted({"gpus": [[{"name": "g"}]]}))
+    assert "'g'" not in repr(reference)  # a list in a list has no name: no device
 
 
 def test_a_key_that_is_not_a_string_under_a_wildcard_fails_alike() -> None:
