@@ -190,20 +190,12 @@ def _finder(path: ValuePath, *, paths: bool) -> Callable[[_State, object, str], 
     """A path's matches as ``(display path, value)`` (``paths``), else the matched values."""
     relative, names = path.relative, path.fields
     if names is not None:
-        joined = ".".join(names)
+        plain, joined = _plain(names, relative=relative), ".".join(names)
 
         def fields(state: _State, item: object, prefix: str) -> Any:
-            datum = item if relative else state.root
-            for name in names:
-                if type(datum) is dict:
-                    datum = datum.get(name, _ABSENT)
-                    if datum is _ABSENT:
-                        return []
-                elif isinstance(datum, Mapping) and name in datum:
-                    datum = datum[name]
-                else:
-                    return []
-            state.matches += 1
+            datum = plain(state, item, prefix)
+            if datum is _ABSENT:
+                return []
             return [(_join(prefix, joined), datum)] if paths else [datum]
 
         return fields
@@ -234,7 +226,29 @@ def _finder(path: ValuePath, *, paths: bool) -> Callable[[_State, object, str], 
     return find
 
 
+def _plain(names: tuple[str, ...], *, relative: bool) -> Lookup:
+    """A plain dotted path's one value, or ``_ABSENT`` (the interpreter's own shortcut)."""
+
+    def plain(state: _State, item: object, prefix: str) -> object:
+        datum = item if relative else state.root
+        for name in names:
+            if type(datum) is dict:
+                datum = datum.get(name, _ABSENT)
+                if datum is _ABSENT:
+                    return _ABSENT
+            elif isinstance(datum, Mapping) and name in datum:
+                datum = datum[name]
+            else:
+                return _ABSENT
+        state.matches += 1
+        return datum
+
+    return plain
+
+
 def _lookup(path: ValuePath) -> Lookup:
+    if path.fields is not None:  # one value or none: no list to build
+        return _plain(path.fields, relative=path.relative)
     values: Callable[[_State, object, str], list[object]] = _finder(path, paths=False)
 
     def lookup(state: _State, item: object, prefix: str) -> object:
@@ -560,9 +574,9 @@ def _term(term: Term) -> Run:
 
     def run(state: _State, charges: list[TermCharge]) -> None:
         for item, prefix in scopes(state):
-            if not all(holds(state, item, prefix) for holds in when):
+            if when and not all(holds(state, item, prefix) for holds in when):
                 continue
-            if any(holds(state, item, prefix) for holds in unless):
+            if unless and any(holds(state, item, prefix) for holds in unless):
                 continue
             number = units(state, item, prefix)
             unit: dict[str, Decimal] = {}
