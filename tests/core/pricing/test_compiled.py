@@ -460,3 +460,22 @@ def test_a_key_that_is_not_a_string_under_a_wildcard_fails_alike() -> None:
     """YAML can key a map by a number; the compiled steps hand such a map to jsonpath-ng."""
     reference, compiled = both(KUBERNETES, defaulted({"nodeGroups": {1: dict(WORKER)}}))
     assert compiled == reference
+
+
+def test_deep_nesting_prices_alike() -> None:
+    """Values nested near the bounds (64 levels), where paths and descent look."""
+    deep: Any = {"name": "nvidia.com/A"}
+    for level in range(50):  # one chain, its keys those the paths name
+        key = ["name", "gpus", "resources", "md0", "a"][level % 5]
+        deep = [deep] if level % 2 else {key: deep}
+    for contract, values in [
+        (KUBERNETES, defaulted({"nodeGroups": {"md0": {**WORKER, "gpus": [deep]}}})),
+        (KUBERNETES, defaulted({"nodeGroups": {"md0": deep}, "controlPlane": deep})),
+        (SYNTHETIC["descent"], {"a": deep}),
+        (SYNTHETIC["steps"], {"a": {"b": [deep], "groups": {"g": deep}}, "gpus": deep}),
+    ]:
+        for limits in [evaluation.DEFAULT_LIMITS, EvaluationLimits(max_matches=20)]:
+            reference, compiled = both(contract, values, limits=limits)
+            assert compiled == reference
+    reference, _ = both(SYNTHETIC["descent"], {"a": deep})
+    assert "a device name must be a non-empty string" in repr(reference)  # a map named "name"
