@@ -9,6 +9,10 @@ type or a bad quantity is never a charge of zero.
 
 Reservation charges declared sizes only: no allocation ratios, no virtualization overhead.
 
+:func:`evaluate` runs the contract compiled once into functions
+(:mod:`webhook.core.pricing.compiled`); :func:`interpret`, the walk below, is the reference
+semantics the compiled form is tested against, outcome for outcome.
+
 Over 400 lines, and kept whole: one run (``_Run``) walks every construct of the contract
 language in one recursion; split by construct, that recursion would be spread over modules.
 """
