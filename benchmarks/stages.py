@@ -4,10 +4,11 @@
 realistic bodies the server benchmark sends (a VMInstance with its own disks, a Kubernetes
 application with its own node groups), each stage a ``/validate`` request passes through:
 decoding the body, reading the review, bounding/defaulting/digesting the values, evaluating
-the contract (no cache), the whole decision with a cold charge cache (and what is left of it
-once the two stages before are taken out), encoding the answer, and the metrics plus the
-INFO log line. ``total`` is the sum of the measured stages, what the event loop spends on one
-request besides aiohttp and TLS.
+the contract (no cache; beside it, the same values through the interpreter the compiled
+contracts are tested against, which no request runs), the whole decision with a cold charge
+cache (and what is left of it once the two stages before are taken out), encoding the answer,
+and the metrics plus the INFO log line. ``total`` is the sum of the measured stages, what the
+event loop spends on one request besides aiohttp and TLS.
 
 Two figures are compared before and after in the same rounds (a ratio above 1 is the saving):
 the unknown-key walk over the kind's raw ``openAPISchema`` (the old walk, kept as the tests'
@@ -42,6 +43,7 @@ from tests.core.pricing.raw_schema_walk import raw_unknown_keys
 from webhook.core.admission.decisions import Decision, Policy, decide, decide_prepared
 from webhook.core.admission.reviews import AdmissionRequest, parse_review, review_response
 from webhook.core.admission.state import ReservationState
+from webhook.core.pricing.evaluation import interpret
 from webhook.core.pricing.unknown_keys import MAX_FINDINGS, MAX_NODES, unknown_keys
 from webhook.http import app as http_app
 from webhook.http.metrics import Metrics
@@ -63,6 +65,7 @@ COMPARED = (
     ("unknown keys", "unknown keys (raw schema, before)", "unknown keys (index, after)"),
     ("decide, dry run", "decide (record signed at once, before)", "decide (cache miss)"),
 )
+INTERPRETED = "evaluate, interpreted"  # a reference beside its stage, not in the total
 
 
 class Kind:
@@ -107,6 +110,11 @@ def one_round(kind: Kind, policy: Policy, metrics: Metrics, count: int) -> dict[
     def evaluate(i: int) -> object:
         return found.charge_defaulted(prepared[i].defaulted, platform.catalog, namespace="")
 
+    def interpreted(i: int) -> object:
+        contract = found.contract
+        assert contract is not None
+        return interpret(contract, prepared[i].defaulted, platform.catalog, namespace="")
+
     def respond(i: int) -> object:
         return http_app._compact(review_response(requests[i].uid, decisions[i].response()))
 
@@ -125,6 +133,7 @@ def one_round(kind: Kind, policy: Policy, metrics: Metrics, count: int) -> dict[
             lambda i: platform.values(kind.name, specs[i]), count
         ),
         "evaluate (no cache)": per_request(evaluate, count),
+        INTERPRETED: per_request(interpreted, count),
         "decide (cache miss)": per_request(lambda i: decide(fresh[i], state, policy), count),
         "decide (record signed at once, before)": per_request(signing_at_once, count),
         "unknown keys (raw schema, before)": per_request(
@@ -183,6 +192,13 @@ def main() -> None:
             totals[kind.name] += median
             cells.append(f"{median:9.1f} ({min(values):6.1f}-{max(values):6.1f})")
         print(f"{stage:34s}" + "".join(f"{c:>24s}" for c in cells))
+        if stage == "evaluate (no cache)":
+            reference = []
+            for kind in kinds:
+                values = figures[kind.name][INTERPRETED]
+                ratio = statistics.median(values) / statistics.median(figures[kind.name][stage])
+                reference.append(f"{statistics.median(values):9.1f} (x{ratio:4.2f} slower)")
+            print(f"{'  the same, interpreted':34s}" + "".join(f"{c:>24s}" for c in reference))
         if stage == "decide (cache miss)":
             rest = [
                 statistics.median(figures[k.name][stage])

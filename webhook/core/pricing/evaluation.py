@@ -9,6 +9,10 @@ type or a bad quantity is never a charge of zero.
 
 Reservation charges declared sizes only: no allocation ratios, no virtualization overhead.
 
+:func:`evaluate` runs the contract compiled once into functions
+(:mod:`webhook.core.pricing.compiled`); :func:`interpret`, the walk below, is the reference
+semantics the compiled form is tested against, outcome for outcome.
+
 Over 400 lines, and kept whole: one run (``_Run``) walks every construct of the contract
 language in one recursion; split by construct, that recursion would be spread over modules.
 """
@@ -56,6 +60,7 @@ __all__ = [
     "TermCharge",
     "contract_reads",
     "evaluate",
+    "interpret",
 ]
 
 
@@ -109,6 +114,27 @@ def evaluate(
     """The charge of ``values`` (already defaulted) under ``contract``.
 
     ``namespace`` is the application's namespace, where namespaced instance types are looked up.
+    Runs the contract's compiled form (:mod:`webhook.core.pricing.compiled`, built once per
+    contract object), which gives exactly what :func:`interpret` gives.
+    """
+    # Imported here: the compiled form is built from this module's values and helpers.
+    from webhook.core.pricing.compiled import program
+
+    return program(contract).evaluate(values, catalog, namespace=namespace, limits=limits)
+
+
+def interpret(
+    contract: Contract,
+    values: object,
+    catalog: Catalog,
+    *,
+    namespace: str = "",
+    limits: EvaluationLimits = DEFAULT_LIMITS,
+) -> Charge:
+    """:func:`evaluate` by walking the contract, construct by construct, on every call.
+
+    The reference semantics of the contract language: the compiled form is tested against it
+    on every shipped contract and hostile values, outcome for outcome.
     """
     if contract.exempt:
         return Charge(
@@ -268,7 +294,7 @@ class _Run:
             if term.size is not None:
                 size = self.size(term.size, scope)
                 if size is None:
-                    raise EvaluationError(scope.prefix or term.name, self.no_size(term.size, scope))
+                    raise EvaluationError(scope.prefix or term.name, no_size(term.size, scope))
                 unit, source = size.resources, size.source
             if term.storage is not None:
                 storage = self.required(term.storage, scope, integer=False, where="storage")
@@ -408,23 +434,6 @@ class _Run:
                 resources[key] = value
         return _Size(resources, "resources") if resources else None
 
-    def no_size(self, source: SizeSource, scope: _Scope) -> str:
-        options = " or ".join(self.describe(source, scope))
-        return f"no size: set {options}"
-
-    def describe(self, source: SizeSource, scope: _Scope) -> list[str]:
-        match source:
-            case FromInstanceType(name=PathRef(path=path)) | FromPreset(name=PathRef(path=path)):
-                return [_display(path, scope)]
-            case FromResources(require=require, resources=resources):
-                paths = [_display(p, scope) for p in require] or [key for key, _ in resources]
-                return [" and ".join(paths)]
-            case FirstOf(sources=sources):
-                return [text for s in sources for text in self.describe(s, scope)]
-            case MaxOf(sources=sources):
-                return self.describe(sources[0], scope)
-        return ["a size"]
-
     # -- values ----------------------------------------------------------------------------
 
     def name(self, name: NameExpr, scope: _Scope) -> tuple[str, str | None]:
@@ -543,6 +552,26 @@ class _Run:
         if len(found) > 1:
             raise EvaluationError(_display(path, scope), f"matches {len(found)} values, not one")
         return found[0][1]
+
+
+def no_size(source: SizeSource, scope: _Scope) -> str:
+    """Why a term has no size: the values that would give it one."""
+    options = " or ".join(_describe(source, scope))
+    return f"no size: set {options}"
+
+
+def _describe(source: SizeSource, scope: _Scope) -> list[str]:
+    match source:
+        case FromInstanceType(name=PathRef(path=path)) | FromPreset(name=PathRef(path=path)):
+            return [_display(path, scope)]
+        case FromResources(require=require, resources=resources):
+            paths = [_display(p, scope) for p in require] or [key for key, _ in resources]
+            return [" and ".join(paths)]
+        case FirstOf(sources=sources):
+            return [text for s in sources for text in _describe(s, scope)]
+        case MaxOf(sources=sources):
+            return _describe(sources[0], scope)
+    return ["a size"]
 
 
 def _leads_nowhere(datum: object, keys: tuple[str, ...]) -> bool:

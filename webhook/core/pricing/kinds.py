@@ -16,6 +16,7 @@ from typing import Any
 from webhook.core.base.errors import ContractError, EvaluationError
 from webhook.core.pricing.bounds import check_values
 from webhook.core.pricing.catalog import Catalog
+from webhook.core.pricing.compiled import Program, program
 from webhook.core.pricing.contracts import Contract, compile_contract
 from webhook.core.pricing.defaulting import Defaulter, compile_defaults
 from webhook.core.pricing.evaluation import (
@@ -24,7 +25,6 @@ from webhook.core.pricing.evaluation import (
     EvaluationLimits,
     Reads,
     contract_reads,
-    evaluate,
 )
 from webhook.core.pricing.unknown_keys import KeyIndex, index_schema
 
@@ -49,12 +49,15 @@ class ApplicationKind:
     reads: Reads | None = field(default=None, init=False, repr=False, compare=False)
     # The schema as the unknown-key walk reads it, made once per kind (per platform version).
     key_index: KeyIndex = field(init=False, repr=False, compare=False)
+    # The contract compiled, once per kind (so once per platform version).
+    program: Program | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.defaulter is None:
             object.__setattr__(self, "defaulter", compile_defaults(self.schema))
         if self.contract is not None:
             object.__setattr__(self, "reads", contract_reads(self.contract))
+            object.__setattr__(self, "program", program(self.contract))
         object.__setattr__(self, "key_index", index_schema(self.schema))
 
     def defaulted(self, spec: object) -> Any:
@@ -89,7 +92,10 @@ class ApplicationKind:
         limits: EvaluationLimits = DEFAULT_LIMITS,
     ) -> Charge:
         """:meth:`charge` for values already bounded and defaulted (by :meth:`defaulted`)."""
-        return evaluate(self._contract(), values, catalog, namespace=namespace, limits=limits)
+        compiled = self.program
+        if compiled is None or compiled.contract is not self._contract():
+            compiled = program(self._contract())
+        return compiled.evaluate(values, catalog, namespace=namespace, limits=limits)
 
     def _contract(self) -> Contract:
         if self.contract is None:
