@@ -280,6 +280,7 @@ class RecordedRequest(NamedTuple):
     method: str
     path: str
     query: dict[str, str]
+    accept: str = ""
 
 
 @dataclass(frozen=True)
@@ -1236,7 +1237,14 @@ class EmulatedAPIServer:
     # --- HTTP ------------------------------------------------------------------------------
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        self.requests.append(RecordedRequest(request.method, request.path, dict(request.query)))
+        self.requests.append(
+            RecordedRequest(
+                request.method,
+                request.path,
+                dict(request.query),
+                request.headers.get("Accept", ""),
+            )
+        )
         await self._running.wait()
         if (
             self.token is not None
@@ -1347,7 +1355,10 @@ class EmulatedAPIServer:
             if method == "GET":
                 if _flag(query.get("watch")):
                     return await self._serve_watch(request, resource, selection)
-                return _json_response(self._list(resource, selection, query))
+                listed = self._list(resource, selection, query)
+                if "as=PartialObjectMetadataList" in request.headers.get("Accept", ""):
+                    listed = _metadata_list(listed)
+                return _json_response(listed)
             if method == "POST" and (namespace is not None or not resource.namespaced):
                 body = await self._read_json(request)
                 return _json_response(self._create(resource, namespace, body, dry_run=dry_run), 201)
@@ -1648,3 +1659,20 @@ def _method_not_allowed() -> APIError:
 
 def _encode_event(kind: str, obj: Obj) -> bytes:
     return json.dumps({"type": kind, "object": obj}, separators=(",", ":")).encode() + b"\n"
+
+
+def _metadata_list(listed: Obj) -> Obj:
+    """A list as kube-apiserver answers ``Accept: ...;as=PartialObjectMetadataList``."""
+    return {
+        "apiVersion": "meta.k8s.io/v1",
+        "kind": "PartialObjectMetadataList",
+        "metadata": listed.get("metadata") or {},
+        "items": [
+            {
+                "apiVersion": "meta.k8s.io/v1",
+                "kind": "PartialObjectMetadata",
+                "metadata": copy.deepcopy(item.get("metadata") or {}),
+            }
+            for item in listed.get("items") or []
+        ],
+    }

@@ -235,7 +235,7 @@ async def test_every_call_it_makes_is_granted_by_its_role(tmp_path: Path) -> Non
     async with cluster(tmp_path, seed_objects()) as (api, client, _kubevirt):
         await Rebalancer(client, settings(apply=True)).round()
         made = set()
-        for method, path, query in api.requests:
+        for method, path, query, _ in api.requests:
             parts = path.strip("/").split("/")
             group = "" if parts[0] == "api" else parts[1]
             rest = parts[2:] if parts[0] == "api" else parts[3:]

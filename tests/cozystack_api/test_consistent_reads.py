@@ -4,14 +4,24 @@ name in the name label (the root tenant's) is confirmed like any other."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from tests.cluster import kube_client
 from tests.cozystack_api.conftest import CozystackAPI
 from tests.state.test_live import live_of
 from tests.test_live import Caller, caller, certs, replica, wait_ready
 from tests.waiting import eventually
+from webhook.kube.client import METADATA_ONLY
+from webhook.kube.reflector import consistent_read
+from webhook.state.consistent_reads import (
+    HELM_RELEASES,
+    RELEASE_GROUP,
+    RELEASE_KIND_LABEL,
+    release_version_of,
+)
 
 __all__ = ["caller", "certs"]
 
@@ -58,3 +68,26 @@ async def test_the_root_tenant_labelled_other_than_its_name_is_confirmed(
         await eventually(lambda: live._confirmed.get("Tenant", 0) >= written, 20)
         assert live._releases_readable, "read from kube-apiserver, at its current revision"
         assert live.repairs == {}, "nothing lost, nothing fetched"
+
+
+async def test_a_helmrelease_read_lists_metadata_only_with_the_same_keys(
+    cozystack_api: CozystackAPI,
+) -> None:
+    # A resync reads every kind's HelmReleases every few minutes: their values (a Kubernetes
+    # cluster's, a tenant's) would be most of the bytes, and the read needs only names and
+    # versions. kube-apiserver answers the metadata alone, keyed and versioned as the whole.
+    env = cozystack_api
+    env.tenant("meta", {"memory": "4Gi"})
+    params = {"labelSelector": f"{RELEASE_KIND_LABEL}=Tenant,{RELEASE_GROUP}"}
+    async with kube_client(env.service_account_kubeconfig()) as client:
+        _, slim = await consistent_read(
+            client, HELM_RELEASES, lambda obj: obj, params=params, accept=METADATA_ONLY
+        )
+        _, whole = await consistent_read(client, HELM_RELEASES, lambda obj: obj, params=params)
+    assert slim, "the Tenants' releases are listed"
+    assert {item["kind"] for item in slim} == {"PartialObjectMetadata"}
+    assert not any("spec" in item for item in slim)
+    assert [release_version_of(i, "tenant-") for i in slim] == [
+        release_version_of(i, "tenant-") for i in whole
+    ]
+    assert len(json.dumps(slim)) < len(json.dumps(whole))

@@ -297,6 +297,7 @@ class SimClient(KubeClient):
         body: object = None,
         content_type: str = "application/json",
         max_bytes: int | None = None,  # answers are objects in memory: nothing to bound
+        accept: str = "",
     ) -> Obj:
         plural, namespace, name, subresource = _parse(path)
         future: asyncio.Future[Obj] = asyncio.get_running_loop().create_future()
@@ -314,7 +315,10 @@ class SimClient(KubeClient):
             dict(params or {}),
         )
         self.api.submit(call)
-        return await future
+        answer = await future
+        if "as=PartialObjectMetadataList" in accept and "items" in answer:
+            answer = {**answer, "items": [metadata_only(item) for item in answer["items"]]}
+        return answer
 
     async def watch(
         self,
@@ -389,3 +393,12 @@ def _summary(obj: Mapping[str, Any]) -> str:
         entries = ",".join(f"{e.get('id')}:{e.get('application')}" for e in pending)
         return f"TR {where} rv {version} pending [{entries}]"
     return f"{obj.get('kind', '')} {where} rv {version} {json.dumps(spec, sort_keys=True)}"
+
+
+def metadata_only(obj: Obj) -> Obj:
+    """An item of a PartialObjectMetadataList, as kube-apiserver answers one."""
+    return {
+        "apiVersion": "meta.k8s.io/v1",
+        "kind": "PartialObjectMetadata",
+        "metadata": _copy(obj.get("metadata") or {}),
+    }

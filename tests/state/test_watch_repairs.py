@@ -191,6 +191,10 @@ async def test_the_root_tenant_labelled_other_than_its_name_never_stalls_the_ten
             ]
             assert fetched == [], fetched
             assert live.repairs == {}
+            releases = [r for r in server.requests if r.path.endswith("/helmreleases")]
+            assert releases, "the Tenant kind was read as its HelmReleases"
+            # ... as their metadata only: a release's values can be large; its name is not.
+            assert all("as=PartialObjectMetadataList" in r.accept for r in releases)
 
 
 @asynccontextmanager

@@ -22,7 +22,19 @@ import aiohttp
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
-__all__ = ["ApiError", "KubeClient", "ResourceRef", "ResponseTooLarge", "WatchTimeout"]
+__all__ = [
+    "METADATA_ONLY",
+    "ApiError",
+    "KubeClient",
+    "ResourceRef",
+    "ResponseTooLarge",
+    "WatchTimeout",
+]
+# A list of objects as their metadata only (PartialObjectMetadataList), plain JSON where a server
+# cannot: what client-go's metadata informers ask for, and a fraction of whole objects' bytes.
+METADATA_ONLY: Final = (
+    "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+)
 
 Obj = dict[str, Any]
 # Request deadlines: an API call that takes longer than this is treated as failed (and retried
@@ -145,11 +157,15 @@ class KubeClient:
         body: object = None,
         content_type: str = "application/json",
         max_bytes: int | None = None,
+        accept: str = "",
     ) -> Obj:
         """One API call; the decoded object, or :class:`ApiError`. With ``max_bytes``, an
         answer longer than that is never read whole: :class:`ResponseTooLarge` (a list of
-        objects others write, such as a page of reports, is only as small as they make it)."""
+        objects others write, such as a page of reports, is only as small as they make it).
+        ``accept`` replaces the Accept header (:data:`METADATA_ONLY`: a list of metadata)."""
         headers = self._headers()
+        if accept:
+            headers["Accept"] = accept
         data = None
         if body is not None:
             headers["Content-Type"] = content_type

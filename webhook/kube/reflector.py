@@ -232,17 +232,18 @@ async def consistent_read(
     *,
     namespace: str = "",
     params: Mapping[str, str] | None = None,
+    accept: str = "",
 ) -> tuple[str, list[Any]]:
     """A paginated list without a resourceVersion (kube-apiserver serves it at its current
     revision), each item reduced as its page arrives; the list's resourceVersion and the
-    reduced items."""
+    reduced items. ``accept``: the pages' Accept header (``METADATA_ONLY``: metadata only)."""
     items: list[Any] = []
     first = {**(params or {}), "limit": str(PAGE_SIZE)}
     page_params = first
     path = resource.path(namespace)
     while True:
         try:
-            page = await client.request("GET", path, params=page_params)
+            page = await client.request("GET", path, params=page_params, accept=accept)
         except ApiError as exc:
             if exc.status == 410:  # the continue token expired: start the read over
                 items, page_params = [], first

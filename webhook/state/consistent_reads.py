@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from webhook.core.tenancy.applications import resource_version
-from webhook.kube.client import ApiError, KubeClient, ResourceRef
+from webhook.kube.client import METADATA_ONLY, ApiError, KubeClient, ResourceRef
 from webhook.kube.reflector import Reflector, consistent_read
 from webhook.state.watch_repairs import WatchRepairs
 
@@ -90,6 +90,7 @@ class ConsistentReads(WatchRepairs):
                     self.client,
                     HELM_RELEASES,
                     lambda obj: release_version_of(obj, prefix),
+                    accept=METADATA_ONLY,  # a release's values can be large; its name is not
                     params={"labelSelector": f"{RELEASE_KIND_LABEL}={kind},{RELEASE_GROUP}"},
                 )
             except ApiError as exc:
