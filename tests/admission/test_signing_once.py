@@ -374,3 +374,36 @@ def test_a_mutating_reinvocation_on_an_object_carrying_its_record_signs_nothing(
     assert decision.patch == ()
     assert decision.message == "charge already recorded"
     assert hmacs == ["x"]
+
+
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE"])
+def test_a_write_carrying_its_record_under_a_previous_key_is_re_signed_with_the_current_one(
+    operation: str,
+) -> None:
+    """A write in a rotation's window that carries this request's record, signed with the key
+    the rotation replaced, gets it re-signed: left as it is, it would stop being believed once
+    the window ends (the application then re-priced as it stands), however often it was
+    written meanwhile. A record under the current key is still left alone."""
+    old_key = RecordKeys(b"tests-record-key-previous-0123456789")
+    rotated = RecordKeys(KEYS.current, (old_key.current,))
+    spec = {"memory": "5Gi"}
+    stored = state({NS: {"memory": "16Gi"}})
+    stored.keys = old_key
+    update: dict[str, Any] = (
+        {"operation": "UPDATE", "old_spec": spec} if operation == "UPDATE" else {}
+    )
+    body = request("Thing", NS, "x", spec, **update)
+    written = mutate(body, stored, POLICY).patch[0]["value"]
+    assert isinstance(written, dict)
+    stored.keys = rotated  # the rotation: the old key is now the previous one
+    again = request("Thing", NS, "x", spec, annotations=dict(written), **update)
+    decision = mutate(again, stored, POLICY)
+    assert decision.patch, "re-signed with the current key"
+    value = decision.patch[-1]["value"]  # the annotation itself: the object carries some
+    assert isinstance(value, str)
+    record = records.parse_recorded_charge(value)
+    assert record is not None
+    assert record.kid == KEYS.current_id
+    assert decide(again, stored, POLICY).allowed, "the old record still counts for the answer"
+    resigned = request("Thing", NS, "x", spec, annotations={CHARGE_ANNOTATION: value}, **update)
+    assert mutate(resigned, stored, POLICY).patch == ()

@@ -251,6 +251,9 @@ def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -
         same = (
             parsed is not None
             and parsed.content() == content.content()
+            # Under the current key only: one a rotation retired stops vouching at the end of
+            # its window, so a write in the window re-signs what it carries.
+            and parsed.kid == state.keys.current_id
             and verifies(state.keys, subject.app.key, values, parsed, uid=subject.uid)
         )
         if not same:  # signed only to be written: an object carrying it is left as it is
