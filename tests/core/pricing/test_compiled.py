@@ -479,3 +479,24 @@ def test_deep_nesting_prices_alike() -> None:
             assert compiled == reference
     reference, _ = both(SYNTHETIC["descent"], {"a": deep})
     assert "a device name must be a non-empty string" in repr(reference)  # a map named "name"
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["$.gpus[*].name", "$.gpu", "$['gpus'][*].name"],
+    ids=["stepped", "plain", "through-jsonpath"],
+)
+def test_a_bad_device_under_a_for_each_is_named_from_the_root_as_the_interpreter_names_it(
+    path: str,
+) -> None:
+    """An absolute path read in a forEach item names its value from the root: the compiled
+    form put the item's path in front (``groups.a.gpus[0].name``), a value that is not there."""
+    contract = compile_contract(
+        "Synthetic",
+        {"terms": [{"name": "each", "forEach": "$.groups.*", "devices": path}]},
+        source="test",
+    )
+    values = {"groups": {"a": {}}, "gpus": [{"name": 1}], "gpu": 1}
+    reference, compiled = both(contract, values)
+    assert compiled == reference
+    assert "groups.a" not in repr(reference)

@@ -196,13 +196,14 @@ def _finder(path: ValuePath, *, paths: bool) -> Callable[[_State, object, str], 
             datum = plain(state, item, prefix)
             if datum is _ABSENT:
                 return []
-            return [(_join(prefix, joined), datum)] if paths else [datum]
+            return [(_join(prefix if relative else "", joined), datum)] if paths else [datum]
 
         return fields
     steps, head, expression = _steps(path), path.head, path.expression
 
     def find(state: _State, item: object, prefix: str) -> Any:
         datum = item if relative else state.root
+        shown = prefix if relative else ""  # an absolute path is named from the root
         walked: list[tuple[Any, tuple[object, ...]]] | None = None
         if head is not None and _leads_nowhere(datum, head):
             walked = []
@@ -215,13 +216,13 @@ def _finder(path: ValuePath, *, paths: bool) -> Callable[[_State, object, str], 
             found = expression.find(datum)
             state.matches += len(found)
             _over(state, path, prefix)
-            pairs = [(_join(prefix, str(m.full_path)), m.value) for m in found]
+            pairs = [(_join(shown, str(m.full_path)), m.value) for m in found]
             return pairs if paths else [value for _, value in pairs]
         state.matches += len(walked)
         _over(state, path, prefix)
         if not paths:
             return [value for value, _ in walked]
-        return [(_join(prefix, _render(parts)), value) for value, parts in walked]
+        return [(_join(shown, _render(parts)), value) for value, parts in walked]
 
     return find
 
