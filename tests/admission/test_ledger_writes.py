@@ -9,6 +9,7 @@ the relaxed form, and fails on a naive one.
 
 from __future__ import annotations
 
+import json
 import sys
 from decimal import Decimal
 from pathlib import Path
@@ -16,8 +17,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kubernetes import client as k8s_client
 
 from tests.admission.test_ledger import POOL, Clock, Cluster, Replica, create, grow, thing
 from tests.builders import ROOT
@@ -214,6 +217,56 @@ async def test_a_real_api_server_keeps_the_managed_fields_a_status_write_leaves_
             assert stored["status"]["pending"] == []
         finally:
             await client.close()
+
+
+async def test_a_tenant_value_full_of_separators_is_written_byte_for_byte_in_compact_json() -> None:
+    # Every batch sends the pool's whole object: compact JSON, the same content in fewer
+    # bytes. Only the encoder's own separators go; what a tenant wrote (here a name made of
+    # ", " and ": ") reaches the API server unchanged.
+    received: list[bytes] = []
+
+    async def put(request: web.Request) -> web.Response:
+        raw = await request.read()
+        received.append(raw)
+        stored = json.loads(raw)
+        stored["metadata"]["resourceVersion"] = "8"
+        return web.json_response(stored)
+
+    app = web.Application()
+    app.router.add_put("/{tail:.*}", put)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    configuration = k8s_client.Configuration()
+    configuration.host = f"http://127.0.0.1:{port}"
+    client = KubeClient(configuration)
+    try:
+        book = Book(client, Live(), LedgerSettings(replica="a"), clock=Clock())
+        current = {
+            "apiVersion": "reservation.cozystack.io/v1alpha1",
+            "kind": "TenantReservation",
+            "metadata": {"name": POOL, "namespace": POOL, "resourceVersion": "7"},
+            "spec": {"pool": POOL},
+        }
+        hostile = 'x, "y": {z}, '
+        entry = {
+            "id": "u",
+            "application": f"VMInstance/{POOL}/{hostile}",
+            "charge": {"memory": "1Gi"},
+            "expires": book.now(),
+        }
+        written = await book.write(POOL, current, {"pending": [entry]})
+    finally:
+        await client.close()
+        await runner.cleanup()
+    [raw] = received
+    sent = {**current, "status": {"pending": [entry]}}
+    assert json.loads(raw) == sent, "the same content"
+    assert raw == json.dumps(sent, separators=(",", ":")).encode(), "compact"
+    assert len(raw) < len(json.dumps(sent).encode())
+    assert written["status"]["pending"][0]["application"].endswith(hostile)
 
 
 _AMOUNTS = st.dictionaries(
