@@ -93,7 +93,7 @@ class ApplicationKind:
     ) -> Charge:
         """:meth:`charge` for values already bounded and defaulted (by :meth:`defaulted`)."""
         compiled = self.program
-        if compiled is None or compiled.contract is not self._contract():
+        if compiled is None:  # no contract: refused with why
             compiled = program(self._contract())
         return compiled.evaluate(values, catalog, namespace=namespace, limits=limits)
 
