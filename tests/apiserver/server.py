@@ -1667,12 +1667,14 @@ def _metadata_list(listed: Obj) -> Obj:
         "apiVersion": "meta.k8s.io/v1",
         "kind": "PartialObjectMetadataList",
         "metadata": listed.get("metadata") or {},
-        "items": [
-            {
-                "apiVersion": "meta.k8s.io/v1",
-                "kind": "PartialObjectMetadata",
-                "metadata": copy.deepcopy(item.get("metadata") or {}),
-            }
-            for item in listed.get("items") or []
-        ],
+        "items": [metadata_only(item) for item in listed.get("items") or []],
+    }
+
+
+def metadata_only(obj: Obj) -> Obj:
+    """An item of a PartialObjectMetadataList, as kube-apiserver answers one."""
+    return {
+        "apiVersion": "meta.k8s.io/v1",
+        "kind": "PartialObjectMetadata",
+        "metadata": copy.deepcopy(obj.get("metadata") or {}),
     }

@@ -27,6 +27,7 @@ from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from tests.apiserver.server import metadata_only
 from webhook.kube.client import ApiError, KubeClient, WatchTimeout
 
 Obj = dict[str, Any]
@@ -393,12 +394,3 @@ def _summary(obj: Mapping[str, Any]) -> str:
         entries = ",".join(f"{e.get('id')}:{e.get('application')}" for e in pending)
         return f"TR {where} rv {version} pending [{entries}]"
     return f"{obj.get('kind', '')} {where} rv {version} {json.dumps(spec, sort_keys=True)}"
-
-
-def metadata_only(obj: Obj) -> Obj:
-    """An item of a PartialObjectMetadataList, as kube-apiserver answers one."""
-    return {
-        "apiVersion": "meta.k8s.io/v1",
-        "kind": "PartialObjectMetadata",
-        "metadata": _copy(obj.get("metadata") or {}),
-    }
