@@ -366,3 +366,39 @@ async def test_a_stale_fetch_answered_across_a_relist_never_resurrects_a_deleted
         await live.repair("VMInstance", watch, [key], 10**9, set())
         assert live.state.record(("VMInstance", "tenant-acme", "vm")) is None
         assert memory(live) == 0
+
+
+async def test_a_relist_between_a_read_and_its_repairs_never_resurrects_a_deleted_object(
+    tmp_path: Path, certs: Path, caller: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The watch lost a VM's growth, so a read finds it behind; before the read's repairs run,
+    # the tenant deletes the VM and the watch lists the kind afresh, forgetting the deletions.
+    # The read still wants the VM at the version it listed, and the fetch answered from
+    # cozystack-api's cache (the VM before its deletion) brought it back into the count.
+    async with acme_with_a_vm(tmp_path, certs, caller, watch_resync_seconds=0) as (server, live):
+        watch = live._apps["vminstances"]
+        request, read_kind = live.client.request, live._read_kind
+        server.lose_next_events(1)
+        server.patch(*VMS, "tenant-acme", "vm", {"spec": {"instanceType": "u1.small"}})
+        stale = await request("GET", f"{watch.reflector.resource.path('tenant-acme')}/vm")
+
+        async def read_then_relist(kind: str, reflector: Any) -> Any:
+            read = await read_kind(kind, reflector)
+            relists = reflector.relists
+            server.silence_watches()  # the relist, not the watch, tells of the deletion
+            server.delete(*VMS, "tenant-acme", "vm")
+            server.compact()
+            server.drop_watches()
+            await eventually(lambda: reflector.relists > relists and reflector.listed, 15)
+            return read
+
+        async def cached(method: str, path: str, **options: Any) -> Any:
+            if method == "GET" and path.endswith("/vminstances/vm"):
+                return stale  # the cache's answer, from before the deletion
+            return await request(method, path, **options)
+
+        monkeypatch.setattr(live, "_read_kind", read_then_relist)
+        monkeypatch.setattr(live.client, "request", cached)
+        await live._consistent_read("VMInstance")
+        assert live.state.record(("VMInstance", "tenant-acme", "vm")) is None
+        assert memory(live) == 0
