@@ -102,3 +102,11 @@ def test_a_number_setting_of_nan_or_infinity_is_refused(flags: dict[str, object]
     # at every tick, a share of nan would hold no limit.
     with pytest.raises(SettingsError, match="not a finite number"):
         load_settings(flags, environ={})
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
+def test_an_infinite_integer_setting_from_a_file_is_refused_not_a_crash(value: float) -> None:
+    # A YAML file's `.inf` is a float: int() of it raises OverflowError, not ValueError, and
+    # start-up died with a traceback instead of naming the setting.
+    with pytest.raises(SettingsError, match="timeout-seconds"):
+        load_settings({"timeout_seconds": value}, environ={})

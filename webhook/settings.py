@@ -258,7 +258,7 @@ def _listen(text: str, *, name: str = "listen") -> tuple[str, int]:
 def _number(name: str, value: Any, *, integer: bool) -> float:
     try:
         number = int(value) if integer else float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # int() of a file's `.inf` overflows
         raise SettingsError(f"{name}: {value!r} is not a number") from None
     if not math.isfinite(number):  # nan passes every comparison's "else"
         raise SettingsError(f"{name}: {value!r} is not a finite number")

@@ -199,13 +199,14 @@ async def test_the_root_tenant_labelled_other_than_its_name_never_stalls_the_ten
 
 @asynccontextmanager
 async def acme_with_a_vm(
-    tmp_path: Path, certs: Path, caller: Caller
+    tmp_path: Path, certs: Path, caller: Caller, **settings: Any
 ) -> AsyncIterator[tuple[Any, LiveState]]:
-    """A replica, ready, of a cluster where tenant acme has one VM (1 GiB)."""
+    """A replica, ready, of a cluster where tenant acme has one VM (1 GiB); ``settings``
+    replace the fast resync."""
     async with cluster(tmp_path) as (server, kubeconfig):
         server.create(tenant("tenant-root", "acme", {"memory": "100Gi"}))
         server.create(app("VMInstance", "tenant-acme", "vm", MICRO))
-        async with replica(kubeconfig, certs, **FAST) as webhook:
+        async with replica(kubeconfig, certs, **(settings or FAST)) as webhook:
             await wait_ready(caller, webhook.port)
             live = live_of(webhook)
             assert memory(live) == 1 * GiB
@@ -331,3 +332,73 @@ async def test_a_tenant_deleting_objects_during_reads_never_keeps_the_kind_uncon
         written = int(server.resource_version)
         await eventually(lambda: live._confirmed.get("VMInstance", 0) >= written, 10)
         assert live.repairs.get("VMInstance", 0) == 0
+
+
+async def test_a_stale_fetch_answered_across_a_relist_never_resurrects_a_deleted_object(
+    tmp_path: Path, certs: Path, caller: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A repair's GET (cozystack-api answers it from its cache) is in flight when the tenant
+    # deletes the VM and the watch lists the kind afresh (its history compacted). The list
+    # drops the remembered deletions; the GET's stale answer, the VM as it was, was then
+    # applied as news: a deleted VM counted against the pool (its siblings refused) until
+    # the next read of the kind noticed it.
+    async with acme_with_a_vm(tmp_path, certs, caller, watch_resync_seconds=0) as (server, live):
+        watch = live._apps["vminstances"]
+        request = live.client.request
+
+        async def stale_across_a_relist(method: str, path: str, **options: Any) -> Any:
+            if not (method == "GET" and path.endswith("/vminstances/vm")):
+                return await request(method, path, **options)
+            stale = await request(method, path, **options)  # the cache's answer
+            relists = watch.reflector.relists
+            server.silence_watches()  # the relist, not the watch, tells of the deletion
+            server.delete(*VMS, "tenant-acme", "vm")
+            server.compact()
+            server.drop_watches()
+            await eventually(
+                lambda: watch.reflector.relists > relists and watch.reflector.listed, 15
+            )
+            await eventually(lambda: memory(live) == 0, 15)
+            return stale
+
+        monkeypatch.setattr(live.client, "request", stale_across_a_relist)
+        key = ("tenant-acme", "vm")
+        await live.repair("VMInstance", watch, [key], 10**9, set())
+        assert live.state.record(("VMInstance", "tenant-acme", "vm")) is None
+        assert memory(live) == 0
+
+
+async def test_a_relist_between_a_read_and_its_repairs_never_resurrects_a_deleted_object(
+    tmp_path: Path, certs: Path, caller: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The watch lost a VM's growth, so a read finds it behind; before the read's repairs run,
+    # the tenant deletes the VM and the watch lists the kind afresh, forgetting the deletions.
+    # The read still wants the VM at the version it listed, and the fetch answered from
+    # cozystack-api's cache (the VM before its deletion) brought it back into the count.
+    async with acme_with_a_vm(tmp_path, certs, caller, watch_resync_seconds=0) as (server, live):
+        watch = live._apps["vminstances"]
+        request, read_kind = live.client.request, live._read_kind
+        server.lose_next_events(1)
+        server.patch(*VMS, "tenant-acme", "vm", {"spec": {"instanceType": "u1.small"}})
+        stale = await request("GET", f"{watch.reflector.resource.path('tenant-acme')}/vm")
+
+        async def read_then_relist(kind: str, reflector: Any) -> Any:
+            read = await read_kind(kind, reflector)
+            relists = reflector.relists
+            server.silence_watches()  # the relist, not the watch, tells of the deletion
+            server.delete(*VMS, "tenant-acme", "vm")
+            server.compact()
+            server.drop_watches()
+            await eventually(lambda: reflector.relists > relists and reflector.listed, 15)
+            return read
+
+        async def cached(method: str, path: str, **options: Any) -> Any:
+            if method == "GET" and path.endswith("/vminstances/vm"):
+                return stale  # the cache's answer, from before the deletion
+            return await request(method, path, **options)
+
+        monkeypatch.setattr(live, "_read_kind", read_then_relist)
+        monkeypatch.setattr(live.client, "request", cached)
+        await live._consistent_read("VMInstance")
+        assert live.state.record(("VMInstance", "tenant-acme", "vm")) is None
+        assert memory(live) == 0

@@ -164,6 +164,7 @@ class ConsistentReads(WatchRepairs):
             return
         reflector = watch.reflector
         self.consistent_reads += 1
+        lists = self.lists_of(kind)  # a fresh list during the read or its repairs stops them
         listed, items = await self._read_kind(kind, reflector)
         self._last_items[kind] = len(items)
         revision = resource_version(listed)
@@ -176,7 +177,7 @@ class ConsistentReads(WatchRepairs):
             behind, gone = self.still_lost(kind, behind, gone, revision)
         if behind or gone:
             # The watch had its time and did not deliver them: it lost them. Put them right.
-            await self.repair(kind, watch, [*behind, *gone], revision, set(behind))
+            await self.repair(kind, watch, [*behind, *gone], revision, set(behind), lists)
             behind, gone = self.still_lost(kind, behind, gone, revision)
         if not behind and not gone and self._apps.get(plural) is watch:
             self._confirmed[kind] = max(self._confirmed.get(kind, 0), revision)

@@ -55,6 +55,7 @@ class WatchRepairs:
         self.repairs: dict[str, int] = {}  # kind -> objects put right, since start
         self._tombstones: dict[str, OrderedDict[Key, int]] = {}  # kind -> key -> deleted at
         self._resyncing: dict[str, asyncio.Task[None]] = {}
+        self._lists: dict[str, int] = {}  # kind -> fresh lists that replaced the state's view
 
     def stale_event(self, kind: str, key: Key, version: int, event_type: str = "") -> bool:
         """Whether an event at ``version`` is older than what the state holds of ``key`` (a
@@ -85,6 +86,11 @@ class WatchRepairs:
     def forget_repairs(self, kind: str) -> None:
         """A fresh list of ``kind`` replaced the state's view: remembered deletions are moot."""
         self._tombstones.pop(kind, None)
+        self._lists[kind] = self._lists.get(kind, 0) + 1
+
+    def lists_of(self, kind: str) -> int:
+        """How many fresh lists have replaced the state's view of ``kind`` (see :meth:`repair`)."""
+        return self._lists.get(kind, 0)
 
     def lost(
         self, kind: str, items: list[tuple[Key, int]], revision: int
@@ -118,17 +124,30 @@ class WatchRepairs:
         }
 
     async def repair(
-        self, kind: str, watch: AppWatch, keys: Iterable[Key], revision: int, listed: set[Key]
+        self,
+        kind: str,
+        watch: AppWatch,
+        keys: Iterable[Key],
+        revision: int,
+        listed: set[Key],
+        since: int | None = None,
     ) -> int:
         """Fetch each of ``keys`` (at most :attr:`LiveSettings.repair_objects`) and apply what
         it is now, as the watch would have; how many were put right. A 404 for one of
         ``listed`` (those the read showed) is no deletion: cozystack-api answers a GET from
-        its cache, which can be older than the read; the next read tells."""
+        its cache, which can be older than the read; the next read tells.
+
+        Nothing is applied once a fresh list (:meth:`lists_of`, from ``since``: the read's
+        start, or now) has replaced the state's view: it forgot the deletions that tell a stale
+        answer from news, and an object it no longer shows would be brought back."""
         reflector = watch.reflector
+        lists = self.lists_of(kind) if since is None else since
         fixed = 0
         for namespace, name in list(keys)[: self.settings.repair_objects]:
             if self._apps.get(reflector.resource.plural) is not watch:
                 break  # the kind went, or a new reflector listed it afresh
+            if self.lists_of(kind) != lists:
+                break  # listed afresh since the read (or during the last GET): read again
             try:
                 obj: Obj | None = await self.client.request(
                     "GET", f"{reflector.resource.path(namespace)}/{name}"
@@ -139,6 +158,8 @@ class WatchRepairs:
                 if (namespace, name) in listed:
                     continue  # older than the read: a tombstone would hide what it showed
                 obj = None
+            if self.lists_of(kind) != lists:
+                break  # listed afresh during the GET, whose answer may be older than the list
             fixed += self._apply_repair(kind, reflector, (namespace, name), obj, revision)
         if fixed:
             self.repairs[kind] = self.repairs.get(kind, 0) + fixed
