@@ -104,6 +104,22 @@ def test_a_number_setting_of_nan_or_infinity_is_refused(flags: dict[str, object]
         load_settings(flags, environ={})
 
 
+@pytest.mark.parametrize("value", [True, False])
+def test_a_number_setting_written_as_a_boolean_is_refused_not_read_as_one(value: bool) -> None:
+    # A settings file's `timeoutSeconds: true` is Python's 1: it was taken as a 1 s timeout.
+    with pytest.raises(SettingsError, match=f"timeout-seconds: {value} is not a number"):
+        load_settings({"timeout_seconds": value}, environ={})
+    with pytest.raises(SettingsError, match="shutdown-seconds"):
+        load_settings({"shutdown_seconds": value}, environ={})
+
+
+def test_a_fractional_integer_setting_is_refused_not_truncated() -> None:
+    # int(2.9) is 2: a file's `timeoutSeconds: 2.9` silently became 2.
+    with pytest.raises(SettingsError, match=r"timeout-seconds: 2\.9 is not a whole number"):
+        load_settings({"timeout_seconds": 2.9}, environ={})
+    assert load_settings({"timeout_seconds": 3.0}, environ={}).timeout_seconds == 3
+
+
 @pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
 def test_an_infinite_integer_setting_from_a_file_is_refused_not_a_crash(value: float) -> None:
     # A YAML file's `.inf` is a float: int() of it raises OverflowError, not ValueError, and

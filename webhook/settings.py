@@ -256,10 +256,16 @@ def _listen(text: str, *, name: str = "listen") -> tuple[str, int]:
 
 
 def _number(name: str, value: Any, *, integer: bool) -> float:
+    # A file's `true` is an int to Python (1), and int() of a file's 2.5 is 2: both refused
+    # rather than read as a number nobody wrote.
+    if isinstance(value, bool):
+        raise SettingsError(f"{name}: {value!r} is not a number")
     try:
         number = int(value) if integer else float(value)
     except (TypeError, ValueError, OverflowError):  # int() of a file's `.inf` overflows
         raise SettingsError(f"{name}: {value!r} is not a number") from None
+    if integer and isinstance(value, float) and value != number:
+        raise SettingsError(f"{name}: {value!r} is not a whole number")
     if not math.isfinite(number):  # nan passes every comparison's "else"
         raise SettingsError(f"{name}: {value!r} is not a finite number")
     return number
