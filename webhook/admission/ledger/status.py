@@ -147,9 +147,7 @@ class Status:
         return written
 
 
-def _condition(
-    old: Mapping[str, Any], over: Mapping[str, Decimal], now: Callable[[], str]
-) -> Obj:
+def _condition(old: Mapping[str, Any], over: Mapping[str, Decimal], now: Callable[[], str]) -> Obj:
     status = "True" if over else "False"
     previous = next(
         (c for c in old.get("conditions") or [] if c.get("type") == "Overcommitted"), None
