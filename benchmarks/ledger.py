@@ -274,6 +274,9 @@ def main() -> None:
                     str(certs),
                     "--listen",
                     f"127.0.0.1:{port}",
+                    # A free port, not the default 8080: another run on the machine may hold it.
+                    "--metrics-listen",
+                    f"127.0.0.1:{free_port()}",
                 ],
                 cwd=ROOT,
                 env={**os.environ, "POD_NAME": "bench", "POD_NAMESPACE": "cozy-reservation"},
