@@ -92,6 +92,7 @@ def test_encoding_reads_back_as_the_standard_librarys(value: Any) -> None:
         b"-0.0",
         b"1.5e-320",
         b'{"k":1,"k":2}',
+        b'{"a":1,"b":2,"a":3}',
     ],
 )
 def test_what_orjson_reads_otherwise_is_read_as_the_standard_library_does(data: bytes) -> None:
