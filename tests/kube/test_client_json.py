@@ -197,3 +197,17 @@ async def test_a_tenant_object_with_a_lone_surrogate_does_not_break_the_watch(
     assert watcher.last_error == errors
     stop.set()
     await task
+
+
+@settings(max_examples=1000)
+@given(st.from_regex(r"\A-?(0|[1-9][0-9]{0,24})(\.[0-9]{1,24})?([eE][-+]?[0-9]{1,3})?\Z"))
+def test_every_number_literal_reads_as_the_standard_librarys(literal: str) -> None:
+    """Every JSON number as written (long mantissas, exponents past a double's range)."""
+    data = f'[{literal},{{"n":{literal}}}]'.encode()
+    try:
+        expected = json.loads(data)
+    except ValueError as exc:
+        with pytest.raises(type(exc)):
+            decode_json(data)
+        return
+    assert _same(decode_json(data), expected)
