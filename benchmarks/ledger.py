@@ -16,8 +16,13 @@ TenantReservation it stored, beside the goals of issue 14.
 With ``--profile`` the webhook runs under cProfile and the functions taking the most time
 (cumulative and own) are printed after the table: where the time goes when a goal is missed.
 
+With ``--against DIR`` (another checkout, with its own ``.venv``: the code before a change) both
+checkouts' stacks (emulated API server and webhook) are served at once, and every scenario of
+every round runs on each in turn, the order swapped each round: before and after under the same
+neighbours' load, with the ratio of the medians.
+
 Run: .venv/bin/python -m benchmarks.ledger [--seconds 10] [--rounds 3] [--connections 16]
-     [--profile]
+     [--profile] [--against DIR]
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -225,18 +231,88 @@ def run_wrk(
     raise SystemExit(f"wrk printed no result:\n{result.stdout}\n{result.stderr}")
 
 
+@dataclass
+class Stack:
+    """One emulated API server and the webhook serving against it, from one checkout."""
+
+    name: str
+    cluster: subprocess.Popen[str]
+    webhook: subprocess.Popen[bytes]
+    port: int
+
+
+def start_stack(name: str, tree: Path, directory: Path, certs: Path, profiler: list[str]) -> Stack:
+    """The emulated API server and ``webhook serve`` of ``tree`` (with its own ``.venv``)."""
+    from tests.builders import free_port
+
+    venv = tree / ".venv" / "bin" / "python"
+    python = str(venv) if tree != ROOT and venv.exists() else sys.executable
+    directory.mkdir(parents=True, exist_ok=True)
+    cluster = subprocess.Popen(
+        [python, "-m", "benchmarks.ledger", "--cluster", str(directory)],
+        cwd=tree,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert cluster.stdout is not None
+    kubeconfig = cluster.stdout.readline().strip()
+    port = free_port()
+    log: IO[bytes]
+    with (directory / "webhook.log").open("wb") as log:
+        webhook = subprocess.Popen(
+            [
+                python,
+                *profiler,
+                "-m",
+                "webhook",
+                "serve",
+                "--kubeconfig",
+                kubeconfig,
+                "--cert-dir",
+                str(certs),
+                "--listen",
+                f"127.0.0.1:{port}",
+                # A free port, not the default 8080: another run on the machine may hold it.
+                "--metrics-listen",
+                f"127.0.0.1:{free_port()}",
+            ],
+            cwd=tree,
+            env={**os.environ, "POD_NAME": "bench", "POD_NAMESPACE": "cozy-reservation"},
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+    return Stack(name, cluster, webhook, port)
+
+
+def stop_stack(stack: Stack) -> None:
+    for process in (stack.webhook, stack.cluster):
+        process.terminate()
+    for process in (stack.webhook, stack.cluster):
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--profile", action="store_true", help="profile the webhook")
+    parser.add_argument(
+        "--against",
+        type=Path,
+        help="another checkout (with its own .venv): both served at once, wrk alternating",
+    )
     parser.add_argument("--cluster", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.cluster:
         asyncio.run(run_cluster(args.cluster))
         return
-    from tests.builders import free_port
+    if args.profile and args.against:
+        parser.error("--profile profiles one webhook: run it without --against")
     from webhook.tls.certificates import generate
 
     wrk = ensure_wrk()
@@ -247,50 +323,24 @@ def main() -> None:
         certs = directory / "certs"
         generate(certs, dns_names=["localhost"], ip_addresses=["127.0.0.1"])
         context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
-        cluster = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.ledger", "--cluster", str(directory)],
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert cluster.stdout is not None
-        kubeconfig = cluster.stdout.readline().strip()
-        port = free_port()
-        log: IO[bytes]
-        with (directory / "webhook.log").open("wb") as log:
-            profile = Path(tempfile.gettempdir()) / "webhook-ledger.prof"
-            profiler = ["-m", "cProfile", "-o", str(profile)] if args.profile else []
-            webhook = subprocess.Popen(
-                [
-                    sys.executable,
-                    *profiler,
-                    "-m",
-                    "webhook",
-                    "serve",
-                    "--kubeconfig",
-                    kubeconfig,
-                    "--cert-dir",
-                    str(certs),
-                    "--listen",
-                    f"127.0.0.1:{port}",
-                ],
-                cwd=ROOT,
-                env={**os.environ, "POD_NAME": "bench", "POD_NAMESPACE": "cozy-reservation"},
-                stdout=subprocess.DEVNULL,
-                stderr=log,
-            )
-            try:
-                wait_ready(port, context)
-                rows = measure(wrk, script, port, cluster, webhook.pid, args)
-            finally:
-                webhook.terminate()
-                webhook.wait(30)
-                cluster.terminate()
-                cluster.wait(30)
-            report(rows, args)
-            if args.profile:
-                show_profile(profile)
+        profile = Path(tempfile.gettempdir()) / "webhook-ledger.prof"
+        profiler = ["-m", "cProfile", "-o", str(profile)] if args.profile else []
+        trees = [("before", args.against.resolve()), ("after", ROOT)] if args.against else []
+        stacks: list[Stack] = []
+        try:
+            for name, tree in trees or [("", ROOT)]:
+                stacks.append(
+                    start_stack(name, tree, directory / (name or "stack"), certs, profiler)
+                )
+            for stack in stacks:
+                wait_ready(stack.port, context)
+            rows = measure(wrk, script, stacks, args)
+        finally:
+            for stack in stacks:
+                stop_stack(stack)
+        report(rows, args)
+        if args.profile:
+            show_profile(profile)
 
 
 def show_profile(path: Path) -> None:
@@ -303,51 +353,51 @@ def show_profile(path: Path) -> None:
 
 
 def measure(
-    wrk: str,
-    script: Path,
-    port: int,
-    cluster: subprocess.Popen[str],
-    webhook: int,
-    args: argparse.Namespace,
+    wrk: str, script: Path, stacks: list[Stack], args: argparse.Namespace
 ) -> dict[str, list[dict[str, float]]]:
-    rows: dict[str, list[dict[str, float]]] = {"one pool": [], f"{POOLS} pools": []}
+    """Each round runs both scenarios on each stack, the stacks' order swapped every round."""
+    rows: dict[str, list[dict[str, float]]] = {}
     for round_index in range(args.rounds):
+        order = stacks if round_index % 2 == 0 else stacks[::-1]
         for scenario, pools in (("one pool", 1), (f"{POOLS} pools", POOLS)):
-            cluster_stats(cluster)  # reset the largest size
-            before = cluster_stats(cluster)["writes"]
-            cpu = (cpu_seconds(webhook), cpu_seconds(cluster.pid))
-            figures = run_wrk(
-                wrk,
-                script,
-                port,
-                pools=pools,
-                prefix=f"r{round_index}p{pools}",
-                seconds=args.seconds,
-                connections=args.connections,
-            )
-            stats = cluster_stats(cluster)
-            webhook_cpu = cpu_seconds(webhook) - cpu[0]
-            cluster_cpu = cpu_seconds(cluster.pid) - cpu[1]
-            seconds = figures["micros"] / 1e6
-            allowed = figures["allowed"]
-            row = {
-                "admissions/s": allowed / seconds,
-                "p99 ms": figures["p99"] / 1000,
-                "writes/admission": (stats["writes"] - before) / max(allowed, 1),
-                "largest KiB": stats["largest"] / 1024,
-                # CPU per admission: what the figures would be without the machine's other load
-                "webhook CPU us": webhook_cpu / max(allowed, 1) * 1e6,
-                "apiserver CPU us": cluster_cpu / max(allowed, 1) * 1e6,
-                "denied": float(figures["denied"]),
-                "errors": float(figures["errors"]),
-            }
-            rows[scenario].append(row)
-            print(
-                f"round {round_index + 1} {scenario}: "
-                + ", ".join(f"{k} {v:.3g}" for k, v in row.items()),
-                file=sys.stderr,
-                flush=True,
-            )
+            for stack in order:
+                label = f"{scenario} {stack.name}".strip()
+                cluster, webhook = stack.cluster, stack.webhook.pid
+                cluster_stats(cluster)  # reset the largest size
+                before = cluster_stats(cluster)["writes"]
+                cpu = (cpu_seconds(webhook), cpu_seconds(cluster.pid))
+                figures = run_wrk(
+                    wrk,
+                    script,
+                    stack.port,
+                    pools=pools,
+                    prefix=f"r{round_index}p{pools}{stack.name}",
+                    seconds=args.seconds,
+                    connections=args.connections,
+                )
+                stats = cluster_stats(cluster)
+                webhook_cpu = cpu_seconds(webhook) - cpu[0]
+                cluster_cpu = cpu_seconds(cluster.pid) - cpu[1]
+                seconds = figures["micros"] / 1e6
+                allowed = figures["allowed"]
+                row = {
+                    "admissions/s": allowed / seconds,
+                    "p99 ms": figures["p99"] / 1000,
+                    "writes/admission": (stats["writes"] - before) / max(allowed, 1),
+                    "largest KiB": stats["largest"] / 1024,
+                    # CPU per admission: the figures without the machine's other load
+                    "webhook CPU us": webhook_cpu / max(allowed, 1) * 1e6,
+                    "apiserver CPU us": cluster_cpu / max(allowed, 1) * 1e6,
+                    "denied": float(figures["denied"]),
+                    "errors": float(figures["errors"]),
+                }
+                rows.setdefault(label, []).append(row)
+                print(
+                    f"round {round_index + 1} {label}: "
+                    + ", ".join(f"{k} {v:.3g}" for k, v in row.items()),
+                    file=sys.stderr,
+                    flush=True,
+                )
     return rows
 
 
@@ -366,7 +416,8 @@ def report(rows: dict[str, list[dict[str, float]]], args: argparse.Namespace) ->
         "denied",
         "errors",
     ]
-    header = f"{'scenario':<10}" + "".join(f"{m:>24}" for m in metrics)
+    width = max(10, *(len(label) + 1 for label in rows))
+    header = f"{'scenario':<{width}}" + "".join(f"{m:>24}" for m in metrics)
     print(header)
     for scenario, measured in rows.items():
         cells = []
@@ -375,18 +426,30 @@ def report(rows: dict[str, list[dict[str, float]]], args: argparse.Namespace) ->
             cells.append(
                 f"{statistics.median(values):.3g} [{min(values):.3g}-{max(values):.3g}]".rjust(24)
             )
-        print(f"{scenario:<10}" + "".join(cells))
-    one = rows["one pool"]
-    print("goals (one pool):")
-    for metric, goal in GOALS.items():
-        value = statistics.median(row[metric] for row in one)
-        print(f"  {metric:<18} goal {goal:<8} measured {value:.3g}")
-    cpu = statistics.median(row["webhook CPU us"] for row in one)
-    print(
-        f"  the webhook used {cpu:.0f} us of CPU per admission: about {1e6 / cpu:.0f} "
-        f"admissions/s per core it has to itself (load average now {os.getloadavg()[0]:.1f} "
-        f"on {os.cpu_count()} cores)"
-    )
+        print(f"{scenario:<{width}}" + "".join(cells))
+    if args.against:
+        print(f"after / before (medians; before: {args.against}):")
+        for scenario in ("one pool", f"{POOLS} pools"):
+            ratios = []
+            for metric in metrics[:6]:
+                before, after = (
+                    statistics.median(row[metric] for row in rows[f"{scenario} {side}"])
+                    for side in ("before", "after")
+                )
+                ratios.append(f"{metric} {after / before:.2f}" if before else f"{metric} -")
+            print(f"  {scenario:<9} " + ", ".join(ratios))
+    for side in ("before", "after") if args.against else ("",):
+        one = rows[f"one pool {side}".strip()]
+        print(f"goals (one pool{', ' + side if side else ''}):")
+        for metric, goal in GOALS.items():
+            value = statistics.median(row[metric] for row in one)
+            print(f"  {metric:<18} goal {goal:<8} measured {value:.3g}")
+        cpu = statistics.median(row["webhook CPU us"] for row in one)
+        print(
+            f"  the webhook used {cpu:.0f} us of CPU per admission: about {1e6 / cpu:.0f} "
+            f"admissions/s per core it has to itself (load average now "
+            f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
+        )
 
 
 if __name__ == "__main__":

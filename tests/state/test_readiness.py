@@ -271,3 +271,47 @@ async def test_a_watch_silent_past_its_read_timeout_stops_admission_with_no_even
     assert not live.state.synced
     for watch in live._apps.values():
         watch.task.cancel()
+
+
+async def test_a_tenants_stream_of_events_does_not_walk_every_reflector_per_event() -> None:
+    """Each object a tenant creates is an event on its kind's watch: heard while that watch is
+    synced (and not the first to go silent), the kept answer stays, and requests between
+    events ask it in constant time; the sentinel's own news still drops it."""
+    clock = Clock()
+    live = await synced_live(clock, ("tenants", "buckets", "vminstances"))
+    try:
+        reflectors = [*live._platform_reflectors, *(w.reflector for w in live._apps.values())]
+        tenants = app_reflector(live, "tenants")
+        for index, reflector in enumerate(reflectors):
+            reflector.last_activity = clock() + (index + 1) * 0.01
+        tenants.last_activity = clock()  # the tenants' watch: heard from longest ago
+        clock.now += 0.1
+        assert live.state.synced
+        vms = app_reflector(live, "vminstances")
+        walks = 0
+        walk = live._walk_readiness
+
+        def counted() -> Any:
+            nonlocal walks
+            walks += 1
+            return walk()
+
+        with mock.patch.object(live, "_walk_readiness", counted):
+            for _ in range(200):
+                clock.now += 0.001
+                vms.last_activity = clock()  # an event of the busy kind
+                assert live.state.synced
+                assert live.state.kind_unavailable("VMInstance") == ""
+            assert walks == 0
+            assert live._readiness_now().sentinels == (tenants,)
+            tenants.last_activity = clock()  # the oldest heard again: another is now oldest
+            assert live.state.synced
+            assert walks == 1
+            assert live._readiness_now().sentinels != (tenants,)
+        oldest = min(reflectors, key=lambda r: r.last_activity)
+        clock.now = oldest.last_activity + READ_TIMEOUT + 0.001  # it alone has gone silent
+        assert not walked_synced(live)
+        assert not live.state.synced  # fails closed on the very next request
+    finally:
+        for watch in live._apps.values():
+            watch.task.cancel()

@@ -19,6 +19,7 @@ from typing import Any, Final
 from urllib.parse import quote
 
 import aiohttp
+import orjson
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
@@ -29,6 +30,8 @@ __all__ = [
     "ResourceRef",
     "ResponseTooLarge",
     "WatchTimeout",
+    "decode_json",
+    "encode_json",
 ]
 # A list of objects as their metadata only (PartialObjectMetadataList), plain JSON where a server
 # cannot: what client-go's metadata informers ask for, and a fraction of whole objects' bytes.
@@ -41,6 +44,34 @@ Obj = dict[str, Any]
 # by whoever called it); a watch is bounded by its own server timeout and read timeout instead.
 REQUEST_TIMEOUT: Final = 10.0
 TOKEN_SECONDS: Final = 10.0  # kubelet rotates projected tokens long before they expire
+# A run of 19 digits: perhaps an integer orjson would read as a float (past 64 bits), where the
+# standard library keeps it exact; such a document is read by the standard library instead.
+# Found by mapping every digit to "0" and everything else to " " (ten times a regex's speed).
+_DIGITS: Final = bytes(0x30 if 0x30 <= byte <= 0x39 else 0x20 for byte in range(256))
+_LONG_NUMBER: Final = b"0" * 19
+
+
+def decode_json(data: bytes) -> Any:
+    """``data`` decoded exactly as :func:`json.loads` decodes it, by orjson where that is
+    the same (several times faster: a ledger object is decoded at every write and watch event).
+
+    orjson differs on what a server should never send, and each case is left to the standard
+    library: integers past 64 bits (read as floats), NaN and infinities, lone surrogates."""
+    if _LONG_NUMBER not in data.translate(_DIGITS):
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass  # the standard library's answer (a value, or its error) is the one given
+    return json.loads(data)
+
+
+def encode_json(body: object) -> bytes:
+    """``body`` as compact JSON: by orjson (UTF-8 rather than escapes, the same content), or
+    by the standard library for what orjson refuses (integers past 64 bits, keys not strings)."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:
+        return json.dumps(body, separators=(",", ":")).encode()
 
 
 class ApiError(Exception):
@@ -102,6 +133,7 @@ class KubeClient:
         self._session: aiohttp.ClientSession | None = None
         self._token: str | None = None
         self._token_at: float | None = None
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
 
     @classmethod
     def from_kubeconfig(cls, path: str | None, *, context: str | None = None) -> KubeClient:
@@ -171,7 +203,9 @@ class KubeClient:
             headers["Content-Type"] = content_type
             # Compact: the same content in fewer bytes (a pool's ledger object is written on
             # every batch, and its entries are mostly punctuation and short strings).
-            data = json.dumps(body, separators=(",", ":")).encode()
+            data = encode_json(body)
+        if self._timeout.total != self.timeout:
+            self._timeout = aiohttp.ClientTimeout(total=self.timeout)
         try:
             async with self._client().request(
                 method,
@@ -179,15 +213,15 @@ class KubeClient:
                 params=params,
                 data=data,
                 headers=headers,
-                timeout=aiohttp.ClientTimeout(total=self.timeout),
+                timeout=self._timeout,
             ) as response:
                 if max_bytes is None:
-                    text = await response.text()
+                    raw = await response.read()
                 else:
-                    text = await _bounded_text(response, max_bytes, f"{method} {path}")
+                    raw = await _bounded_body(response, max_bytes, f"{method} {path}")
                 if response.status >= 400:
-                    raise _api_error(response.status, text)
-                result: Obj = json.loads(text) if text else {}
+                    raise _api_error(response.status, raw.decode("utf-8", errors="replace"))
+                result: Obj = decode_json(raw) if raw else {}
                 return result
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise ApiError(
@@ -242,7 +276,7 @@ class KubeClient:
                     raise _api_error(response.status, await response.text())
                 async for line in response.content:
                     if line.strip():
-                        yield json.loads(line)
+                        yield decode_json(line)
         except TimeoutError:
             raise WatchTimeout(f"watch {path}: silent for {read_timeout:g}s") from None
         except (aiohttp.ClientError, OSError, ValueError) as exc:
@@ -271,8 +305,9 @@ def _ssl_context(configuration: k8s_client.Configuration) -> ssl.SSLContext | No
     return context
 
 
-async def _bounded_text(response: aiohttp.ClientResponse, max_bytes: int, what: str) -> str:
-    """The body as text, reading at most ``max_bytes`` (plus one chunk) of it."""
+async def _bounded_body(response: aiohttp.ClientResponse, max_bytes: int, what: str) -> bytes:
+    """The body, reading at most ``max_bytes`` (plus one chunk) of it; bytes that are not
+    UTF-8 are replaced (U+FFFD), as a text read with ``errors="replace"`` would."""
     declared = response.content_length
     if declared is not None and declared > max_bytes:
         raise ResponseTooLarge(f"{what}: {declared} bytes, more than {max_bytes}")
@@ -281,4 +316,8 @@ async def _bounded_text(response: aiohttp.ClientResponse, max_bytes: int, what: 
         body += chunk
         if len(body) > max_bytes:
             raise ResponseTooLarge(f"{what}: more than {max_bytes} bytes")
-    return body.decode("utf-8", errors="replace")
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError:
+        return body.decode("utf-8", errors="replace").encode()
+    return bytes(body)

@@ -20,6 +20,7 @@ from webhook.core.tenancy.applications import (
     parse_recorded_charge,
     resource_version,
 )
+from webhook.kube.client import decode_json
 
 __all__ = ["CANONICAL", "Held", "held_application", "held_from_object", "settle_memory"]
 
@@ -70,6 +71,13 @@ def held_from_object(kind: str, obj: Obj) -> tuple[tuple[str, str], Held] | None
 
 def held_application(kind: str, namespace: str, name: str, held: Held) -> Application:
     spec, recorded, version = held
+    # Decoded as json.loads would (by orjson where that is the same): once per event, and
+    # once per held application at every re-price.
     return Application(
-        kind, namespace, name, json.loads(spec), parse_recorded_charge(recorded), version=version
+        kind,
+        namespace,
+        name,
+        decode_json(spec.encode()),
+        parse_recorded_charge(recorded),
+        version=version,
     )

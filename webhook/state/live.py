@@ -20,8 +20,7 @@ Application reflectors, one per kind the definitions declare, feed the
 reason (with the URL) is reported, its list is retried with backoff, and every other kind keeps
 working. Tenants are the exception: without them no pool is known, so they stop admission.
 
-Of each application only its canonical spec and charge annotation are held (enough to re-price
-it), reduced from each list page as it arrives; never whole objects.
+Of each application only its canonical spec and charge annotation are held (to re-price it).
 
 This module holds readiness, the run loop and the application reflectors; the rest sits beside
 it, named after what it does: ``platform_objects`` (what of each platform object is kept, and
@@ -386,6 +385,7 @@ class LiveState(PlatformRebuilds, ConsistentReads):
             read_timeout=self.settings.read_timeout,
             clock=self.clock,
             changed=self._readiness_changed,
+            kept=lambda: self._readiness,
         )
         return reflector
 

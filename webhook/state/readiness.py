@@ -14,6 +14,11 @@ silent; once it is no longer synced the answer is walked again. A reflector that
 synced is therefore seen by the very next request: readiness fails closed at once, never on a
 timer. (Clocks are monotonic, so a reflector unsynced by silence stays so until it hears
 something, which is an assignment.)
+
+One assignment keeps the answer: a reflector that hears something (an event: its
+``last_activity`` moves forward) while it is synced, and is not among the answer's sentinels,
+stays synced, and does not become the first to go silent; nothing the answer says changes.
+Without that, every event of a busy kind would drop the answer and the next request walk again.
 """
 
 from __future__ import annotations
@@ -34,18 +39,38 @@ READ: frozenset[str] = frozenset(
 
 class WatchedReflector(Reflector):
     """A :class:`Reflector` that calls ``changed`` whenever something readiness reads of it
-    is assigned."""
+    is assigned (but news while it is synced and not a sentinel of the ``kept`` answer)."""
 
     _changed: Callable[[], None]
+    _kept: Callable[[], Readiness | None]
 
-    def __init__(self, *args: Any, changed: Callable[[], None], **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        changed: Callable[[], None],
+        kept: Callable[[], Readiness | None] = lambda: None,
+        **kwargs: Any,
+    ) -> None:
         object.__setattr__(self, "_changed", changed)
+        object.__setattr__(self, "_kept", kept)
         super().__init__(*args, **kwargs)
 
     def __setattr__(self, name: str, value: object) -> None:
+        quiet = name == "last_activity" and self._news_keeps_answer(value)
         object.__setattr__(self, name, value)
-        if name in READ:
+        if name in READ and not quiet:
             self._changed()
+
+    def _news_keeps_answer(self, heard: object) -> bool:
+        """Whether hearing something at ``heard`` leaves the kept answer true: synced before
+        (so after: heard later), and not the sentinel whose silence ends the answer."""
+        kept = self._kept()
+        if kept is None or any(self is sentinel for sentinel in kept.sentinels):
+            return False
+        try:
+            return isinstance(heard, int | float) and heard >= self.last_activity and self.synced
+        except AttributeError:  # still being built: nothing is kept of it
+            return False
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -58,8 +59,17 @@ _EXPIRY: Final = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 
 def expiry(seconds: float) -> str:
-    """``seconds`` (since the epoch) as expiries are written."""
-    return datetime.fromtimestamp(seconds, UTC).strftime(_EXPIRY)
+    """``seconds`` (since the epoch) as expiries are written: ``strftime(_EXPIRY)``, with
+    the whole second formatted once per second rather than once per entry."""
+    moment = datetime.fromtimestamp(seconds, UTC)
+    return f"{whole_second(moment.replace(microsecond=0))}.{moment.microsecond:06d}Z"
+
+
+@functools.lru_cache(maxsize=8)
+def whole_second(moment: datetime) -> str:
+    """``moment`` to the second, as RFC 3339 without a zone (the same one asked again and
+    again: every entry and status of a busy second)."""
+    return moment.strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def listed(obj: Mapping[str, Any]) -> list[Obj]:

@@ -12,10 +12,11 @@ nothing is held for it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from decimal import Decimal
-from typing import Any
+from typing import Any, Final
 
 from webhook.admission.ledger import answers, bounds
 from webhook.admission.ledger.book import Book
@@ -43,7 +44,25 @@ def holder(pool: str, namespace: str) -> str:
     """Whose share of ``pool``'s ledger an entry for ``namespace`` takes: the tenant directly
     below the pool on the way to ``namespace`` (the pool's own namespace for its own
     applications). Sub-tenants share their tenant's share, so a tenant admin cannot multiply
-    it by creating namespaces."""
+    it by creating namespaces.
+
+    Remembered for the names asked last (it is a function of the two names alone, and every
+    batch counts every listed entry's holder), but only for names as long as Kubernetes allows:
+    a longer one, written into a ledger object by hand, is never kept."""
+    if len(namespace) <= _NAME and len(pool) <= _NAME:
+        return _remembered_holder(pool, namespace)
+    return _holder(pool, namespace)
+
+
+_NAME: Final = 253  # the longest name Kubernetes stores (a namespace's: 63)
+
+
+@functools.lru_cache(maxsize=4096)
+def _remembered_holder(pool: str, namespace: str) -> str:
+    return _holder(pool, namespace)
+
+
+def _holder(pool: str, namespace: str) -> str:
     chain = ancestors(namespace)
     if pool in chain:
         index = chain.index(pool)

@@ -13,13 +13,21 @@ summary alone changed since a write less than a period ago: that rides on the ne
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Final
 
 from webhook.admission.ledger.book import Book, Conflict
-from webhook.admission.ledger.entries import Obj, expired, kind_of, listed, raw_caps, released
+from webhook.admission.ledger.entries import (
+    Obj,
+    expired,
+    kind_of,
+    listed,
+    raw_caps,
+    released,
+    whole_second,
+)
 from webhook.core.admission.state import ReservationState
 from webhook.core.base import resources as rl
 from webhook.core.tenancy.applications import resource_version
@@ -88,11 +96,7 @@ class Status:
             "budgetSummary": rl.format_resources(view.budget),
             "reservedSummary": rl.format_resources(view.reserved),
             "overcommitted": rl.to_strings(over),
-            "conditions": [
-                _condition(
-                    old, over, datetime.fromtimestamp(self.book.clock(), UTC).strftime(_TIME)
-                )
-            ],
+            "conditions": [_condition(old, over, self._condition_time)],
             "committed": None,
             "discount": None,
         }
@@ -101,6 +105,11 @@ class Status:
             summary["committed"] = rl.to_strings(rl.add(view.reserved, discount))
             summary["discount"] = rl.to_strings(discount)
         return summary
+
+    def _condition_time(self) -> str:
+        """Now, as a condition's lastTransitionTime (asked only when the condition changes)."""
+        moment = datetime.fromtimestamp(self.book.clock(), UTC).replace(microsecond=0)
+        return f"{whole_second(moment)}Z"  # strftime(_TIME), one format a second
 
     async def reconcile(self) -> int:
         """Make every pool's TenantReservation status true; returns how many were written."""
@@ -138,13 +147,15 @@ class Status:
         return written
 
 
-def _condition(old: Mapping[str, Any], over: Mapping[str, Decimal], now: str) -> Obj:
+def _condition(old: Mapping[str, Any], over: Mapping[str, Decimal], now: Callable[[], str]) -> Obj:
     status = "True" if over else "False"
     previous = next(
         (c for c in old.get("conditions") or [] if c.get("type") == "Overcommitted"), None
     )
     since = (
-        previous.get("lastTransitionTime") if previous and previous.get("status") == status else now
+        previous.get("lastTransitionTime")
+        if previous and previous.get("status") == status
+        else now()
     )
     message = (
         f"reserved exceeds the budget by {rl.format_resources(over)}; lower a sub-tenant quota "
