@@ -129,6 +129,10 @@ def test_an_answer_means_what_the_stdlibs_encoding_means(value: object) -> None:
 def test_an_answer_is_utf_8_with_non_ascii_strings_written_as_they_are() -> None:
     assert encode_answer({"message": "Mandant ü"}) == '{"message":"Mandant ü"}'.encode()
     assert encode_answer({"message": "\ud800"}) == b'{"message":"\\ud800"}'
+    deep: list[Any] = []
+    for _ in range(300):  # past orjson's 254 levels: the stdlib's to encode
+        deep = [deep]
+    assert encode_answer(deep) == json.dumps(deep, separators=(",", ":")).encode()
 
 
 VM = {"instanceType": "u1.micro"}
@@ -175,3 +179,40 @@ async def test_an_integer_past_64_bits_is_signed_for_the_values_the_cluster_stor
 def test_the_shape_table_maps_only_digits_to_zeros() -> None:
     zeros = [c for c in range(256) if codec._SHAPE[c] == ord("0")]
     assert zeros == list(range(ord("0"), ord("9") + 1))
+
+
+@pytest.mark.parametrize("depth", [900, 1000, 1023, 1024, 1025, 1100, 5000])
+def test_nesting_up_to_1024_levels_decodes_and_deeper_is_the_stdlibs_to_refuse(depth: int) -> None:
+    # The stdlib's own limit is the interpreter's stack: a body between some 950 levels (less
+    # the caller's frames) and 1024 used to be refused, and is now decoded and decided.
+    raw = b'{"a":' * depth + b"1" + b"}" * depth
+    if depth <= 1024:
+        value = decode_body(raw)
+        for _ in range(depth):
+            assert isinstance(value, dict)
+            value = value["a"]
+        assert value == 1
+        return
+    try:
+        expected: object = json.loads(raw)
+    except RecursionError:
+        with pytest.raises(RecursionError):
+            decode_body(raw)
+        return
+    assert decode_body(raw) == expected
+
+
+async def test_an_object_nested_1015_levels_outside_its_values_is_decided_not_refused(
+    client: Client,
+) -> None:
+    body = review("VMInstance", "tenant-acme", "vm", VM)
+    body["request"]["object"]["status"] = "deep"
+    deep = '{"x":' * 1015 + "1" + "}" * 1015
+    raw = json.dumps(body).replace('"deep"', deep).encode()
+    response = await client.post(
+        "/validate", data=raw, headers={"Content-Type": "application/json"}
+    )
+    assert response.status == 200
+    answer = json.loads(await response.read())["response"]
+    assert answer["allowed"] is True
+    assert answer["auditAnnotations"]["reason"] == "fits"
