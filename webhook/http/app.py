@@ -151,9 +151,12 @@ async def _review(
 ) -> web.Response:
     started = time.perf_counter()
     settings = request.app[settings_key]
-    try:  # a body trickled in slowly is cut off at the same deadline as a decision
-        async with asyncio.timeout(settings.deadline_seconds):
+    try:
+        if request.content.is_eof():  # the whole body is here: reading it cannot wait
             review = await _read_review(request)
+        else:  # a body trickled in slowly is cut off at the same deadline as a decision
+            async with asyncio.timeout(settings.deadline_seconds):
+                review = await _read_review(request)
     except TimeoutError:
         request.app[edges_key].rejected(
             "http", str(request.remote or "unknown"), "408 the request body did not arrive in time"
