@@ -332,7 +332,7 @@ async def test_a_probe_is_answered_while_huge_requests_are_refused_before_evalua
 
 
 async def test_a_body_trickled_past_the_deadline_gets_408(aiohttp_client: MakeClient) -> None:
-    client = await aiohttp_client(create_app(acme_admission(), Settings(timeout_seconds=1.0)))
+    client = await aiohttp_client(create_app(acme_admission(), Settings(timeout_seconds=1)))
     reader, writer = await asyncio.open_connection(client.host, client.port)
     writer.write(
         b"POST /validate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
