@@ -216,3 +216,18 @@ async def test_an_object_nested_1015_levels_outside_its_values_is_decided_not_re
     answer = json.loads(await response.read())["response"]
     assert answer["allowed"] is True
     assert answer["auditAnnotations"]["reason"] == "fits"
+
+
+@settings(max_examples=500)
+@given(
+    st.integers(min_value=0, max_value=10**18),
+    st.text(alphabet="0123456789", min_size=1, max_size=40),
+    st.sampled_from(["", "e", "E-", "e+"]),
+    st.integers(min_value=0, max_value=330),
+)
+def test_a_float_written_with_many_digits_decodes_to_the_stdlibs_float(
+    whole: int, fraction: str, exponent: str, power: int
+) -> None:
+    text = f"{whole}.{fraction}{exponent}{power if exponent else ''}"
+    raw = f'{{"a":[{text},-{text}]}}'.encode()
+    assert same(decode_body(raw), json.loads(raw))
