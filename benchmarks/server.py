@@ -13,14 +13,18 @@ them in order). All are dry runs: the full decision, nothing reserved, the same 
 
 Rounds are interleaved (echo, webhook on VMs, webhook on Kubernetes apps, then again), and each
 figure is printed as the median with min and max over the rounds, with the ratio to the echo
-server's median from the same run, next to the goals.
+server's median from the same run, next to the goals. ``--before DIR`` also serves the webhook
+of another checkout (``DIR/.venv/bin/webhook``, run in ``DIR`` on its own fixtures) in the same
+rounds, each of its runs just before the same run of this tree's, and prints after/before.
 
 Run: .venv/bin/python -m benchmarks.server [--rounds N] [--seconds S] [--connections C]
+[--before DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -160,13 +164,17 @@ def cpu_seconds(pid: int) -> float:
 
 
 @contextmanager
-def running(command: list[str], base: str, context: ssl.SSLContext) -> Iterator[int]:
+def running(
+    command: list[str], base: str, context: ssl.SSLContext, cwd: Path = ROOT
+) -> Iterator[int]:
     with tempfile.TemporaryFile() as log:
-        yield from _serve(command, base, context, log)
+        yield from _serve(command, base, context, log, cwd)
 
 
-def _serve(command: list[str], base: str, context: ssl.SSLContext, log: IO[bytes]) -> Iterator[int]:
-    process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=log)
+def _serve(
+    command: list[str], base: str, context: ssl.SSLContext, log: IO[bytes], cwd: Path
+) -> Iterator[int]:
+    process = subprocess.Popen(command, cwd=cwd, stdout=log, stderr=log)
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -189,6 +197,13 @@ _LATENCY = re.compile(r"^\s+99%\s+([\d.]+)(us|ms|s)\s*$", re.M)
 _RATE = re.compile(r"^Requests/sec:\s+([\d.]+)", re.M)
 _ERRORS = re.compile(r"Non-2xx or 3xx responses: (\d+)|Socket errors: (.*)")
 _UNIT = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def webhook_command(program: Path, certs: Path, port: int) -> list[str]:
+    """``webhook serve`` on the fixtures with its default settings, TLS on ``port``."""
+    states = ["--state", "fixtures/cozystack", "--state", "fixtures/tenants"]
+    listen = ["--listen", f"127.0.0.1:{port}", "--metrics-listen", "127.0.0.1:0"]
+    return [str(program), "serve", *states, "--cert-dir", str(certs), *listen]
 
 
 def drive(wrk: str, base: str, script: Path, seconds: int, connections: int) -> tuple[float, float]:
@@ -223,6 +238,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=int, default=8)
     parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument(
+        "--before", type=Path, help="another checkout whose webhook runs in the same rounds"
+    )
     args = parser.parse_args()
     wrk = ensure_wrk()
     with tempfile.TemporaryDirectory() as scratch:
@@ -243,34 +261,32 @@ def main() -> None:
             scripts["kubernetes"],
             [json.dumps(kubernetes_review(i)).encode() for i in range(BODIES)],
         )
-        echo_port, webhook_port = free_port(), free_port()
+        echo_port = free_port()
         echo = [sys.executable, "-m", "benchmarks.bare_server", str(certs), str(echo_port)]
-        webhook = [
-            str(BIN / "webhook"),
-            "serve",
-            "--state",
-            "fixtures/cozystack",
-            "--state",
-            "fixtures/tenants",
-            "--cert-dir",
-            str(certs),
-            "--listen",
-            f"127.0.0.1:{webhook_port}",
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ]
         echo_base = f"https://127.0.0.1:{echo_port}"
-        webhook_base = f"https://127.0.0.1:{webhook_port}"
         rows: dict[str, list[tuple[float, float, float]]] = {}
-        with (
-            running(echo, echo_base, context) as echo_pid,
-            running(webhook, webhook_base, context) as webhook_pid,
-        ):
-            runs = [
-                ("echo", echo_base, echo_pid, scripts["vm"]),
-                ("webhook VMInstance", webhook_base, webhook_pid, scripts["vm"]),
-                ("webhook Kubernetes", webhook_base, webhook_pid, scripts["kubernetes"]),
-            ]
+        with contextlib.ExitStack() as stack:
+            echo_pid = stack.enter_context(running(echo, echo_base, context))
+            runs = [("echo", echo_base, echo_pid, scripts["vm"])]
+            served = [("webhook", BIN / "webhook", ROOT)]
+            if args.before is not None:
+                before = args.before.resolve()
+                served.insert(0, ("before", before / ".venv" / "bin" / "webhook", before))
+            bases = {}
+            for label, program, cwd in served:
+                port = free_port()
+                base = f"https://127.0.0.1:{port}"
+                pid = stack.enter_context(
+                    running(webhook_command(program, certs, port), base, context, cwd)
+                )
+                bases[label] = (base, pid)
+            for kind, script in (
+                ("VMInstance", scripts["vm"]),
+                ("Kubernetes", scripts["kubernetes"]),
+            ):
+                for label, _, _ in served:
+                    base, pid = bases[label]
+                    runs.append((f"{label} {kind}", base, pid, script))
             for _, base, _, script in runs:  # warm up: imports, compiled schemas, TLS sessions
                 drive(wrk, base, script, 2, args.connections)
             for _ in range(args.rounds):
@@ -286,7 +302,7 @@ def main() -> None:
     )
     print(
         f"{'server':<20} {'req/s median':>12} {'(min-max)':>15} {'p99 ms':>8} "
-        f"{'(min-max)':>13} {'CPU us/req':>10} {'x echo':>7}"
+        f"{'(min-max)':>13} {'CPU us/req':>10} {'x echo':>7} {'p99 x echo':>10}"
     )
     echo_rate = statistics.median(r for r, _, _ in rows["echo"])
     echo_p99 = statistics.median(p for _, p, _ in rows["echo"])
@@ -295,11 +311,20 @@ def main() -> None:
         p99s = [p for _, p, _ in figures]
         cpu = statistics.median(c for _, _, c in figures)
         rate = statistics.median(rates)
+        p99 = statistics.median(p99s)
         print(
             f"{name:<20} {rate:>12.0f} {f'({min(rates):.0f}-{max(rates):.0f})':>15} "
-            f"{statistics.median(p99s):>8.2f} {f'({min(p99s):.1f}-{max(p99s):.1f})':>13} "
-            f"{cpu:>10.0f} {rate / echo_rate:>7.2f}"
+            f"{p99:>8.2f} {f'({min(p99s):.1f}-{max(p99s):.1f})':>13} "
+            f"{cpu:>10.0f} {rate / echo_rate:>7.2f} {p99 / echo_p99:>10.2f}"
         )
+    if args.before is not None:
+        for kind in ("VMInstance", "Kubernetes"):
+            old, new = rows[f"before {kind}"], rows[f"webhook {kind}"]
+            ratios = []
+            for what, i in (("req/s", 0), ("p99", 1), ("CPU/req", 2)):
+                ratio = statistics.median(n[i] for n in new) / statistics.median(o[i] for o in old)
+                ratios.append(f"{what} x{ratio:.2f}")
+            print(f"after/before {kind}: " + ", ".join(ratios))
     vm_rate = statistics.median(r for r, _, _ in rows["webhook VMInstance"])
     vm_p99 = statistics.median(p for _, p, _ in rows["webhook VMInstance"])
     print(

@@ -8,7 +8,11 @@ the contract (no cache; beside it, the same values through the interpreter the c
 contracts are tested against, which no request runs), the whole decision with a cold charge
 cache (and what is left of it once the two stages before are taken out), encoding the answer,
 and the metrics plus the INFO log line. ``total`` is the sum of the measured stages, what the
-event loop spends on one request besides aiohttp and TLS.
+event loop spends on one request besides aiohttp and TLS. Decoding and encoding are the
+server's own (:mod:`webhook.http.codec`). Beside the total, the whole ``/validate`` handler
+(body read, decoded, decided, counted, logged, the response built) on bodies received whole,
+as aiohttp hands them over: what the stages leave out (the deadlines, the admission's own
+checks, building the response) shows as the difference.
 
 Two figures are compared before and after in the same rounds (a ratio above 1 is the saving):
 the unknown-key walk over the kind's raw ``openAPISchema`` (the old walk, kept as the tests'
@@ -26,6 +30,7 @@ Run: .venv/bin/python -m benchmarks.stages [--rounds N] [--requests N]
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import gc
 import json
@@ -38,21 +43,27 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from aiohttp import streams, web
+from aiohttp.test_utils import make_mocked_request
+
 from benchmarks.server import BODIES, kubernetes_review, vm_review
 from tests.core.pricing.raw_schema_walk import raw_unknown_keys
+from webhook.admission.admit import Admission
 from webhook.core.admission.decisions import Decision, Policy, decide, decide_prepared
 from webhook.core.admission.reviews import AdmissionRequest, parse_review, review_response
 from webhook.core.admission.state import ReservationState
 from webhook.core.pricing.evaluation import interpret
 from webhook.core.pricing.unknown_keys import MAX_FINDINGS, MAX_NODES, unknown_keys
 from webhook.http import app as http_app
+from webhook.http.codec import decode_body, encode_answer
 from webhook.http.metrics import Metrics
 from webhook.logs import configure as configure_logs
+from webhook.settings import Settings
 from webhook.state.manifests import load_state
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = (
-    "json.loads",
+    "decode body",
     "parse_review",
     "values (bound, default, digest)",
     "evaluate (no cache)",
@@ -66,6 +77,47 @@ COMPARED = (
     ("decide, dry run", "decide (record signed at once, before)", "decide (cache miss)"),
 )
 INTERPRETED = "evaluate, interpreted"  # a reference beside its stage, not in the total
+HANDLER = "the /validate handler, whole"  # all of the above through aiohttp's handler, no TLS
+
+
+class _Protocol:
+    """What a request's body stream asks of the connection: never paused (the body is whole)."""
+
+    _reading_paused = False
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self, resume_parser: bool = True) -> None:
+        pass
+
+
+def handler_run(app: web.Application, raws: list[bytes]) -> float:
+    """Microseconds per request of ``validate`` on whole bodies, as aiohttp hands them over
+    (the body already received), the response built; the requests are made before timing."""
+    loop = asyncio.new_event_loop()
+    try:
+        requests = []
+        for raw in raws:
+            payload = streams.StreamReader(_Protocol(), 2**16, loop=loop)  # type: ignore[arg-type]
+            payload.feed_data(raw)
+            payload.feed_eof()
+            headers = {"Content-Type": "application/json", "Content-Length": str(len(raw))}
+            requests.append(
+                make_mocked_request(
+                    "POST", "/validate", headers, payload=payload, app=app, client_max_size=2**23
+                )
+            )
+
+        async def serve() -> float:
+            started = time.perf_counter()
+            for request in requests:
+                await http_app.validate(request)
+            return (time.perf_counter() - started) / len(requests) * 1e6
+
+        return loop.run_until_complete(serve())
+    finally:
+        loop.close()
 
 
 class Kind:
@@ -93,7 +145,9 @@ def per_request(action: Callable[[int], object], count: int) -> float:
     return (time.perf_counter() - started) / count * 1e6
 
 
-def one_round(kind: Kind, policy: Policy, metrics: Metrics, count: int) -> dict[str, float]:
+def one_round(
+    kind: Kind, policy: Policy, metrics: Metrics, count: int, app: web.Application
+) -> dict[str, float]:
     state = kind.state
     platform = state.platform
     found = platform.kinds[kind.name]
@@ -116,7 +170,7 @@ def one_round(kind: Kind, policy: Policy, metrics: Metrics, count: int) -> dict[
         return interpret(contract, prepared[i].defaulted, platform.catalog, namespace="")
 
     def respond(i: int) -> object:
-        return http_app._compact(review_response(requests[i].uid, decisions[i].response()))
+        return encode_answer(review_response(requests[i].uid, decisions[i].response()))
 
     before = kind.next_requests(count)  # misses the cache as ``fresh`` does
 
@@ -125,9 +179,12 @@ def one_round(kind: Kind, policy: Policy, metrics: Metrics, count: int) -> dict[
         return decided.prepared.factored.record if decided.prepared is not None else None
 
     raw_schema, index = found.schema, found.key_index
+    handled = kind.cursor
+    kind.next_requests(count)  # the handler's bodies miss the cache too
+    whole = [kind.raws[(handled + i) % BODIES] for i in range(count)]
 
     return {
-        "json.loads": per_request(lambda i: json.loads(raws[i]), count),
+        "decode body": per_request(lambda i: decode_body(raws[i]), count),
         "parse_review": per_request(lambda i: parse_review(bodies[i]), count),
         "values (bound, default, digest)": per_request(
             lambda i: platform.values(kind.name, specs[i]), count
@@ -145,6 +202,7 @@ def one_round(kind: Kind, policy: Policy, metrics: Metrics, count: int) -> dict[
         "unknown keys (index, after)": per_request(lambda i: unknown_keys(specs[i], index), count),
         "response encoding": per_request(respond, count),
         "metrics + log line": per_request(observe, count),
+        HANDLER: handler_run(app, whole),
     }
 
 
@@ -161,6 +219,7 @@ def main() -> None:
     state = load_state([ROOT / "fixtures" / "cozystack", ROOT / "fixtures" / "tenants"])
     policy = Policy()
     metrics = Metrics(lambda: state)
+    app = http_app.create_app(Admission(state, policy), Settings())
     kinds = [
         Kind("VMInstance", vm_review, state),
         Kind("Kubernetes", kubernetes_review, state),
@@ -173,7 +232,7 @@ def main() -> None:
     figures: dict[str, dict[str, list[float]]] = {k.name: {} for k in kinds}
     for _ in range(args.rounds):
         for kind in kinds:
-            for stage, value in one_round(kind, policy, metrics, count).items():
+            for stage, value in one_round(kind, policy, metrics, count, app).items():
                 figures[kind.name].setdefault(stage, []).append(value)
     outcomes = {
         k.name: Counter(decide(r, state, policy).outcome for r in k.requests[:count]) for k in kinds
@@ -208,6 +267,8 @@ def main() -> None:
             ]
             print(f"{'  of which the rest of decide':34s}" + "".join(f"{r:24.1f}" for r in rest))
     print(f"{'total':34s}" + "".join(f"{totals[k.name]:24.1f}" for k in kinds))
+    cells = [f"{statistics.median(figures[k.name][HANDLER]):24.1f}" for k in kinds]
+    print(f"{HANDLER:34s}" + "".join(cells))
     print("before and after, same rounds (x: before / after)")
     for figure, before, after in COMPARED:
         cells = []

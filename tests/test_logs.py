@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import enum
 import io
 import json
 import logging
@@ -9,7 +12,10 @@ import subprocess
 import sys
 from typing import Any
 
-from webhook.logs import BatchingHandler, JsonFormatter
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from webhook.logs import BatchingHandler, JsonFormatter, encode
 
 
 def _record(created: float, msecs: float = 0.0, **extra: object) -> logging.LogRecord:
@@ -92,3 +98,41 @@ def test_a_warning_is_written_at_once_with_the_lines_before_it() -> None:
         "info",
         "warning",
     ]
+
+
+# What a log line may carry: plain values (each field the request line has), and what other
+# loggers pass as extras (dates, enums, dataclasses, big integers, odd floats, any unicode).
+class Colour(enum.Enum):
+    RED = "red"
+
+
+@dataclasses.dataclass
+class Point:
+    x: int
+
+
+_LOGGED = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(min_value=2**63 - 2, max_value=2**70)
+    | st.floats()
+    | st.floats(min_value=0, max_value=30_000).map(lambda v: round(v, 3))
+    | st.text()
+    | st.sampled_from(["\ud800", "\x7f", "\u2028", "ü", "\x00", "</script>"])
+    | st.sampled_from([datetime.datetime(2026, 12, 1, tzinfo=datetime.UTC), Colour.RED, Point(1)])
+    | st.lists(st.integers(), max_size=3)
+)
+
+
+@settings(max_examples=500)
+@given(st.dictionaries(st.text(), _LOGGED, max_size=16))
+def test_a_line_is_the_stdlib_encoders_byte_for_byte(entry: dict[str, object]) -> None:
+    stdlib = json.JSONEncoder(separators=(",", ":"), default=str, check_circular=False)
+    assert encode(entry) == stdlib.encode(entry)
+
+
+def test_a_tenant_name_with_a_line_separator_cannot_split_the_log_line() -> None:
+    line = JsonFormatter().format(_record(0.0, fields={"name": 'vm\u2028{"forged":1}\x85'}))
+    assert len(line.splitlines()) == 1  # str.splitlines splits on U+2028 and U+0085
+    assert json.loads(line)["name"] == 'vm\u2028{"forged":1}\x85'

@@ -329,3 +329,17 @@ async def test_a_probe_is_answered_while_huge_requests_are_refused_before_evalua
     assert answered["response"]["allowed"], answered
     for body in refused:
         assert "more than 50000 entries" in body["response"]["status"]["message"]
+
+
+async def test_a_body_trickled_past_the_deadline_gets_408(aiohttp_client: MakeClient) -> None:
+    client = await aiohttp_client(create_app(acme_admission(), Settings(timeout_seconds=1)))
+    reader, writer = await asyncio.open_connection(client.host, client.port)
+    writer.write(
+        b"POST /validate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100\r\n\r\n{"
+    )
+    await writer.drain()
+    async with asyncio.timeout(10):
+        status = await reader.readline()
+    writer.close()
+    assert status.startswith(b"HTTP/1.1 408")

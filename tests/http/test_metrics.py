@@ -57,3 +57,20 @@ def test_a_tenant_stored_with_thousands_of_keys_never_floods_metrics_with_series
     reserved = samples(metrics, "reservation_pool_reserved")
     assert reserved["tenant-acme", "memory"] == 2 * 1024**2  # the overcommitted key is kept
     assert len([1 for pool, _ in reserved if pool == "tenant-acme"]) == 2
+
+
+def test_cached_children_count_into_the_series_labels_would_give() -> None:
+    metrics = Metrics(lambda: state({}))
+    for _ in range(3):
+        metrics.observe_latency("validate", "allowed", 0.002)
+        metrics.count_decision("VMInstance", "allowed", "fits", "enforce")
+    metrics.count_decision("VMInstance", "denied", "exceeded", "enforce")
+    metrics.decisions.labels("VMInstance", "allowed", "fits", "enforce").inc()  # the same child
+    counted = samples(metrics, "reservation_decisions_total")
+    assert counted == {  # labels as the parser orders them: decision, kind, mode, reason
+        ("allowed", "VMInstance", "enforce", "fits"): 4.0,
+        ("denied", "VMInstance", "enforce", "exceeded"): 1.0,
+    }
+    latency = samples(metrics, "reservation_admission_duration_seconds_count")
+    assert latency == {("allowed", "validate"): 3.0}  # decision, endpoint
+    assert len(metrics._decisions) == 2

@@ -18,7 +18,6 @@ Metric labels take known values only: a kind no ApplicationDefinition declares i
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -34,6 +33,7 @@ from webhook.core.admission.reviews import (
     parse_review,
     review_response,
 )
+from webhook.http.codec import decode_body, encode_answer
 from webhook.http.edges import EdgeLog
 from webhook.http.metrics import Metrics
 from webhook.settings import MAX_REQUEST_BYTES, Settings
@@ -54,6 +54,8 @@ log = logging.getLogger("webhook.requests")
 
 UNKNOWN_KIND_LABEL = "other"
 _LOGGED_CHARS = 253  # a Kubernetes name at most; a longer value is hostile and cut
+# What ``web.json_response`` sent: the answer is encoded once, to bytes, and sent as it is.
+_JSON_HEADERS = {"Content-Type": "application/json; charset=utf-8"}
 
 
 @dataclass
@@ -149,9 +151,12 @@ async def _review(
 ) -> web.Response:
     started = time.perf_counter()
     settings = request.app[settings_key]
-    try:  # a body trickled in slowly is cut off at the same deadline as a decision
-        async with asyncio.timeout(settings.deadline_seconds):
+    try:
+        if request.content.is_eof():  # the whole body is here: reading it cannot wait
             review = await _read_review(request)
+        else:  # a body trickled in slowly is cut off at the same deadline as a decision
+            async with asyncio.timeout(settings.deadline_seconds):
+                review = await _read_review(request)
     except TimeoutError:
         request.app[edges_key].rejected(
             "http", str(request.remote or "unknown"), "408 the request body did not arrive in time"
@@ -180,8 +185,8 @@ async def _review(
         _observe(request.app[metrics_key], endpoint, review, decision, elapsed, known=known)
     except Exception:  # reporting must never change or lose an answer
         logging.getLogger(__name__).exception("recording a decision failed")
-    body = review_response(review.uid, decision.response())
-    return web.json_response(body, dumps=_compact)
+    body = encode_answer(review_response(review.uid, decision.response()))
+    return web.Response(body=body, headers=_JSON_HEADERS)
 
 
 async def _read_review(request: web.Request) -> AdmissionRequest:
@@ -198,7 +203,7 @@ async def _read_review(request: web.Request) -> AdmissionRequest:
     if not raw:
         raise web.HTTPBadRequest(text="empty body\n")
     try:
-        body = json.loads(raw)
+        body = decode_body(raw)
     except RecursionError:  # nesting deeper than the decoder recurses: hostile, not a fault
         raise web.HTTPBadRequest(text="the body is not JSON: nested too deeply\n") from None
     except (ValueError, UnicodeDecodeError):
@@ -218,10 +223,10 @@ def _observe(
     *,
     known: bool,
 ) -> None:
-    metrics.latency.labels(endpoint, decision.outcome).observe(elapsed)
+    metrics.observe_latency(endpoint, decision.outcome, elapsed)
     if endpoint == "validate":
         kind = review.kind if known else UNKNOWN_KIND_LABEL
-        metrics.decisions.labels(kind, decision.outcome, decision.reason, decision.mode).inc()
+        metrics.count_decision(kind, decision.outcome, decision.reason, decision.mode)
     if not log.isEnabledFor(logging.INFO):
         return
     log.info(
@@ -245,10 +250,3 @@ def _observe(
             }
         },
     )
-
-
-_ENCODER = json.JSONEncoder(separators=(",", ":"))
-
-
-def _compact(value: object) -> str:
-    return _ENCODER.encode(value)

@@ -212,6 +212,28 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_PoolCollector(state))
+        # Each request's two children, looked up once per label set (``labels()`` checks and
+        # joins its arguments under a lock every time). Every label value is one of a known
+        # few (an endpoint, an outcome, a reason, a mode, a declared kind or ``other``), so
+        # these hold no more entries than the metrics hold series.
+        self._latency: dict[tuple[str, str], Histogram] = {}
+        self._decisions: dict[tuple[str, str, str, str], Counter] = {}
+
+    def observe_latency(self, endpoint: str, decision: str, seconds: float) -> None:
+        """``latency.labels(endpoint, decision).observe(seconds)``, the child looked up once."""
+        key = (endpoint, decision)
+        child = self._latency.get(key)
+        if child is None:
+            child = self._latency[key] = self.latency.labels(endpoint, decision)
+        child.observe(seconds)
+
+    def count_decision(self, kind: str, decision: str, reason: str, mode: str) -> None:
+        """``decisions.labels(kind, decision, reason, mode).inc()``, the child looked up once."""
+        key = (kind, decision, reason, mode)
+        child = self._decisions.get(key)
+        if child is None:
+            child = self._decisions[key] = self.decisions.labels(kind, decision, reason, mode)
+        child.inc()
 
     def watch_live(
         self,

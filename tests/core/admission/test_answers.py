@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
+from dataclasses import replace
 from decimal import Decimal
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.builders import request
+from webhook.core.admission import answers
 from webhook.core.admission.answers import (
     DRY_RUN_NOTE,
     WARNING_LIMIT,
     Decision,
     Facts,
     errored,
+    evolve,
     finish,
     fit,
     held_dry_run,
@@ -24,6 +31,7 @@ from webhook.core.admission.answers import (
     set_annotation,
     skipped,
 )
+from webhook.core.base import resources as rl
 from webhook.core.tenancy.applications import CHARGE_ANNOTATION, Application
 
 GI = Decimal(1024**3)
@@ -155,3 +163,44 @@ def test_an_annotation_is_added_to_the_map_or_the_map_is_created() -> None:
         "path": "/metadata/annotations",
         "value": {CHARGE_ANNOTATION: "v"},
     }
+
+
+def test_evolve_builds_what_replace_builds_for_every_field() -> None:
+    base = finish(
+        "enforce", quota_allowed(facts({"memory": GI}), "tenant-acme", {}, {}, {}), CREATE
+    )
+    values: dict[str, Any] = {
+        "allowed": False,
+        "outcome": "warned",
+        "code": 403,
+        "warnings": ("w",),
+        "audit": {"decision": "x"},
+        "mode": "warn",
+        "charge": {"cpu": Decimal(2)},
+        "patch": ({"op": "remove", "path": "/a"},),
+    }
+    for item in dataclasses.fields(Decision):
+        change: dict[str, Any] = {item.name: values.get(item.name, f"new {item.name}")}
+        assert evolve(base, **change) == replace(base, **change)
+    assert evolve(base) == base
+    assert evolve(base) is not base
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        evolve(base, reason="x").reason = "y"  # type: ignore[misc]
+    with pytest.raises(TypeError, match=r"no field among \['nope', 'reason'\]"):
+        evolve(base, nope=1, reason="x")
+
+
+def test_a_decision_stays_a_dataclass_evolve_may_copy() -> None:
+    # evolve copies attributes without __init__: only sound while __init__ stores them as given
+    assert not hasattr(Decision, "__post_init__")
+    assert all(item.init for item in dataclasses.fields(Decision))
+
+
+_KEYS = st.text(min_size=1, max_size=12) | st.sampled_from(["memory", "ü", "\ud800", "a\x7f"])
+
+
+@settings(max_examples=300)
+@given(st.dictionaries(_KEYS, st.integers(min_value=0, max_value=2**70).map(Decimal), max_size=6))
+def test_audit_figures_are_the_stdlib_encoders_text(resources: dict[str, Decimal]) -> None:
+    stdlib = json.JSONEncoder(separators=(",", ":")).encode(rl.to_strings(resources))
+    assert answers._json(resources) == stdlib
