@@ -52,10 +52,10 @@ from webhook.admission.admit import Admission
 from webhook.core.admission.decisions import Decision, Policy, decide, decide_prepared
 from webhook.core.admission.reviews import AdmissionRequest, parse_review, review_response
 from webhook.core.admission.state import ReservationState
+from webhook.core.base.json_codec import decode_json, encode_json
 from webhook.core.pricing.evaluation import interpret
 from webhook.core.pricing.unknown_keys import MAX_FINDINGS, MAX_NODES, unknown_keys
 from webhook.http import app as http_app
-from webhook.http.codec import decode_body, encode_answer
 from webhook.http.metrics import Metrics
 from webhook.logs import configure as configure_logs
 from webhook.settings import Settings
@@ -170,7 +170,7 @@ def one_round(
         return interpret(contract, prepared[i].defaulted, platform.catalog, namespace="")
 
     def respond(i: int) -> object:
-        return encode_answer(review_response(requests[i].uid, decisions[i].response()))
+        return encode_json(review_response(requests[i].uid, decisions[i].response()))
 
     before = kind.next_requests(count)  # misses the cache as ``fresh`` does
 
@@ -184,7 +184,7 @@ def one_round(
     whole = [kind.raws[(handled + i) % BODIES] for i in range(count)]
 
     return {
-        "decode body": per_request(lambda i: decode_body(raws[i]), count),
+        "decode body": per_request(lambda i: decode_json(raws[i]), count),
         "parse_review": per_request(lambda i: parse_review(bodies[i]), count),
         "values (bound, default, digest)": per_request(
             lambda i: platform.values(kind.name, specs[i]), count

@@ -1,9 +1,9 @@
 """The API client's JSON: orjson where it reads and writes what the standard library would.
 
-Every body the client sends and every answer and watch event it reads goes through
-``encode_json`` and ``decode_json``; what orjson would read differently (integers past 64
-bits, NaN, lone surrogates) is left to the standard library, so a tenant's odd value is read
-exactly, and never breaks the watch that carries it.
+Every body the client sends and every answer and watch event it reads goes through the core's
+JSON codec (``encode_json``, ``decode_json``); what orjson would read differently (integers
+past 64 bits, NaN, lone surrogates) is left to the standard library, so a tenant's odd value
+is read exactly, and never breaks the watch that carries it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 from tests.apiserver.server import EmulatedAPIServer
 from tests.cluster import kube_client
 from tests.waiting import eventually
-from webhook.kube.client import KubeClient, ResourceRef, decode_json, encode_json
+from webhook.core.base.json_codec import decode_json, encode_json
+from webhook.kube.client import KubeClient, ResourceRef
 from webhook.kube.reflector import Reflector
 
 THINGS = ResourceRef("example.io", "v1", "things")

@@ -33,7 +33,7 @@ from webhook.core.admission.reviews import (
     parse_review,
     review_response,
 )
-from webhook.http.codec import decode_body, encode_answer
+from webhook.core.base.json_codec import decode_json, encode_json
 from webhook.http.edges import EdgeLog
 from webhook.http.metrics import Metrics
 from webhook.settings import MAX_REQUEST_BYTES, Settings
@@ -185,7 +185,7 @@ async def _review(
         _observe(request.app[metrics_key], endpoint, review, decision, elapsed, known=known)
     except Exception:  # reporting must never change or lose an answer
         logging.getLogger(__name__).exception("recording a decision failed")
-    body = encode_answer(review_response(review.uid, decision.response()))
+    body = encode_json(review_response(review.uid, decision.response()))
     return web.Response(body=body, headers=_JSON_HEADERS)
 
 
@@ -203,7 +203,7 @@ async def _read_review(request: web.Request) -> AdmissionRequest:
     if not raw:
         raise web.HTTPBadRequest(text="empty body\n")
     try:
-        body = decode_body(raw)
+        body = decode_json(raw)
     except RecursionError:  # nesting deeper than the decoder recurses: hostile, not a fault
         raise web.HTTPBadRequest(text="the body is not JSON: nested too deeply\n") from None
     except (ValueError, UnicodeDecodeError):

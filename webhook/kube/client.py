@@ -19,9 +19,10 @@ from typing import Any, Final
 from urllib.parse import quote
 
 import aiohttp
-import orjson
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
+
+from webhook.core.base.json_codec import decode_json, encode_json
 
 __all__ = [
     "METADATA_ONLY",
@@ -30,8 +31,6 @@ __all__ = [
     "ResourceRef",
     "ResponseTooLarge",
     "WatchTimeout",
-    "decode_json",
-    "encode_json",
 ]
 # A list of objects as their metadata only (PartialObjectMetadataList), plain JSON where a server
 # cannot: what client-go's metadata informers ask for, and a fraction of whole objects' bytes.
@@ -44,34 +43,6 @@ Obj = dict[str, Any]
 # by whoever called it); a watch is bounded by its own server timeout and read timeout instead.
 REQUEST_TIMEOUT: Final = 10.0
 TOKEN_SECONDS: Final = 10.0  # kubelet rotates projected tokens long before they expire
-# A run of 19 digits: perhaps an integer orjson would read as a float (past 64 bits), where the
-# standard library keeps it exact; such a document is read by the standard library instead.
-# Found by mapping every digit to "0" and everything else to " " (ten times a regex's speed).
-_DIGITS: Final = bytes(0x30 if 0x30 <= byte <= 0x39 else 0x20 for byte in range(256))
-_LONG_NUMBER: Final = b"0" * 19
-
-
-def decode_json(data: bytes) -> Any:
-    """``data`` decoded exactly as :func:`json.loads` decodes it, by orjson where that is
-    the same (several times faster: a ledger object is decoded at every write and watch event).
-
-    orjson differs on what a server should never send, and each case is left to the standard
-    library: integers past 64 bits (read as floats), NaN and infinities, lone surrogates."""
-    if _LONG_NUMBER not in data.translate(_DIGITS):
-        try:
-            return orjson.loads(data)
-        except orjson.JSONDecodeError:
-            pass  # the standard library's answer (a value, or its error) is the one given
-    return json.loads(data)
-
-
-def encode_json(body: object) -> bytes:
-    """``body`` as compact JSON: by orjson (UTF-8 rather than escapes, the same content), or
-    by the standard library for what orjson refuses (integers past 64 bits, keys not strings)."""
-    try:
-        return orjson.dumps(body)
-    except TypeError:
-        return json.dumps(body, separators=(",", ":")).encode()
 
 
 class ApiError(Exception):

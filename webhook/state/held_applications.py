@@ -14,13 +14,13 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from webhook.core.base.json_codec import decode_json
 from webhook.core.tenancy.applications import (
     CHARGE_ANNOTATION,
     Application,
     parse_recorded_charge,
     resource_version,
 )
-from webhook.kube.client import decode_json
 
 __all__ = ["CANONICAL", "Held", "held_application", "held_from_object", "settle_memory"]
 

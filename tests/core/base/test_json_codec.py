@@ -1,4 +1,4 @@
-"""The admission endpoints' JSON: orjson's speed, the stdlib's values and meaning, always."""
+"""The JSON codec, as the admission endpoints use it: orjson's speed, the stdlib's values."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 from tests.builders import review, state
 from webhook.admission.admit import Admission
 from webhook.core.admission.decisions import Policy
+from webhook.core.base import json_codec as codec
+from webhook.core.base.json_codec import decode_json, encode_json, may_hold_long_integers
 from webhook.core.tenancy.applications import CHARGE_ANNOTATION
 from webhook.core.tenancy.records import parse_recorded_charge
-from webhook.http import codec
 from webhook.http.app import admission_key, create_app
-from webhook.http.codec import decode_body, encode_answer, may_hold_long_integers
 from webhook.settings import Settings
 
 Client = TestClient[web.Request, web.Application]
@@ -69,7 +69,7 @@ def test_a_body_decodes_to_the_values_the_stdlib_gives(
     value: object, indent: int | None, ascii_only: bool
 ) -> None:
     raw = json.dumps(value, indent=indent, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass")
-    assert same(decode_body(raw), json.loads(raw))
+    assert same(decode_json(raw), json.loads(raw))
 
 
 @settings(max_examples=300)
@@ -80,9 +80,9 @@ def test_any_bytes_decode_or_fail_as_with_the_stdlib(raw: bytes | str) -> None:
         expected: object = json.loads(data)
     except (ValueError, RecursionError) as exc:
         with pytest.raises(type(exc)):
-            decode_body(data)
+            decode_json(data)
         return
-    assert same(decode_body(data), expected)
+    assert same(decode_json(data), expected)
 
 
 @settings(max_examples=300)
@@ -101,38 +101,38 @@ def test_every_integer_token_of_19_digits_or_more_is_seen(number: int, space: st
 def test_an_integer_past_64_bits_in_a_spec_is_not_decoded_as_a_rounded_float() -> None:
     raw = b'{"spec":{"replicas":18446744073709551617,"floor":-9223372036854775809}}'
     assert orjson.loads(raw)["spec"]["replicas"] == 18446744073709551616.0  # what orjson gives
-    decoded = decode_body(raw)
+    decoded = decode_json(raw)
     assert isinstance(decoded, dict)
     assert decoded["spec"] == {"replicas": 18446744073709551617, "floor": -9223372036854775809}
 
 
 def test_bodies_orjson_refuses_are_the_stdlibs_to_decode_or_refuse() -> None:
-    nan = decode_body(b'{"a": NaN}')
+    nan = decode_json(b'{"a": NaN}')
     assert isinstance(nan, dict)
     assert math.isnan(nan["a"])  # as before
-    assert decode_body(b'{"a": "\\ud800"}') == {"a": "\ud800"}
-    assert decode_body("\ufeff{}".encode()) == {}  # a UTF-8 byte order mark
-    assert decode_body('{"a": 1}'.encode("utf-16")) == {"a": 1}
+    assert decode_json(b'{"a": "\\ud800"}') == {"a": "\ud800"}
+    assert decode_json("\ufeff{}".encode()) == {}  # a UTF-8 byte order mark
+    assert decode_json('{"a": 1}'.encode("utf-16")) == {"a": 1}
     with pytest.raises(RecursionError):
-        decode_body(b"[" * 100_000 + b"]" * 100_000)
+        decode_json(b"[" * 100_000 + b"]" * 100_000)
     with pytest.raises(ValueError, match="Expecting"):
-        decode_body(b"{nope")
+        decode_json(b"{nope")
 
 
 @settings(max_examples=400)
 @given(JSON_VALUES)
 def test_an_answer_means_what_the_stdlibs_encoding_means(value: object) -> None:
-    encoded = encode_answer(value)
+    encoded = encode_json(value)
     assert same(json.loads(encoded), json.loads(json.dumps(value)))
 
 
 def test_an_answer_is_utf_8_with_non_ascii_strings_written_as_they_are() -> None:
-    assert encode_answer({"message": "Mandant ü"}) == '{"message":"Mandant ü"}'.encode()
-    assert encode_answer({"message": "\ud800"}) == b'{"message":"\\ud800"}'
+    assert encode_json({"message": "Mandant ü"}) == '{"message":"Mandant ü"}'.encode()
+    assert encode_json({"message": "\ud800"}) == b'{"message":"\\ud800"}'
     deep: list[Any] = []
     for _ in range(300):  # past orjson's 254 levels: the stdlib's to encode
         deep = [deep]
-    assert encode_answer(deep) == json.dumps(deep, separators=(",", ":")).encode()
+    assert encode_json(deep) == json.dumps(deep, separators=(",", ":")).encode()
 
 
 VM = {"instanceType": "u1.micro"}
@@ -187,7 +187,7 @@ def test_nesting_up_to_1024_levels_decodes_and_deeper_is_the_stdlibs_to_refuse(d
     # the caller's frames) and 1024 used to be refused, and is now decoded and decided.
     raw = b'{"a":' * depth + b"1" + b"}" * depth
     if depth <= 1024:
-        value = decode_body(raw)
+        value = decode_json(raw)
         for _ in range(depth):
             assert isinstance(value, dict)
             value = value["a"]
@@ -197,9 +197,9 @@ def test_nesting_up_to_1024_levels_decodes_and_deeper_is_the_stdlibs_to_refuse(d
         expected: object = json.loads(raw)
     except RecursionError:
         with pytest.raises(RecursionError):
-            decode_body(raw)
+            decode_json(raw)
         return
-    assert decode_body(raw) == expected
+    assert decode_json(raw) == expected
 
 
 async def test_an_object_nested_1015_levels_outside_its_values_is_decided_not_refused(
@@ -230,4 +230,4 @@ def test_a_float_written_with_many_digits_decodes_to_the_stdlibs_float(
 ) -> None:
     text = f"{whole}.{fraction}{exponent}{power if exponent else ''}"
     raw = f'{{"a":[{text},-{text}]}}'.encode()
-    assert same(decode_body(raw), json.loads(raw))
+    assert same(decode_json(raw), json.loads(raw))

@@ -1,8 +1,9 @@
-"""JSON in and out of the admission endpoints: orjson where it gives what the stdlib gives.
+"""JSON in and out of the process: orjson where it gives what the stdlib gives.
 
-Every review is decoded and every answer encoded on the event loop, so both use orjson (a C
-codec, several times faster than :mod:`json`), but only where its result is the one the stdlib
-would give, so no body decodes to other values than before and no answer says anything else:
+Every review and every API server answer and watch event is decoded, and every answer and API
+request body encoded, on the event loop, so all use orjson (a C codec, several times faster
+than :mod:`json`), but only where its result is the one the stdlib would give, so no body
+decodes to other values than before and nothing encoded says anything else:
 
 - decoding: orjson turns an integer past 64 bits into a float (the stdlib keeps it exact, and
   the values digest a record is bound to would change), so a body with a run of 19 digits or
@@ -19,11 +20,11 @@ would give, so no body decodes to other values than before and no answer says an
 from __future__ import annotations
 
 import json
-from typing import Final
+from typing import Any, Final
 
 import orjson
 
-__all__ = ["decode_body", "encode_answer", "may_hold_long_integers"]
+__all__ = ["decode_json", "encode_json", "may_hold_long_integers"]
 
 # Digits become "0", the three characters a number may follow become ":", anything else "x";
 # whitespace and minus signs are dropped, so ":" then 19 zeros is a long integer token, or a
@@ -42,7 +43,7 @@ def may_hold_long_integers(raw: bytes) -> bool:
     return _LONG in shape or shape.startswith(_LONG[1:])  # a number the whole body is
 
 
-def decode_body(raw: bytes) -> object:
+def decode_json(raw: bytes) -> Any:
     """``json.loads(raw)``, the same values and the same exceptions, mostly by orjson."""
     if not may_hold_long_integers(raw):
         try:
@@ -52,9 +53,11 @@ def decode_body(raw: bytes) -> object:
     return json.loads(raw)
 
 
-def encode_answer(value: object) -> bytes:
+def encode_json(value: object) -> bytes:
     """``value`` as compact JSON in UTF-8, meaning what ``json.dumps`` of it means."""
     try:
         return orjson.dumps(value)
-    except TypeError:  # a lone surrogate, deep nesting (orjson.JSONEncodeError is a TypeError)
+    # A lone surrogate, deep nesting, an integer past 64 bits, a key not a string
+    # (orjson.JSONEncodeError is a TypeError).
+    except TypeError:
         return _COMPACT.encode(value).encode()
