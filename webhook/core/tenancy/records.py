@@ -34,8 +34,8 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 from decimal import Decimal
+from functools import lru_cache
 from types import MappingProxyType
 from typing import Final
 
@@ -85,7 +85,9 @@ _FAST_OPTIONS: Final = (
     | orjson.OPT_PASSTHROUGH_DATACLASS
     | orjson.OPT_PASSTHROUGH_SUBCLASS
 )
-_NOT_FAST: Final = re.compile(rb"(?:^|[:,\[])(?:null|-?[0-9]+[.eE])|\x7f")
+# A number token with a fraction or an exponent: where a float is written (a string that looks
+# like one matches too, and merely costs the slow path).
+_FLOAT: Final = re.compile(rb"[0-9][.eE]")
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
 _EMPTY: Mapping[str, Decimal] = MappingProxyType({})
 
@@ -159,7 +161,26 @@ def canonical_json(value: object) -> bytes:
     except TypeError:  # not plain JSON, an integer past 64 bits, nested past orjson's limit
         pass
     else:
-        if text.isascii() and _NOT_FAST.search(text) is None:
+        if (
+            text.isascii()
+            and b"\x7f" not in text
+            and _FLOAT.search(text) is None
+            # ``null`` is None, or a NaN or an infinity: only the first reads back as it was
+            and (b"null" not in text or orjson.loads(text) == value)
+        ):
+            return text
+    return _CANONICAL.encode(value).encode("utf-8", "surrogatepass")
+
+
+def _message_json(value: object) -> bytes:
+    """:func:`canonical_json` of a MAC's message: strings, booleans, ``None`` and maps of
+    strings only (never a float), so only DEL and characters past ASCII are written apart."""
+    try:
+        text = orjson.dumps(value, option=_FAST_OPTIONS)
+    except TypeError:  # a subclass of str (orjson passes them through)
+        pass
+    else:
+        if text.isascii() and b"\x7f" not in text:
             return text
     return _CANONICAL.encode(value).encode("utf-8", "surrogatepass")
 
@@ -186,7 +207,7 @@ def mac(
 ) -> str:
     """The MAC of one record under ``key``: ``hmac-sha256:<hex>``."""
     kind, namespace, name = app
-    message = canonical_json(
+    message = _message_json(
         [
             VERSION,
             _key_id(key),
@@ -337,7 +358,7 @@ def _verifies_v1(
     if record.uid or record.marks or record.dry:
         return False
     kind, namespace, name = app
-    message = canonical_json(
+    message = _message_json(
         [
             "v1",
             kind,
@@ -404,12 +425,32 @@ def record_annotation(record: RecordedCharge) -> str:
     return _COMPACT.encode(body)
 
 
+def _loads(text: str) -> object:
+    """``json.loads(text)``, by orjson where it reads the same: it refuses what only the standard
+    library reads (NaN, lone surrogates, numbers past a double), which is then read by it; and
+    it reads an integer past 64 bits as a float, which the quantity maps (the only numbers a
+    record's reading looks at) are read again for."""
+    try:
+        body = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
+    if isinstance(body, dict):
+        for field_name in _QUANTITY_FIELDS:
+            found = body.get(field_name)
+            if isinstance(found, dict) and any(type(v) is float for v in found.values()):
+                return json.loads(text)
+    return body
+
+
+_QUANTITY_FIELDS: Final = ("charge", "factor", "committed", "own", "marks")
+
+
 def parse_recorded_charge(text: object) -> RecordedCharge | None:
     """The annotation's content, unverified; ``None`` when absent or unreadable."""
     if not isinstance(text, str) or len(text) > MAX_ANNOTATION_CHARS:
         return None
     try:
-        body = json.loads(text)
+        body = _loads(text)
         if not isinstance(body, Mapping):
             return None
         charge, digest = body["charge"], body["digest"]
