@@ -85,9 +85,11 @@ _FAST_OPTIONS: Final = (
     | orjson.OPT_PASSTHROUGH_DATACLASS
     | orjson.OPT_PASSTHROUGH_SUBCLASS
 )
-# A number token with a fraction or an exponent: where a float is written (a string that looks
-# like one matches too, and merely costs the slow path).
-_FLOAT: Final = re.compile(rb"[0-9][.eE]")
+# A number token with a fraction or an exponent after what a value follows in compact JSON
+# (or a text that is one number): where a float is written. A string that looks like one
+# matches too, and merely costs the slow path.
+_FLOAT: Final = re.compile(rb"[:,\[]-?[0-9]+[.eE]")
+_NUMBER_START: Final = frozenset(b"-0123456789")  # a text that is one number, maybe a float
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
 _EMPTY: Mapping[str, Decimal] = MappingProxyType({})
 
@@ -165,6 +167,7 @@ def canonical_json(value: object) -> bytes:
             text.isascii()
             and b"\x7f" not in text
             and _FLOAT.search(text) is None
+            and not (text[0] in _NUMBER_START and (b"." in text or b"e" in text))
             # ``null`` is None, or a NaN or an infinity: only the first reads back as it was
             and (b"null" not in text or orjson.loads(text) == value)
         ):
