@@ -22,6 +22,7 @@ from webhook.core.tenancy.records import (
     canonical_json,
     canonical_sha256,
     mac,
+    parse_recorded_charge,
     values_digest,
     verifies,
 )
@@ -115,7 +116,7 @@ def test_a_record_signed_with_the_old_canonical_form_still_verifies() -> None:
     import hmac
 
     from webhook.core.tenancy.record_keys import key_id
-    from webhook.core.tenancy.records import parse_recorded_charge, record_annotation, sign
+    from webhook.core.tenancy.records import record_annotation, sign
 
     keys = RecordKeys(b"old-version-key-0123456789abcdef")
     app = ("VMInstance", "tenant-é", "vm")
@@ -142,15 +143,11 @@ def parse_recorded_q(text: str) -> Any:
 
 
 def read_both(text: str) -> tuple[object, object]:
-    import webhook.core.tenancy.records as records
-
-    new = records.parse_recorded_charge(text)
-    fast = records._loads
-    records._loads = json.loads  # what every earlier version read the annotation with
-    try:
-        old = records.parse_recorded_charge(text)
-    finally:
-        records._loads = fast
+    new = parse_recorded_charge(text)
+    # What every earlier version read the annotation with.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("webhook.core.tenancy.records._loads", json.loads)
+        old = parse_recorded_charge(text)
     return new, old
 
 
