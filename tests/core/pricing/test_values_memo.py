@@ -17,7 +17,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.builders import KEYS, platform
-from tests.core.pricing.test_charge_projection import KINDS, VALUES, outcome, read_keys
+from tests.core.pricing.test_charge_projection import (
+    KINDS,
+    VALUES,
+    _counting_lb_when,
+    outcome,
+    read_keys,
+)
 from webhook.core.admission.state import ReservationState
 from webhook.core.base.errors import UNEVALUABLE
 from webhook.core.pricing.platform import (
@@ -83,29 +89,6 @@ def test_what_the_memo_answers_is_what_preparing_afresh_answers(
     first = prepared(SHARED, kind, spec, namespace)
     again = prepared(SHARED, kind, spec, namespace)
     assert first == again == afresh(SHARED, kind, spec, namespace)
-
-
-def _counting_lb_when(path: str, equals: object) -> Platform:
-    definition = {
-        "apiVersion": "cozystack.io/v1alpha1",
-        "kind": "ApplicationDefinition",
-        "metadata": {"name": "probe"},
-        "spec": {
-            "application": {"kind": "Probe", "plural": "probes", "openAPISchema": "{}"},
-            "reservation": {
-                "terms": [
-                    {
-                        "name": "lb",
-                        "when": {"path": path, "equals": equals},
-                        "objects": {"services.loadbalancers": 1},
-                    }
-                ]
-            },
-        },
-    }
-    builder = PlatformBuilder({}, {})
-    builder.add(definition, source="test")
-    return builder.build()
 
 
 def _resources(found: Any) -> dict[str, Any]:
