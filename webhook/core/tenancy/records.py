@@ -76,9 +76,10 @@ _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_asci
 # orjson writes the same text as _CANONICAL for str-keyed maps, lists, ASCII strings, booleans
 # and 64-bit integers, several times faster; it writes floats (``1e-7`` for ``1e-07``, ``null``
 # for NaN), DEL and non-ASCII characters otherwise, and types _CANONICAL turns into ``str()``
-# not at all. Its text is used only when it holds none of those (a float or ``null`` token,
-# DEL, a byte past ASCII: a string that merely looks like one costs the slow path, never a
-# different text); anything else is written by _CANONICAL, as records have always been.
+# not at all. Its text is used only when it holds none of those (a float token, DEL, a byte
+# past ASCII: a string that merely looks like one costs the slow path, never a different
+# text; a ``null`` counts only once the text reads back as the value, so is no NaN); anything
+# else is written by _CANONICAL, as records have always been.
 _FAST_OPTIONS: Final = (
     orjson.OPT_SORT_KEYS
     | orjson.OPT_PASSTHROUGH_DATETIME
