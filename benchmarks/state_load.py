@@ -19,7 +19,11 @@
    scheduler more than the request. Sizes alternate over three rounds; medians are printed.
    Goal: p99 at 200,000 within 1.5x of p99 at 1,000.
 
-Run: .venv/bin/python -m benchmarks.state_load [--load-only]
+With ``--before TREE`` (a checkout of an earlier version with its own ``.venv``), the loads of
+that tree run too, alternating with this one's in every round on the same files, and the
+ratios are printed: before and after in one run, on one machine's conditions.
+
+Run: .venv/bin/python -m benchmarks.state_load [--load-only] [--before TREE]
 """
 
 from __future__ import annotations
@@ -100,6 +104,31 @@ def measure_load(directory: str) -> dict[str, Any]:
         "unknown": len(state.unknown()),
         "grown": rss() - before,
     }
+
+
+def measure_observe(directory: str) -> dict[str, Any]:
+    """CPU µs per ``observe`` of an application seen before with the same values, what every
+    watch event of an unchanged spec (a status change, a resync) costs: the first file's
+    1,000 applications observed once, then again seven times (median, min, max)."""
+    from benchmarks.varied_state import RECORD_KEY
+    from webhook.core.admission.state import ReservationState
+    from webhook.core.tenancy.applications import application_from_object
+    from webhook.core.tenancy.records import RecordKeys
+    from webhook.state.manifests import load_platform
+
+    first = sorted(Path(directory).glob("apps-*.json"))[0]
+    apps = [application_from_object(item) for item in json.loads(first.read_text())["items"]]
+    state = ReservationState(load_platform([ROOT / "fixtures" / "cozystack"]))
+    state.keys = RecordKeys(RECORD_KEY)
+    for app in apps:
+        state.observe(app)
+    runs = []
+    for _ in range(7):
+        cpu = time.process_time()
+        for app in apps:
+            state.observe(app)
+        runs.append((time.process_time() - cpu) / len(apps) * 1e6)
+    return {"median": statistics.median(runs), "min": min(runs), "max": max(runs)}
 
 
 def profile_load(directory: str, top: int = 25) -> str:
@@ -199,10 +228,28 @@ def create(serial: int) -> dict[str, Any]:
 # -- driver ----------------------------------------------------------------------------------
 
 
-def child(*arguments: str) -> dict[str, Any]:
+def _before() -> Path | None:
+    if "--before" not in sys.argv:
+        return None
+    tree = Path(sys.argv[sys.argv.index("--before") + 1]).resolve()
+    if not (tree / ".venv" / "bin" / "python").exists():
+        raise SystemExit(f"--before {tree}: no .venv/bin/python there")
+    return tree
+
+
+def child(*arguments: str, tree: Path = ROOT) -> dict[str, Any]:
+    """One measurement in a fresh process: this module's code measuring ``tree``'s webhook
+    (another tree runs with its own interpreter and its packages first on the path)."""
+    command = [sys.executable, "-m", "benchmarks.state_load", *arguments]
+    environment = None
+    if tree != ROOT:
+        python = str(tree / ".venv" / "bin" / "python")
+        command = [python, str(Path(__file__).resolve()), *arguments]
+        environment = {**os.environ, "PYTHONPATH": str(tree)}
     output = subprocess.run(
-        [sys.executable, "-m", "benchmarks.state_load", *arguments],
-        cwd=ROOT,
+        command,
+        cwd=tree,
+        env=environment,
         check=True,
         capture_output=True,
         text=True,
@@ -215,10 +262,23 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as directory, tempfile.TemporaryDirectory() as other:
         write_state(Path(directory), LOAD_APPLICATIONS)
         write_state(Path(other), LOAD_APPLICATIONS, as_json=True)
+        before = _before()
         loads, json_loads = [], []
-        for _ in range(ROUNDS):  # interleaved: both formats see the same machine
+        old_loads: list[dict[str, Any]] = []
+        old_json: list[dict[str, Any]] = []
+        for _ in range(ROUNDS):  # interleaved: both formats (and trees) see the same machine
             loads.append(child("--load", directory))
+            if before is not None:
+                old_loads.append(child("--load", directory, tree=before))
             json_loads.append(child("--load", other))
+            if before is not None:
+                old_json.append(child("--load", other, tree=before))
+        observes: list[dict[str, Any]] = []
+        old_observes: list[dict[str, Any]] = []
+        for _ in range(ROUNDS):
+            observes.append(child("--observe", other))
+            if before is not None:
+                old_observes.append(child("--observe", other, tree=before))
         profile = child("--profile", directory)["profile"]
     seconds = statistics.median(r["seconds"] for r in loads)
     per_app = statistics.median(r["grown"] / r["applications"] for r in loads)
@@ -250,6 +310,32 @@ def main() -> None:
         f"  RSS growth  {per_app:6,.0f} B/app  goal <= 1,024 B  "
         f"{'met' if per_app <= 1024 else 'NOT met'}"
     )
+    seen = statistics.median(r["median"] for r in observes)
+    print(
+        f"  observe     {seen:6.1f} us     an application seen again with the same values "
+        f"(a watch event), CPU, median of {ROUNDS} processes"
+    )
+    if before is not None:
+        print(f"  before ({before}), the same files, alternating with the loads above:")
+        for label, new_runs, old_runs in (
+            ("YAML", loads, old_loads),
+            ("JSON", json_loads, old_json),
+        ):
+            for key in ("seconds", "cpu"):
+                now = statistics.median(r[key] for r in new_runs)
+                then = statistics.median(r[key] for r in old_runs)
+                print(
+                    f"    {label} {'wall' if key == 'seconds' else 'CPU '}  before {then:6.2f} s"
+                    f"  after {now:6.2f} s  ratio {now / then:.2f}  (before min "
+                    f"{min(r[key] for r in old_runs):.2f}, max {max(r[key] for r in old_runs):.2f})"
+                )
+        then_rss = statistics.median(r["grown"] / r["applications"] for r in old_loads)
+        print(f"    RSS growth  before {then_rss:,.0f} B/app  after {per_app:,.0f} B/app")
+        then_seen = statistics.median(r["median"] for r in old_observes)
+        print(
+            f"    observe     before {then_seen:6.1f} us  after {seen:6.1f} us  "
+            f"ratio {seen / then_seen:.2f}"
+        )
     print("\nprofile of one YAML load (cProfile: its overhead inflates the total), by own time")
     print(profile)
 
@@ -287,6 +373,8 @@ def main() -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--load"]:
         print(json.dumps(measure_load(sys.argv[2])))
+    elif sys.argv[1:2] == ["--observe"]:
+        print(json.dumps(measure_observe(sys.argv[2])))
     elif sys.argv[1:2] == ["--profile"]:
         print(json.dumps({"profile": profile_load(sys.argv[2])}))
     elif sys.argv[1:2] == ["--creates"]:

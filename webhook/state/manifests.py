@@ -284,6 +284,8 @@ class _PlatformFound(Exception):
 
 def _describes_platform(manifest: Manifest) -> bool:
     """Whether a manifest describes the platform (a malformed one raises, as in a load)."""
+    if manifest.body.get("apiVersion") == APPS_API_VERSION:  # an application: the common case
+        return False
     return PlatformBuilder({}, {}).add(manifest.body, source=manifest.source)
 
 

@@ -41,7 +41,7 @@ from webhook.core.admission.pending import Hold, PendingCharges
 from webhook.core.admission.pools import TenantTree
 from webhook.core.base import resources as rl
 from webhook.core.base.errors import UNEVALUABLE, EvaluationError
-from webhook.core.pricing.platform import Platform, Values
+from webhook.core.pricing.platform import Platform, Prepared
 from webhook.core.pricing.volumes import RELEASED, hold
 from webhook.core.tenancy.applications import AppKey, Application
 from webhook.core.tenancy.overcommit import apply_factors
@@ -323,11 +323,13 @@ class ReservationState:
 
     def _price(self, app: Application, namespace: str) -> tuple[AppRecord | None, str]:
         """The record to keep (``None``: unknown), and why today's evaluation failed."""
-        # The values are bounded, defaulted and digested once, for the record and the charge.
-        prepared: Values | None = None
+        # The values are bounded, defaulted and digested once, for the record and the charge;
+        # applications with the very same values share that work (Platform.prepare).
+        prepared: Prepared | None = None
         failure: Exception | None = None
         try:
-            prepared = self.platform.values(app.kind, app.spec)
+            prepared = self.platform.prepare(app.kind, app.spec, namespace=namespace)
+            failure = prepared.failure
         except UNEVALUABLE as exc:
             failure = exc
         recorded = self.trusted(app, digest=prepared.digest if prepared is not None else None)
@@ -336,10 +338,10 @@ class ReservationState:
         problem = ""
         marks: Mapping[str, Decimal] = recorded.marks if recorded is not None else {}
         try:
-            if prepared is None:
-                assert failure is not None  # set whenever prepared is not
+            if prepared is None or prepared.charge is None:
+                assert failure is not None  # set whenever there is no charge
                 raise failure
-            charge = self.platform.charge_values(app.kind, prepared, namespace=namespace)
+            charge = prepared.charge
         except UNEVALUABLE as exc:
             if recorded is None:
                 return None, _reason(exc)

@@ -60,12 +60,14 @@ class ApplicationKind:
             object.__setattr__(self, "program", program(self.contract))
         object.__setattr__(self, "key_index", index_schema(self.schema))
 
-    def defaulted(self, spec: object) -> Any:
+    def defaulted(self, spec: object, *, checked: bool = False) -> Any:
         """The values as Cozystack reads them back: schema defaults applied.
 
-        Raises :class:`EvaluationError` for values past the bounds, before any defaulting.
+        Raises :class:`EvaluationError` for values past the bounds, before any defaulting
+        (``checked``: the caller has just bounded them).
         """
-        check_values(spec)
+        if not checked:
+            check_values(spec)
         document = {} if spec is None else spec
         return self.defaulter.apply(document) if self.defaulter is not None else document
 

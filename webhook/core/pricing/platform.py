@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from types import MappingProxyType
 from typing import Any
 
+import orjson
 import yaml
 from cachetools import LRUCache
 
-from webhook.core.base.errors import ContractError, EvaluationError, ManifestError
+from webhook.core.base.errors import UNEVALUABLE, ContractError, EvaluationError, ManifestError
+from webhook.core.pricing.bounds import check_values
 from webhook.core.pricing.catalog import (
     CLUSTER_INSTANCETYPE,
     NAMESPACED_INSTANCETYPE,
@@ -45,6 +46,7 @@ __all__ = [
     "PRESETS_KEY",
     "Platform",
     "PlatformBuilder",
+    "Prepared",
     "Values",
 ]
 
@@ -54,6 +56,12 @@ APPLICATION_DEFINITION = ("cozystack.io/v1alpha1", "ApplicationDefinition")
 # kept whole per entry); an entry's size is estimated from its charge (see _entry_bytes).
 CHARGE_CACHE_SIZE = 4096
 CHARGE_CACHE_BYTES = 16 * 1024 * 1024
+# The values memo (:meth:`Platform.prepare`): applications with the very same values (many
+# share a spec: disks of one size, databases of one preset) are bounded, defaulted, digested
+# and priced once. A tenant can write endless distinct values, so it holds at most this many
+# entries and about this many bytes (keyed by a digest, never the values; see _prepared_bytes).
+PREPARED_CACHE_SIZE = 16_384
+PREPARED_CACHE_BYTES = 16 * 1024 * 1024
 INSTANCETYPE_GROUP = "instancetype.kubevirt.io/"
 # A ConfigMap with this name replaces the built-in preset table (data key PRESETS_KEY holds the
 # table in the shape of Cozystack's resource-presets.yaml).
@@ -82,6 +90,12 @@ class Platform:
     problems: tuple[str, ...] = ()
     _charges: LRUCache[tuple[str, str, bytes], Charge] = field(
         default_factory=lambda: LRUCache(maxsize=CHARGE_CACHE_BYTES, getsizeof=_entry_bytes),
+        init=False,
+        repr=False,
+        compare=False,
+    )
+    _prepared: LRUCache[tuple[str, str, bytes], Prepared] = field(
+        default_factory=lambda: LRUCache(maxsize=PREPARED_CACHE_BYTES, getsizeof=_prepared_bytes),
         init=False,
         repr=False,
         compare=False,
@@ -137,6 +151,44 @@ class Platform:
         defaulted = found.defaulted(spec)  # bounded first (check_values), then defaulted
         return Values(defaulted, canonical_sha256(defaulted))
 
+    def prepare(self, kind: str, spec: object, *, namespace: str = "") -> Prepared:
+        """The values digest of ``spec`` and its charge (or why it has none), as :meth:`values`
+        and :meth:`charge_values` give them, once per distinct values of a kind.
+
+        Raises as :meth:`values` does (the values cannot be prepared); a charge that fails is
+        returned as ``failure``. Values are bounded before anything else is done with them; the
+        memo keys on an exact digest of them (plain JSON only: others are prepared each time)
+        and, when the kind's charge can depend on it, the namespace. Only prepared values with a
+        charge are kept, at most :data:`PREPARED_CACHE_SIZE` of them.
+        """
+        found = self.kinds.get(kind)
+        if found is None:
+            raise EvaluationError("", f"unknown application kind {kind!r}", kind=kind)
+        check_values(spec)
+        reads = found.reads
+        if reads is not None and (spec is None or isinstance(spec, Mapping)):
+            where = namespace if reads.namespaced else ""
+        else:
+            where = namespace
+        try:
+            key: tuple[str, str, bytes] | None = (kind, where, _exact_sha256(spec))
+        except (TypeError, ValueError, RecursionError):
+            key = None
+        if key is not None:
+            cached = self._prepared.get(key)
+            if cached is not None:
+                return cached
+        defaulted = found.defaulted(spec, checked=True)
+        values = Values(defaulted, canonical_sha256(defaulted))
+        try:
+            charge = self.charge_values(kind, values, namespace=namespace)
+        except UNEVALUABLE as exc:
+            return Prepared(values.digest, None, exc)
+        prepared = Prepared(values.digest, charge)
+        if key is not None:
+            self._prepared[key] = prepared
+        return prepared
+
     def charge_values(self, kind: str, values: Values, *, namespace: str = "") -> Charge:
         """The charge of values prepared by :meth:`values`, from the cache when seen before.
 
@@ -169,6 +221,15 @@ class Platform:
 
 
 @dataclass(frozen=True, slots=True)
+class Prepared:
+    """An application's values digest and its charge, or the reason it has none."""
+
+    digest: str
+    charge: Charge | None
+    failure: Exception | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Values:
     """An application's values bounded and defaulted, with the SHA-256 of their canonical JSON."""
 
@@ -182,20 +243,38 @@ class Values:
         return digest_text(self.sha256)
 
 
-_EXACT = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+_EXACT = (
+    orjson.OPT_SORT_KEYS
+    | orjson.OPT_PASSTHROUGH_DATETIME
+    | orjson.OPT_PASSTHROUGH_DATACLASS
+    | orjson.OPT_PASSTHROUGH_SUBCLASS
+)
 
 
 def _exact_sha256(values: object) -> bytes:
-    """The SHA-256 of canonical JSON of plain JSON values; raises ``TypeError`` for anything
-    else (no value is turned into text that another value could also be).
+    """The SHA-256 of a JSON text of plain JSON values; raises ``TypeError`` for anything else
+    (no value is turned into text that another value could also be). A cache key only: it is
+    never stored or signed, so it need not be the canonical text records are signed over.
 
-    The encoder writes a key ``true``, ``null`` or ``1`` (YAML makes them of ``{true: x}``) as
-    the text ``"true"``, ``"null"`` or ``"1"``, and a tuple as a list; only values the text
-    reads back as are plain JSON."""
-    text = _EXACT.encode(values)
-    if json.loads(text) != values:
+    orjson refuses keys that are not strings, integers past 64 bits, dates and subclasses, and
+    writes NaN and infinities as ``null`` and a tuple as a list: only values the text reads back
+    as are plain JSON (two values with one text then read back as one value, so are equal and
+    of the same types: the text tells an integer, a float and a boolean apart)."""
+    try:
+        text = orjson.dumps(values, option=_EXACT)
+        same = orjson.loads(text) == values
+    except orjson.JSONEncodeError as exc:
+        raise TypeError("not plain JSON") from exc
+    if not same:
         raise TypeError("not plain JSON")
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+    return hashlib.sha256(text).digest()
+
+
+def _prepared_bytes(prepared: Prepared) -> int:
+    """An estimate of one values memo entry's memory (its charge is counted whole, though the
+    charge cache often holds the same one), never below the share that caps the entry count."""
+    estimate = 400 + (_entry_bytes(prepared.charge) if prepared.charge is not None else 0)
+    return max(estimate, PREPARED_CACHE_BYTES // PREPARED_CACHE_SIZE)
 
 
 def _entry_bytes(charge: Charge) -> int:

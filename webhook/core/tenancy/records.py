@@ -31,11 +31,15 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
+from functools import lru_cache
 from types import MappingProxyType
 from typing import Final
+
+import orjson
 
 from webhook.core.base import resources as rl
 from webhook.core.base.errors import QuantityError
@@ -69,6 +73,24 @@ MAX_ANNOTATION_CHARS: Final = 262144
 MAC_PREFIX: Final = "hmac-sha256:"
 VERSION: Final = "v2"  # v1 records carried no key id, uid, volume marks or dry-run flag
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
+# orjson writes the same text as _CANONICAL for str-keyed maps, lists, ASCII strings, booleans
+# and 64-bit integers, several times faster; it writes floats (``1e-7`` for ``1e-07``, ``null``
+# for NaN), DEL and non-ASCII characters otherwise, and types _CANONICAL turns into ``str()``
+# not at all. Its text is used only when it holds none of those (a float token, DEL, a byte
+# past ASCII: a string that merely looks like one costs the slow path, never a different
+# text; a ``null`` counts only once the text reads back as the value, so is no NaN); anything
+# else is written by _CANONICAL, as records have always been.
+_FAST_OPTIONS: Final = (
+    orjson.OPT_SORT_KEYS
+    | orjson.OPT_PASSTHROUGH_DATETIME
+    | orjson.OPT_PASSTHROUGH_DATACLASS
+    | orjson.OPT_PASSTHROUGH_SUBCLASS
+)
+# A number token with a fraction or an exponent after what a value follows in compact JSON
+# (or a text that is one number): where a float is written. A string that looks like one
+# matches too, and merely costs the slow path.
+_FLOAT: Final = re.compile(rb"[:,\[]-?[0-9]+[.eE]")
+_NUMBER_START: Final = frozenset(b"-0123456789")  # a text that is one number, maybe a float
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
 _EMPTY: Mapping[str, Decimal] = MappingProxyType({})
 
@@ -131,7 +153,40 @@ def values_digest(values: object) -> str:
 def canonical_sha256(values: object) -> bytes:
     """The SHA-256 of the values' canonical JSON; raises ``TypeError`` or ``ValueError`` for
     values JSON cannot hold. The charge cache keys on it, and :func:`values_digest` shows it."""
-    return hashlib.sha256(_CANONICAL.encode(values).encode("utf-8", "surrogatepass")).digest()
+    return hashlib.sha256(canonical_json(values)).digest()
+
+
+def canonical_json(value: object) -> bytes:
+    """The canonical JSON of ``value`` as UTF-8: keys sorted, no spaces, ASCII only (the text
+    every digest and MAC is taken over); raises as :func:`json.dumps` does."""
+    try:
+        text = orjson.dumps(value, option=_FAST_OPTIONS)
+    except TypeError:  # not plain JSON, an integer past 64 bits, nested past orjson's limit
+        pass
+    else:
+        if (
+            text.isascii()
+            and b"\x7f" not in text
+            and _FLOAT.search(text) is None
+            and not (text[0] in _NUMBER_START and (b"." in text or b"e" in text))
+            # ``null`` is None, or a NaN or an infinity: only the first reads back as it was
+            and (b"null" not in text or orjson.loads(text) == value)
+        ):
+            return text
+    return _CANONICAL.encode(value).encode("utf-8", "surrogatepass")
+
+
+def _message_json(value: object) -> bytes:
+    """:func:`canonical_json` of a MAC's message: strings, booleans, ``None`` and maps of
+    strings only (never a float), so only DEL and characters past ASCII are written apart."""
+    try:
+        text = orjson.dumps(value, option=_FAST_OPTIONS)
+    except TypeError:  # a subclass of str (orjson passes them through)
+        pass
+    else:
+        if text.isascii() and b"\x7f" not in text:
+            return text
+    return _CANONICAL.encode(value).encode("utf-8", "surrogatepass")
 
 
 def digest_text(sha256: bytes) -> str:
@@ -156,10 +211,10 @@ def mac(
 ) -> str:
     """The MAC of one record under ``key``: ``hmac-sha256:<hex>``."""
     kind, namespace, name = app
-    message = _CANONICAL.encode(
+    message = _message_json(
         [
             VERSION,
-            key_id(key),
+            _key_id(key),
             uid,
             rl.to_strings(marks),
             dry,
@@ -175,7 +230,13 @@ def mac(
             source,
         ]
     )
-    return MAC_PREFIX + hmac.new(key, message.encode(), hashlib.sha256).hexdigest()
+    return MAC_PREFIX + hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+@lru_cache(maxsize=64)
+def _key_id(key: bytes) -> str:
+    """:func:`key_id`, once per key (a process holds a handful)."""
+    return key_id(key)
 
 
 def sign(
@@ -301,7 +362,7 @@ def _verifies_v1(
     if record.uid or record.marks or record.dry:
         return False
     kind, namespace, name = app
-    message = _CANONICAL.encode(
+    message = _message_json(
         [
             "v1",
             kind,
@@ -317,7 +378,7 @@ def _verifies_v1(
         ]
     )
     for key in (keys.current, *keys.published, *keys.previous):
-        expected = MAC_PREFIX + hmac.new(key, message.encode(), hashlib.sha256).hexdigest()
+        expected = MAC_PREFIX + hmac.new(key, message, hashlib.sha256).hexdigest()
         if hmac.compare_digest(expected, record.mac):
             return True
     return False
@@ -368,12 +429,32 @@ def record_annotation(record: RecordedCharge) -> str:
     return _COMPACT.encode(body)
 
 
+def _loads(text: str) -> object:
+    """``json.loads(text)``, by orjson where it reads the same: it refuses what only the standard
+    library reads (NaN, lone surrogates, numbers past a double), which is then read by it; and
+    it reads an integer past 64 bits as a float, which the quantity maps (the only numbers a
+    record's reading looks at) are read again for."""
+    try:
+        body = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
+    if isinstance(body, dict):
+        for field_name in _QUANTITY_FIELDS:
+            found = body.get(field_name)
+            if isinstance(found, dict) and any(type(v) is float for v in found.values()):
+                return json.loads(text)
+    return body
+
+
+_QUANTITY_FIELDS: Final = ("charge", "factor", "committed", "own", "marks")
+
+
 def parse_recorded_charge(text: object) -> RecordedCharge | None:
     """The annotation's content, unverified; ``None`` when absent or unreadable."""
     if not isinstance(text, str) or len(text) > MAX_ANNOTATION_CHARS:
         return None
     try:
-        body = json.loads(text)
+        body = _loads(text)
         if not isinstance(body, Mapping):
             return None
         charge, digest = body["charge"], body["digest"]
