@@ -94,6 +94,15 @@ def free_port() -> int:
 # -- the load generator (its own process) -----------------------------------------------------
 
 
+def failure_reason(text: bytes) -> str:
+    """A failed create's Status message, shortened (the webhook's reason is in it)."""
+    try:
+        message = str(json.loads(text).get("message", ""))
+    except (ValueError, AttributeError):
+        message = text.decode(errors="replace")
+    return message[:160]
+
+
 async def generate(args: argparse.Namespace) -> dict[str, Any]:
     import aiohttp
 
@@ -105,6 +114,7 @@ async def generate(args: argparse.Namespace) -> dict[str, Any]:
     }
     latencies: list[float] = []
     statuses: Counter[int] = Counter()
+    reasons: Counter[str] = Counter()
     deadline = time.monotonic() + args.seconds
     connector = aiohttp.TCPConnector(limit=args.clients, ssl=context)
     timeout = aiohttp.ClientTimeout(total=30)
@@ -125,12 +135,14 @@ async def generate(args: argparse.Namespace) -> dict[str, Any]:
             started = time.perf_counter()
             try:
                 async with session.post(url, json=body) as answer:
-                    await answer.read()
+                    text = await answer.read()
                     status = answer.status
-            except (aiohttp.ClientError, TimeoutError):
-                status = 0
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                status, text = 0, repr(exc).encode()
             latencies.append(time.perf_counter() - started)
             statuses[status] += 1
+            if status != 201:  # why, in the API server's words (its Status message)
+                reasons[failure_reason(text)] += 1
 
     cpu = time.process_time()
     started = time.perf_counter()
@@ -144,6 +156,7 @@ async def generate(args: argparse.Namespace) -> dict[str, Any]:
         "seconds": elapsed,
         "created": statuses.get(201, 0),
         "statuses": {str(k): v for k, v in statuses.items()},
+        "reasons": dict(reasons.most_common(3)),
         "p50": ordered[len(ordered) // 2] if ordered else 0.0,
         "p99": ordered[int(len(ordered) * 0.99)] if ordered else 0.0,
         "mean": statistics.fmean(ordered) if ordered else 0.0,
@@ -648,7 +661,11 @@ def measure(
                 print(
                     f"round {round_index + 1} {setup} {scenario}: "
                     + ", ".join(f"{k} {v:.3g}" for k, v in row.items() if not k.startswith(CALL))
-                    + (f", statuses {figures['statuses']}" if row["failed"] else ""),
+                    + (
+                        f", statuses {figures['statuses']}, why {figures['reasons']}"
+                        if row["failed"]
+                        else ""
+                    ),
                     file=sys.stderr,
                     flush=True,
                 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -75,3 +76,18 @@ def test_without_the_real_api_server_the_benchmark_says_so_and_exits_cleanly(
     assert result.returncode == 0, result.stderr
     assert "no real kube-apiserver here" in result.stdout
     assert "absent" in result.stdout
+
+
+def test_a_failed_create_is_counted_by_the_reason_the_api_server_gave() -> None:
+    status = {
+        "kind": "Status",
+        "status": "Failure",
+        "message": 'admission webhook "validate.example" denied the request: tenant reservations: '
+        "this replica has not yet seen every application the ledger of pool tenant-t0 "
+        "accounted for; try again",
+        "code": 503,
+    }
+    reason = write_path.failure_reason(json.dumps(status).encode())
+    assert reason.startswith('admission webhook "validate.example" denied')
+    assert len(reason) == 160
+    assert write_path.failure_reason(b"upstream connect error") == "upstream connect error"
