@@ -298,3 +298,15 @@ def test_serve_on_a_port_in_use_logs_no_shutdown_and_ends_with_the_error(
     assert messages[0] == "modes", messages
     assert "shutting down" not in messages, messages
     assert "stopped" not in messages, messages
+
+
+def test_evaluate_of_a_yaml_key_that_is_not_a_string_names_it_not_an_internal_error(
+    tmp_path: Path,
+) -> None:
+    vm = tmp_path / "vm.yaml"
+    vm.write_text(
+        "apiVersion: apps.cozystack.io/v1alpha1\nkind: VMInstance\n"
+        "metadata: {name: vm1, namespace: tenant-acme}\nspec:\n  instanceType: u1.micro\n  1: x\n"
+    )
+    done = run(tmp_path, "webhook", "evaluate", "--object", str(vm))
+    assert_one_line_error(done, "spec.1", "not a string")

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from tests.builders import platform
 from webhook.core.base.errors import EvaluationError
-from webhook.core.pricing.bounds import ValuesLimits, check_values
+from webhook.core.pricing.bounds import ValuesLimits, check_values, non_string_key
 
 
 def nested(depth: int) -> Any:
@@ -102,3 +102,41 @@ def test_the_bounds_refuse_exactly_where_a_walk_over_every_node_does(
     except EvaluationError as exc:
         refused = exc.reason
     assert refused == walk_every_node(values, limits)
+
+
+@pytest.mark.parametrize(
+    ("spec", "where"),
+    [
+        ({"instanceType": "u1.micro", 1: "x"}, "spec.1"),
+        ({"instanceType": "u1.micro", "disks": [{"name": "a", True: 1}]}, "spec.disks[0].True"),
+        ({"instanceType": "u1.micro", None: 1}, "spec.None"),
+    ],
+)
+def test_a_yaml_key_that_is_not_a_string_is_refused_by_its_path_not_a_type_error(
+    spec: Mapping[Any, Any], where: str
+) -> None:
+    # Only a YAML file can write `1:` or `true:` (JSON keys are strings); digesting such values
+    # raised a TypeError that named nothing: `webhook evaluate` died as an internal error, a
+    # `--state` load counted the application unknown for "'<' not supported".
+    found = platform()
+    for prepare in (found.values, found.prepare):
+        with pytest.raises(EvaluationError) as refused:
+            prepare("VMInstance", spec)
+        assert refused.value.path == where
+        assert "not a string" in refused.value.reason
+
+
+STRING_KEYED = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=3),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=2), children, max_size=3)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(STRING_KEYED, st.integers() | st.booleans() | st.none())
+def test_the_first_key_not_a_string_is_found_wherever_it_is(values: object, key: object) -> None:
+    assert non_string_key(values) is None
+    assert non_string_key({"a": [values, {key: 1}]}) == f"spec.a[1].{key!r}"

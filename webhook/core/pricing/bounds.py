@@ -17,7 +17,7 @@ from typing import Final
 
 from webhook.core.base.errors import EvaluationError
 
-__all__ = ["DEFAULT_VALUES_LIMITS", "ValuesLimits", "check_values"]
+__all__ = ["DEFAULT_VALUES_LIMITS", "ValuesLimits", "check_values", "non_string_key"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,3 +72,23 @@ def check_values(values: object, limits: ValuesLimits = DEFAULT_VALUES_LIMITS) -
 
 # What JSON and YAML values mostly are: never containers, so no ABC check is needed for them.
 _SCALARS: Final = frozenset({str, int, float, bool, type(None)})
+
+
+def non_string_key(values: object, path: str = "spec") -> str | None:
+    """Where ``values`` (already bounded) hold their first mapping key that is not a string, as
+    a path (``spec.disks[0].1``); ``None`` if every key is one.
+
+    JSON keys are always strings, so only a YAML file can write one (``1:``, ``true:``). Asked
+    only once digesting the values failed: no admission pays for the walk.
+    """
+    stack: list[tuple[object, str]] = [(values, path)]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, Mapping):
+            for key in value:
+                if not isinstance(key, str):
+                    return f"{where}.{key!r}"
+            stack.extend((child, f"{where}.{key}") for key, child in reversed(value.items()))
+        elif isinstance(value, list | tuple):
+            stack.extend((child, f"{where}[{i}]") for i, child in reversed(list(enumerate(value))))
+    return None

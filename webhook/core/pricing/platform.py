@@ -21,7 +21,7 @@ import yaml
 from cachetools import LRUCache
 
 from webhook.core.base.errors import UNEVALUABLE, ContractError, EvaluationError, ManifestError
-from webhook.core.pricing.bounds import check_values
+from webhook.core.pricing.bounds import check_values, non_string_key
 from webhook.core.pricing.catalog import (
     CLUSTER_INSTANCETYPE,
     NAMESPACED_INSTANCETYPE,
@@ -148,8 +148,8 @@ class Platform:
         found = self.kinds.get(kind)
         if found is None:
             raise EvaluationError("", f"unknown application kind {kind!r}", kind=kind)
-        defaulted = found.defaulted(spec)  # bounded first (check_values), then defaulted
-        return Values(defaulted, canonical_sha256(defaulted))
+        check_values(spec)
+        return self._values(found, spec)
 
     def prepare(self, kind: str, spec: object, *, namespace: str = "") -> Prepared:
         """The values digest of ``spec`` and its charge (or why it has none), as :meth:`values`
@@ -178,8 +178,7 @@ class Platform:
             cached = self._prepared.get(key)
             if cached is not None:
                 return cached
-        defaulted = found.defaulted(spec, checked=True)
-        values = Values(defaulted, canonical_sha256(defaulted))
+        values = self._values(found, spec)
         try:
             charge = self.charge_values(kind, values, namespace=namespace)
         except UNEVALUABLE as exc:
@@ -188,6 +187,21 @@ class Platform:
         if key is not None:
             self._prepared[key] = prepared
         return prepared
+
+    @staticmethod
+    def _values(found: ApplicationKind, spec: object) -> Values:
+        """Bounded ``spec`` defaulted and digested; a key that is not a string (a YAML file's
+        ``1:``) is refused by its path rather than failing as a ``TypeError`` that names none."""
+        try:
+            defaulted = found.defaulted(spec, checked=True)
+            return Values(defaulted, canonical_sha256(defaulted))
+        except TypeError:
+            where = non_string_key(spec)
+            if where is None:
+                raise
+            raise EvaluationError(
+                where, "a key that is not a string: JSON keys are strings (quote it in YAML)"
+            ) from None
 
     def charge_values(self, kind: str, values: Values, *, namespace: str = "") -> Charge:
         """The charge of values prepared by :meth:`values`, from the cache when seen before.
