@@ -31,7 +31,7 @@ Goals: both webhooks >= 0.5x the creates/s of no webhooks; the latency they add 
 the do-nothing pair adds.
 
 Run: .venv/bin/python -m benchmarks.write_path [--seconds 8] [--rounds 3] [--clients 16]
-     [--profile]
+     [--profile] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -448,6 +448,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--profile", action="store_true", help="profile the two replicas")
+    parser.add_argument("--keep", type=Path, help="work in this directory, and keep its logs")
     parser.add_argument("--load", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--ca", help=argparse.SUPPRESS)
@@ -464,6 +465,10 @@ def main() -> None:
         if shutil.which(tool) is None:
             print(f"write path: the real kube-apiserver needs {tool} on PATH; nothing measured")
             return
+    if args.keep:  # the replicas' logs, the audit log and the profiles stay for reading
+        args.keep.mkdir(parents=True, exist_ok=True)
+        run(args.keep, args)
+        return
     with tempfile.TemporaryDirectory(prefix="write-path-") as temporary:
         run(Path(temporary), args)
 
