@@ -186,7 +186,8 @@ class Platform:
             return Prepared(values.digest, None, exc)
         prepared = Prepared(values.digest, charge)
         if key is not None:
-            self._prepared[key] = prepared
+            with contextlib.suppress(ValueError):  # an entry larger than the whole memo
+                self._prepared[key] = prepared
         return prepared
 
     def charge_values(self, kind: str, values: Values, *, namespace: str = "") -> Charge:
