@@ -354,3 +354,31 @@ async def test_a_watch_answering_every_open_with_an_error_event_backs_off() -> N
     stop.set()
     await task
     assert runs[:5] == [1, 2, 3, 4, 5], runs
+
+
+async def test_a_page_the_consumer_cannot_reduce_is_a_failed_list_retried_not_a_dead_reflector(
+    server: EmulatedAPIServer, client: KubeClient
+) -> None:
+    # Anything one object makes the list raise (the reduce, the decoding of its page) used
+    # to end run(): nothing restarts it, so a kind listed before stayed unsynced for good,
+    # and the whole state with it.
+    mirror = Mirror()
+    poisoned = {"on": True}
+
+    def reduce(obj: dict[str, Any]) -> dict[str, Any]:
+        if poisoned["on"] and obj["metadata"]["name"] == "deep":
+            raise RecursionError("maximum recursion depth exceeded while encoding a JSON object")
+        return obj
+
+    server.create(thing("deep", 1))
+    watcher = reflector(client, mirror, reduce=reduce)
+    stop, task = await run(watcher)
+    await eventually(lambda: watcher.list_failures >= 2)
+    assert not task.done()
+    assert "maximum recursion depth" in watcher.list_error
+    assert not watcher.synced
+    poisoned["on"] = False
+    await eventually(lambda: watcher.synced)
+    assert mirror.items == {"deep": 1}
+    stop.set()
+    await task

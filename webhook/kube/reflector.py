@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from webhook.kube.client import ApiError, KubeClient, ResourceRef, WatchTimeout
+from webhook.kube.client import ApiError, KubeClient, ResourceRef
 from webhook.waits import sleep_unless_stopped
 
 __all__ = ["Reflector", "consistent_read"]
@@ -102,7 +102,10 @@ class Reflector:
                 self.listed = False
                 self.relists += 1
                 failures = 0
-            except (ApiError, WatchTimeout) as exc:
+            # Anything else a list or watch raised (one object's page that its consumer or the
+            # decoder cannot take) is a failure like these: reported and retried. Let out, it
+            # would end this reflector for good, and readiness with it.
+            except Exception as exc:
                 self.watching = False
                 if self.listed and self._heard:
                     failures = 0  # the watch worked before it broke: back off from the start

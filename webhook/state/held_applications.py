@@ -12,9 +12,10 @@ import json
 import logging
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from webhook.core.base.json_codec import decode_json
+from webhook.core.pricing.bounds import DEFAULT_VALUES_LIMITS
 from webhook.core.tenancy.applications import (
     CHARGE_ANNOTATION,
     Application,
@@ -30,6 +31,8 @@ Obj = dict[str, Any]
 # observations for the ledger: only one newer than an admission settles its entry).
 Held = tuple[str, str | None, int]
 CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
+# Where a spec nested past what CANONICAL recurses is cut (twice the values' depth bound).
+_CUT: Final = 2 * DEFAULT_VALUES_LIMITS.max_depth
 
 
 def settle_memory(*, first: bool) -> None:
@@ -61,12 +64,34 @@ def held_from_object(kind: str, obj: Obj) -> tuple[tuple[str, str], Held] | None
         else:
             annotations = metadata.get("annotations")
             note = annotations.get(CHARGE_ANNOTATION) if isinstance(annotations, Mapping) else None
-            spec = sys.intern(CANONICAL.encode(obj.get("spec")))
+            spec = sys.intern(_canonical_spec(obj.get("spec")))
             recorded = sys.intern(note) if isinstance(note, str) else None
             version = resource_version(metadata.get("resourceVersion"))
             return (sys.intern(namespace), name), (spec, recorded, version)
     log.warning("application ignored", extra={"fields": {"kind": kind, "reason": reason}})
     return None
+
+
+def _canonical_spec(spec: object) -> str:
+    """The spec's canonical JSON; for one nested past what the encoder recurses (some 950
+    levels, which a review decodes to: admitted in warn or off, where the values bound only
+    warns), the spec cut :data:`_CUT` levels down. The cut is refused by that bound as the
+    whole is, so the application is held as one that cannot be evaluated (its last believed
+    record counts, else it is unknown), never raised out of the list page carrying it: that
+    would stop its kind's reflector for good, and with it every tenant's admissions."""
+    try:
+        return CANONICAL.encode(spec)
+    except RecursionError:
+        return CANONICAL.encode(_cut(spec, _CUT))
+
+
+def _cut(value: object, levels: int) -> object:
+    """``value`` down to ``levels`` levels of maps and lists, each deeper one left empty."""
+    if isinstance(value, Mapping):
+        return {k: _cut(v, levels - 1) for k, v in value.items()} if levels > 1 else {}
+    if isinstance(value, list | tuple):
+        return [_cut(v, levels - 1) for v in value] if levels > 1 else []
+    return value
 
 
 def held_application(kind: str, namespace: str, name: str, held: Held) -> Application:

@@ -231,3 +231,18 @@ def test_a_float_written_with_many_digits_decodes_to_the_stdlibs_float(
     text = f"{whole}.{fraction}{exponent}{power if exponent else ''}"
     raw = f'{{"a":[{text},-{text}]}}'.encode()
     assert same(decode_json(raw), json.loads(raw))
+
+
+@pytest.mark.parametrize("depth", [990, 1000, 1020])
+def test_a_long_integer_beside_an_object_nested_1000_levels_decodes_exactly(depth: int) -> None:
+    # One tenant's integer of 20 digits sends a whole list page to the stdlib; another
+    # object on it, nested as deep as orjson reads, must not make it raise RecursionError
+    # (the reflector listing it would stop, and with it every tenant's admissions).
+    deep = b'{"x":' * depth + b"1" + b"}" * depth
+    raw = b'{"items":[{"spec":{"n":123456789012345678901}},{"spec":' + deep + b"}]}"
+    items = decode_json(raw)["items"]
+    assert items[0]["spec"]["n"] == 123456789012345678901
+    value = items[1]["spec"]
+    for _ in range(depth):
+        value = value["x"]
+    assert value == 1

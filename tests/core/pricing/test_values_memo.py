@@ -13,6 +13,7 @@ import datetime
 import math
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -26,6 +27,7 @@ from tests.core.pricing.test_charge_projection import (
 )
 from webhook.core.admission.state import ReservationState
 from webhook.core.base.errors import UNEVALUABLE
+from webhook.core.pricing import platform as platform_module
 from webhook.core.pricing.platform import (
     PREPARED_CACHE_BYTES,
     PREPARED_CACHE_SIZE,
@@ -161,3 +163,19 @@ def test_a_tenant_writing_endless_distinct_values_cannot_grow_the_values_memo_pa
     assert memo.currsize <= PREPARED_CACHE_BYTES
     assert all(len(key[2]) == 32 for key in memo)  # a digest of the values, never the values
     assert len(state) == PREPARED_CACHE_SIZE + 300
+
+
+def test_a_charge_too_large_for_the_values_memo_is_priced_not_failed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An entry the memo cannot hold (its estimate past the memo's bytes) is refused by the
+    # cache with ValueError; that must not turn a charge that evaluated into a failure (the
+    # state would price the application as unknown or by its record, reporting a problem).
+    monkeypatch.setattr(platform_module, "PREPARED_CACHE_BYTES", 1024)
+    monkeypatch.setattr(platform_module, "PREPARED_CACHE_SIZE", 1)
+    small = Platform(platform().kinds, platform().catalog)
+    found = small.prepare("VMDisk", {"storage": "10Gi"}, namespace="tenant-a")
+    assert found.failure is None
+    assert found.charge is not None
+    assert found.charge.resources == platform().charge("VMDisk", {"storage": "10Gi"}).resources
+    assert len(small._prepared) == 0

@@ -11,7 +11,10 @@ decodes to other values than before and nothing encoded says anything else:
   orjson refuses (a lone surrogate escape, ``NaN``, a number that overflows, UTF-16, nesting
   past 1024 levels), which the stdlib then decodes or refuses exactly as before. One change:
   a body nested up to 1024 levels now decodes (and is decided: values past 64 levels are
-  refused by their bounds), where the stdlib's limit was the stack, some 950 levels here;
+  refused by their bounds), where the stdlib's limit was the stack, some 950 levels here.
+  So does one the stdlib must read (an integer of 19 digits beside such nesting: one list page
+  can carry both, from two tenants): orjson reading it proves it nests at most 1024 levels,
+  and the stdlib is then given the stack for that many;
 - encoding: orjson writes UTF-8 where the stdlib writes ``\\uXXXX`` escapes (the same JSON
   strings, never longer), and refuses a string holding a lone surrogate or nesting past 254
   levels, which the stdlib then encodes.
@@ -20,6 +23,8 @@ decodes to other values than before and nothing encoded says anything else:
 from __future__ import annotations
 
 import json
+import sys
+import threading
 from typing import Any, Final
 
 import orjson
@@ -35,6 +40,8 @@ _SHAPE: Final = bytes(
 _DROPPED: Final = b" \t\r\n-"
 _LONG: Final = b":" + b"0" * 19
 _COMPACT: Final = json.JSONEncoder(separators=(",", ":"))
+_LEVELS: Final = 1024  # how deep orjson reads, whatever the stack
+_DEEP: Final = threading.Lock()  # the recursion limit is the interpreter's: one raise at a time
 
 
 def may_hold_long_integers(raw: bytes) -> bool:
@@ -50,7 +57,27 @@ def decode_json(raw: bytes) -> Any:
             return orjson.loads(raw)
         except orjson.JSONDecodeError:
             pass  # refused: the stdlib decodes it, or says why not as it always did
-    return json.loads(raw)
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        if not _within_orjsons_depth(raw):
+            raise  # deeper than orjson reads too: refused as it always was
+    with _DEEP:
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(limit + 2 * _LEVELS)  # the scanner recurses once per level
+        try:
+            return json.loads(raw)
+        finally:
+            sys.setrecursionlimit(limit)
+
+
+def _within_orjsons_depth(raw: bytes) -> bool:
+    """Whether orjson reads ``raw`` (so it nests at most :data:`_LEVELS` levels)."""
+    try:
+        orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return False
+    return True
 
 
 def encode_json(value: object) -> bytes:

@@ -185,7 +185,8 @@ class Platform:
             return Prepared(values.digest, None, exc)
         prepared = Prepared(values.digest, charge)
         if key is not None:
-            self._prepared[key] = prepared
+            with contextlib.suppress(ValueError):  # an entry larger than the whole memo
+                self._prepared[key] = prepared
         return prepared
 
     @staticmethod
