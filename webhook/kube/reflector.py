@@ -5,8 +5,10 @@ consumer's view, then a watch from the list's resourceVersion streams changes (w
 so the resume point stays fresh). Each page is reduced as it arrives (``reduce`` keeps only what
 the consumer needs from an object), so a list of a large cluster never holds every whole object
 at once; the reduced items replace the consumer's view in one call, so readers never see half a
-list. A watch that ends normally is reopened from the last
-resourceVersion; one that breaks, or stays silent past the read timeout, is reopened after a
+list. A watch that ends normally is reopened from the last resourceVersion, and each asks the
+server to end it well within the read timeout (:attr:`Reflector.server_timeout`: kube-apiserver
+bookmarks no watch of a kind nothing writes, so a quiet watch ended only by its silence would
+be taken for dead); one that breaks, or stays silent past the read timeout, is reopened after a
 backoff with jitter, which grows only while reopened watches deliver nothing (a watch that
 worked for an hour and then broke is a first failure, not the next of a run); ``410 Gone``
 (the resume point was compacted away) forces a fresh list.
@@ -165,11 +167,21 @@ class Reflector:
             self.client, self.resource, reduce, namespace=self.namespace, params=self.params
         )
 
+    @property
+    def server_timeout(self) -> int:
+        """The ``timeoutSeconds`` each watch asks for: ``watch_timeout``, but at most two thirds
+        of the read timeout. kube-apiserver sends no bookmark on a watch of a kind nothing
+        writes, so a quiet kind's watch (instance types, ApplicationDefinitions, most
+        applications at night) would fall silent past the read timeout and be taken for dead,
+        its reconnect leaving the state unsynced and every admission refused meanwhile; ended
+        by the server first, it is reopened at once and never stops being synced."""
+        return max(1, min(self.watch_timeout, int(self.read_timeout * 2 / 3)))
+
     async def _watch(self, stop: asyncio.Event) -> None:
         events = self.client.watch(
             self.resource.path(self.namespace),
             resource_version=self.resource_version,
-            timeout_seconds=self.watch_timeout,
+            timeout_seconds=self.server_timeout,
             read_timeout=self.read_timeout,
             params=self.params,
         )

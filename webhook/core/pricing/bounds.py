@@ -88,7 +88,7 @@ def non_string_key(values: object, path: str = "spec") -> str | None:
             for key in value:
                 if not isinstance(key, str):
                     return f"{where}.{key!r}"
-            stack.extend((child, f"{where}.{key}") for key, child in reversed(value.items()))
+            stack.extend((child, f"{where}.{key}") for key, child in reversed(list(value.items())))
         elif isinstance(value, list | tuple):
             stack.extend((child, f"{where}[{i}]") for i, child in reversed(list(enumerate(value))))
     return None
