@@ -382,3 +382,33 @@ async def test_a_page_the_consumer_cannot_reduce_is_a_failed_list_retried_not_a_
     assert mirror.items == {"deep": 1}
     stop.set()
     await task
+
+
+class EmptyWatchClient:
+    """Lists one empty page; every watch opens and ends normally at once, with nothing sent (a
+    proxy or an aggregated API server closing the stream early)."""
+
+    def __init__(self) -> None:
+        self.watches = 0
+
+    async def request(self, method: str, path: str, **_: Any) -> dict[str, Any]:
+        return {"metadata": {"resourceVersion": "5"}, "items": []}
+
+    async def watch(self, path: str, **_: Any) -> AsyncIterator[dict[str, Any]]:
+        self.watches += 1
+        return
+        yield {}  # an async generator
+
+
+async def test_a_watch_that_ends_at_once_every_time_is_not_reopened_in_a_tight_loop() -> None:
+    # A normal end reset the backoff and reopened at once, so a stream closed as soon as it
+    # opened was reopened without a pause, for good: one request after another to the API
+    # server and a busy event loop, while the kind still looked synced.
+    client = EmptyWatchClient()
+    watcher = reflector(client, Mirror(), backoff=(0.05, 0.2))  # type: ignore[arg-type]
+    stop, task = await run(watcher)
+    await asyncio.sleep(0.5)
+    stop.set()
+    await task
+    assert 1 <= client.watches <= 12, client.watches
+    assert "ended at once" in watcher.last_error

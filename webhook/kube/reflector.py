@@ -98,8 +98,29 @@ class Reflector:
             try:
                 if not self.listed:
                     await self._list()
+                opened = time.monotonic()
                 await self._watch(stop)
-                failures = 0
+                if self._heard or stop.is_set() or not self._ended_at_once(opened):
+                    failures = 0
+                else:
+                    # Ended normally with nothing sent, long before the timeout it asked for:
+                    # a stream closed as it opened, not a quiet kind. Reopened at once, it
+                    # would be reopened without a pause for good.
+                    failures += 1
+                    self.last_error = f"watch {self._url()}: ended at once, nothing sent"
+                    delay = self._delay(failures)
+                    log.warning(
+                        "watch ended at once",
+                        extra={
+                            "fields": {
+                                "resource": self.resource.plural,
+                                "url": self._url(),
+                                "failures": failures,
+                                "retry_seconds": round(delay, 2),
+                            }
+                        },
+                    )
+                    await sleep_unless_stopped(delay, stop)
             except _Relist:
                 self.listed = False
                 self.relists += 1
@@ -137,6 +158,11 @@ class Reflector:
                 )
                 await sleep_unless_stopped(delay, stop)
         self.watching = False
+
+    def _ended_at_once(self, opened: float) -> bool:
+        """Whether a watch opened at ``opened`` (monotonic) ended before a tenth of the
+        timeout it asked the server for (and within a second)."""
+        return time.monotonic() - opened < min(1.0, self.server_timeout / 10)
 
     def _delay(self, failures: int) -> float:
         low, high = self.backoff
