@@ -4,6 +4,10 @@ Assembled from Kubernetes manifests (ApplicationDefinitions, KubeVirt instance t
 optional preset-table ConfigMap, ``ReservationContract`` documents) plus the defaults the project
 ships, whatever the manifests come from: a directory, a live cluster, a test. Building is pure:
 manifests in, a frozen :class:`Platform` out, every rejected manifest named with its reason.
+
+Over 400 lines, and kept whole: a platform answers what an application of one of its kinds
+reserves, and its two bounded caches (prepared values, charges) are that answer given once;
+they live and die with the platform version they were computed on.
 """
 
 from __future__ import annotations
