@@ -274,7 +274,11 @@ def _schema_nodes(schema: object) -> int:
     return total
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(st.sampled_from(KINDS), st.lists(st.dictionaries(KEYS, VALUES, max_size=10), max_size=5))
 def test_hostile_values_never_grow_the_index_past_the_schema(
     kind: str, writes: list[dict[Any, Any]]
