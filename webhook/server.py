@@ -93,6 +93,7 @@ class WebhookServer:
                 drift=lambda: float(services.drift),
                 conflicts=lambda: float(services.ledger.conflicts),
                 leader=lambda: services.elector.is_leader,
+                unreadable=lambda: float(services.client.unreadable_events),
             )
             ledger = services.ledger
             metrics.watch_ledger(

@@ -242,8 +242,10 @@ class Metrics:
         drift: Callable[[], float],
         conflicts: Callable[[], float],
         leader: Callable[[], bool],
+        unreadable: Callable[[], float],
     ) -> None:
-        """Expose the live side: time to first sync, drift, ledger conflicts, leadership."""
+        """Expose the live side: time to first sync, drift, ledger conflicts, leadership, and
+        the watch events that could not be read (each made its watch list again)."""
         gauges = [
             (
                 "reservation_state_first_sync_seconds",
@@ -264,6 +266,12 @@ class Metrics:
                 "reservation_leader",
                 "1 while this replica holds the Lease.",
                 lambda: 1.0 if leader() else 0.0,
+            ),
+            (
+                "reservation_watch_events_unreadable",
+                "Watch events longer than the event bound or not JSON, since start; each made "
+                "its watch list again rather than meet the event again (should be 0).",
+                unreadable,
             ),
         ]
         for name, description, read in gauges:

@@ -30,6 +30,7 @@ __all__ = [
     "KubeClient",
     "ResourceRef",
     "ResponseTooLarge",
+    "WatchEventUnreadable",
     "WatchTimeout",
 ]
 # A list of objects as their metadata only (PartialObjectMetadataList), plain JSON where a server
@@ -43,6 +44,15 @@ Obj = dict[str, Any]
 # by whoever called it); a watch is bounded by its own server timeout and read timeout instead.
 REQUEST_TIMEOUT: Final = 10.0
 TOKEN_SECONDS: Final = 10.0  # kubelet rotates projected tokens long before they expire
+# The longest watch event read: the API server's own limits, never ours. etcd refuses a request
+# over 1.5 MiB (its default --max-request-bytes), so no stored object is larger; served as JSON,
+# an object etcd holds as JSON (every custom resource, every application) is its stored bytes,
+# and one it holds as protobuf grows at most sixfold (Go's encoding/json writes "<" as "\u003c").
+# The event's framing ({"type":"MODIFIED","object":...} and the newline) is a few bytes; 64 KiB
+# covers it with room. kube-apiserver itself accepts request bodies up to 3 MiB (twice etcd's
+# limit) for the same reason; an event is read up to three times that, and never whole past it.
+ETCD_MAX_REQUEST_BYTES: Final = 1_572_864  # 1.5 MiB
+MAX_WATCH_EVENT_BYTES: Final = 6 * ETCD_MAX_REQUEST_BYTES + 65_536
 
 
 class ApiError(Exception):
@@ -60,6 +70,14 @@ class ResponseTooLarge(ApiError):
 
     def __init__(self, message: str) -> None:
         super().__init__(0, "ResponseTooLarge", message)
+
+
+class WatchEventUnreadable(ApiError):
+    """A watch event over the line bound, not JSON, or not an event: the watch cannot go past
+    it, and resuming from before it would meet it again (the reflector lists instead)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(0, "WatchEventUnreadable", message)
 
 
 class WatchTimeout(Exception):
@@ -95,10 +113,16 @@ class KubeClient:
     """Requests and watches against one API server."""
 
     def __init__(
-        self, configuration: k8s_client.Configuration, *, timeout: float = REQUEST_TIMEOUT
+        self,
+        configuration: k8s_client.Configuration,
+        *,
+        timeout: float = REQUEST_TIMEOUT,
+        max_event_bytes: int = MAX_WATCH_EVENT_BYTES,
     ) -> None:
         self._configuration = configuration
         self.timeout = timeout
+        self.max_event_bytes = max_event_bytes
+        self.unreadable_events = 0  # watch events met that could not be read, since start
         self.host = str(configuration.host).rstrip("/")
         self._ssl = _ssl_context(configuration)
         self._session: aiohttp.ClientSession | None = None
@@ -227,7 +251,11 @@ class KubeClient:
         """Watch events from ``resource_version``, with bookmarks, until the server closes.
 
         Raises :class:`WatchTimeout` when no line arrives within ``read_timeout`` (a dead or
-        silent connection), :class:`ApiError` when the watch cannot be opened or breaks.
+        silent connection), :class:`WatchEventUnreadable` for an event longer than
+        :attr:`max_event_bytes` or that is not a JSON event (counted in
+        :attr:`unreadable_events`), :class:`ApiError` when the watch cannot be opened or breaks.
+        Lines are split here, not by aiohttp, whose line limit (512 KiB) is far below what the
+        API server may send: one object a tenant stored would otherwise stop the watch.
         """
         query = {
             **(params or {}),
@@ -245,13 +273,57 @@ class KubeClient:
             ) as response:
                 if response.status >= 400:
                     raise _api_error(response.status, await response.text())
-                async for line in response.content:
+                async for line in bounded_lines(response.content, self.max_event_bytes):
                     if line.strip():
-                        yield decode_json(line)
+                        yield self._event(line)
+        except WatchEventUnreadable as exc:
+            self.unreadable_events += 1
+            raise WatchEventUnreadable(f"watch {path}: {exc.message}") from None
         except TimeoutError:
             raise WatchTimeout(f"watch {path}: silent for {read_timeout:g}s") from None
         except (aiohttp.ClientError, OSError, ValueError) as exc:
             raise ApiError(0, "WatchBroken", f"watch {path}: {exc or type(exc).__name__}") from None
+
+    @staticmethod
+    def _event(line: bytes) -> Obj:
+        """One watch event: an object with a string ``type`` and an object ``object``."""
+        try:
+            event = decode_json(line)
+        except Exception as exc:  # ValueError, RecursionError: whatever the decoder refuses
+            raise WatchEventUnreadable(
+                f"an event of {len(line)} bytes is not JSON ({type(exc).__name__})"
+            ) from None
+        if (
+            not isinstance(event, dict)
+            or not isinstance(event.get("type"), str)
+            or not isinstance(event.get("object"), dict)
+        ):
+            raise WatchEventUnreadable(f"a line of {len(line)} bytes is no watch event")
+        return event
+
+
+async def bounded_lines(content: aiohttp.StreamReader, limit: int) -> AsyncGenerator[bytes, None]:
+    """The newline-separated lines of ``content``, each at most ``limit`` bytes (without its
+    newline); a longer one raises :class:`WatchEventUnreadable` once ``limit`` bytes of it
+    were read, never more. Each chunk is scanned once, so a long line costs its length."""
+    pending = bytearray()
+    async for chunk in content.iter_any():
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            if len(pending) + end - start > limit:
+                raise WatchEventUnreadable(f"a watch event longer than {limit} bytes")
+            if pending:
+                pending += chunk[start:end]
+                yield bytes(pending)
+                pending.clear()
+            else:
+                yield chunk[start:end]
+            start = end + 1
+        if len(pending) + len(chunk) - start > limit:
+            raise WatchEventUnreadable(f"a watch event longer than {limit} bytes")
+        pending += chunk[start:]
+    if pending:
+        yield bytes(pending)
 
 
 def _api_error(status: int, text: str) -> ApiError:

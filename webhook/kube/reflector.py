@@ -11,7 +11,13 @@ bookmarks no watch of a kind nothing writes, so a quiet watch ended only by its 
 be taken for dead); one that breaks, or stays silent past the read timeout, is reopened after a
 backoff with jitter, which grows only while reopened watches deliver nothing (a watch that
 worked for an hour and then broke is a first failure, not the next of a run); ``410 Gone``
-(the resume point was compacted away) forces a fresh list.
+(the resume point was compacted away) forces a fresh list. So does an event the watch cannot
+read (longer than the client's bound, not JSON: :class:`~webhook.kube.client.WatchEventUnreadable`),
+and a watch that broke :data:`STUCK_WATCHES` times in a row at one resourceVersion without
+delivering anything: reopened from before it, the watch would meet the same event again, for
+good, where a list reads the object whole and the next watch starts past it. Each is counted
+(:attr:`Reflector.unreadable_relists`, :attr:`Reflector.stuck_relists`) and logged, and the
+relist waits the same growing backoff as any failure.
 
 :attr:`Reflector.synced` is true only after the first list was applied and while the watch is
 live: a watch silent for longer than its read timeout is dead, and the state is then stale.
@@ -29,7 +35,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from webhook.kube.client import ApiError, KubeClient, ResourceRef
+from webhook.kube.client import ApiError, KubeClient, ResourceRef, WatchEventUnreadable
 from webhook.waits import sleep_unless_stopped
 
 __all__ = ["Reflector", "consistent_read"]
@@ -37,6 +43,10 @@ __all__ = ["Reflector", "consistent_read"]
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 PAGE_SIZE: Final = 500
+# Watches broken in a row at one resourceVersion, nothing delivered, before the reflector lists
+# instead of reopening from there: a network blip breaks one or two; an event that breaks every
+# watch that reaches it (whatever the reason) breaks them all.
+STUCK_WATCHES: Final = 3
 
 
 class _Relist(Exception):
@@ -82,6 +92,10 @@ class Reflector:
         self.last_error = ""
         self.list_error = ""  # why the last list failed (with its URL); empty once one succeeds
         self.list_failures = 0
+        self.unreadable_relists = 0  # lists made because the watch met an unreadable event
+        self.stuck_relists = 0  # lists made because watches kept breaking at one version
+        self._stuck = 0  # watches broken in a row at _stuck_at, nothing delivered
+        self._stuck_at = ""
         self._heard = False  # whether the current watch delivered anything but an error
 
     @property
@@ -143,6 +157,14 @@ class Reflector:
                     message = "watch interrupted"
                     if isinstance(exc, ApiError) and exc.status == 404:
                         self.listed = False  # no longer served: list again, and report it
+                    elif isinstance(exc, WatchEventUnreadable):
+                        self.listed = False  # never past it from here: list, then watch on
+                        self.unreadable_relists += 1
+                        message = "watch event unreadable: listing again"
+                    elif self._stuck_again():
+                        self.listed = False
+                        self.stuck_relists += 1
+                        message = "watch broken at one version again: listing again"
                 delay = self._delay(failures)
                 log.warning(
                     message,
@@ -158,6 +180,17 @@ class Reflector:
                 )
                 await sleep_unless_stopped(delay, stop)
         self.watching = False
+
+    def _stuck_again(self) -> bool:
+        """Count a watch broken with nothing delivered at the current resourceVersion; true
+        (and the count started over) at the :data:`STUCK_WATCHES`-th in a row there."""
+        if self._heard or self._stuck_at != self.resource_version:
+            self._stuck, self._stuck_at = 0, self.resource_version
+        self._stuck += 1
+        if self._stuck < STUCK_WATCHES:
+            return False
+        self._stuck = 0
+        return True
 
     def _ended_at_once(self, opened: float) -> bool:
         """Whether a watch opened at ``opened`` (monotonic) ended before a tenth of the
