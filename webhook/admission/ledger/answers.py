@@ -57,13 +57,19 @@ def changed(pool: str) -> Decision:
     )
 
 
-def full(pool: str) -> Decision:
+def full(pool: str, *, in_bytes: bool = False) -> Decision:
+    """The pool's ledger lists all it may: :data:`~.bounds.MAX_ENTRIES` entries or, for long
+    names, :data:`~.bounds.MAX_PENDING_BYTES` of them (``in_bytes``)."""
+    held = (
+        f"{bounds.MAX_PENDING_BYTES} bytes of admissions"
+        if in_bytes
+        else f"{bounds.MAX_ENTRIES} admissions"
+    )
     return errored(
         429,
         "TooManyRequests",
         "ledger-full",
-        f"tenant reservations: pool {pool} has {bounds.MAX_ENTRIES} admissions not yet observed; "
-        "try again in a few seconds",
+        f"tenant reservations: pool {pool} has {held} not yet observed; try again in a few seconds",
     )
 
 
@@ -89,14 +95,23 @@ def cap_share_full(pool: str, who: str, settings: LedgerSettings) -> Decision:
     )
 
 
-def share_full(pool: str, who: str, settings: LedgerSettings) -> Decision:
+def share_full(
+    pool: str, who: str, settings: LedgerSettings, *, in_bytes: bool = False
+) -> Decision:
+    """One tenant's entries take its whole share of the pool's ledger, in entries or, for long
+    names, in bytes (``in_bytes``)."""
+    share = f"{settings.namespace_share * 100:g}%"
+    held, of = (
+        (f"{settings.share_bytes_limit} bytes of admissions", f"{bounds.MAX_PENDING_BYTES} bytes")
+        if in_bytes
+        else (f"{settings.share_limit} admissions", f"{bounds.MAX_ENTRIES}")
+    )
     return errored(
         429,
         "TooManyRequests",
         "ledger-share",
-        f"tenant reservations: {who} already has {settings.share_limit} admissions not yet "
-        f"observed in pool {pool}, its share ({settings.namespace_share * 100:g}% of "
-        f"{bounds.MAX_ENTRIES}); try again in a few seconds",
+        f"tenant reservations: {who} already has {held} not yet observed in pool {pool}, its "
+        f"share ({share} of {of}); try again in a few seconds",
     )
 
 

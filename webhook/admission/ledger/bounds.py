@@ -1,8 +1,12 @@
 """How far a pool's ledger may grow, and how long the ledger holds and waits.
 
 A pool's ``TenantReservation`` holds at most :data:`MAX_ENTRIES` entries of at most
-:data:`MAX_ENTRY_BYTES` each, well under etcd's 1.5 MiB object limit: at the bound a request is
-told to try again, and no write is ever attempted that the API server would refuse for its size.
+:data:`MAX_ENTRY_BYTES` each, and at most :data:`MAX_PENDING_BYTES` of them together; its caps
+and its summary have bounds of their own, so the whole object stays within
+:data:`MAX_OBJECT_BYTES`, well under etcd's 1.5 MiB object limit and the watch's event bound
+(:data:`webhook.kube.client.MAX_WATCH_EVENT_BYTES`): at the bound a request is told to try
+again, no write is ever attempted that the API server would refuse for its size, and every
+object written is read back by every replica's watch.
 :class:`LedgerSettings` says for how long an entry is held (its grace period), how often a
 conflicting write is retried, how long a decision waits for the state to catch up, and what
 share of a pool's entries and caps one tenant may take. The other modules read the bounds as
@@ -14,7 +18,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["MAX_CAPS", "MAX_ENTRIES", "MAX_ENTRY_BYTES", "MAX_REPLACES", "LedgerSettings"]
+__all__ = [
+    "MAX_CAPS",
+    "MAX_ENTRIES",
+    "MAX_ENTRY_BYTES",
+    "MAX_OBJECT_BYTES",
+    "MAX_PENDING_BYTES",
+    "MAX_REPLACES",
+    "MAX_SUMMARY_BYTES",
+    "REVISION_BYTES",
+    "LedgerSettings",
+]
 
 # 1,000 entries of at most 1 KiB (a real one is about 300 bytes: a uid, kind/namespace/name,
 # two small charges, an expiry, a replica name) stay under 1 MiB, against etcd's 1.5 MiB.
@@ -24,8 +38,20 @@ MAX_ENTRY_BYTES: Final = 1_024
 # Previews one entry replaces: in one batch a write replaces at most the previews of its object
 # (each preview replaces the one before it, so there is one at a time, or a few in flight).
 MAX_REPLACES: Final = 16
-# Sub-tenants admitted in warn beyond what fits, per pool: about 200 bytes each.
+# Sub-tenants admitted in warn beyond what fits, per pool: about 200 bytes each, at most
+# MAX_ENTRY_BYTES (200 KiB in all).
 MAX_CAPS: Final = 200
+# The whole object as JSON, at most: two thirds of etcd's 1.5 MiB, a ninth of the watch's
+# event bound. It is the sum of what each part may take: the entries together (600 KiB: 1,000
+# real entries are about 300 KiB; 1,000 with the longest names Kubernetes allows, about 620
+# KiB, so there the bytes bind first), the caps (200 KiB), the summary (64 KiB) and the rest
+# (metadata, the removal counts by kind: 64 KiB would hold 50 times an object's usual).
+MAX_OBJECT_BYTES: Final = 1_048_576
+MAX_PENDING_BYTES: Final = 614_400
+MAX_SUMMARY_BYTES: Final = 65_536
+# What a new entry grows by once a later write stamps it with its revision (the digits of a
+# resourceVersion: at most 20, a 64-bit integer's).
+REVISION_BYTES: Final = 20
 
 
 @dataclass(frozen=True)
@@ -47,6 +73,12 @@ class LedgerSettings:
     def share_limit(self) -> int:
         """How many entries one tenant may have listed in one pool's ledger."""
         return max(1, int(MAX_ENTRIES * self.namespace_share))
+
+    @property
+    def share_bytes_limit(self) -> int:
+        """How many bytes one tenant's listed entries may take in one pool's ledger (never
+        less than one entry's bound)."""
+        return max(MAX_ENTRY_BYTES, int(MAX_PENDING_BYTES * self.namespace_share))
 
     @property
     def cap_share_limit(self) -> int:

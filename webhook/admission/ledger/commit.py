@@ -47,7 +47,7 @@ from webhook.admission.ledger.entries import (
     size,
 )
 from webhook.admission.ledger.queue import Waiter, answer
-from webhook.admission.ledger.shares import holder, holders
+from webhook.admission.ledger.shares import Room
 from webhook.admission.ledger.status import Status
 from webhook.core.admission.decisions import (
     Decided,
@@ -69,13 +69,12 @@ __all__ = ["Commit", "decide_replacing", "decided_replacing"]
 log = logging.getLogger("webhook.admission.ledger")  # one logger for all of the ledger
 
 
-class _ShareFull(Exception):
-    """One tenant's entries already take its whole share of a pool's ledger."""
+class _Refused(Exception):
+    """The entry does not fit the pool's ledger (full, or its tenant's share is): the answer."""
 
-    def __init__(self, pool: str, holder: str) -> None:
-        super().__init__(pool, holder)
-        self.pool = pool
-        self.holder = holder
+    def __init__(self, decision: Decision) -> None:
+        super().__init__(decision.message)
+        self.decision = decision
 
 
 class Commit:
@@ -106,8 +105,7 @@ class Commit:
             pending = state.pending
             ids = {w.request.uid for w in batch}
             kept = self.status.kept(pool, current, state, without=ids)
-            held = holders(pool, kept)
-            limit = book.settings.share_limit
+            room = Room(pool, kept, book.settings)  # what the entries kept take, by tenant
             try:
                 for hold_id in ids:  # a retried request's own entry is not somebody else's
                     own = pending.counted(pool, hold_id)
@@ -129,15 +127,9 @@ class Commit:
                     # the request queued is reused when nothing it read has changed since.
                     decision = decide_again(waiter.request, state, waiter.policy, waiter.prepared)
                     if decision.allowed and decision.charged_pools:
-                        who = holder(pool, waiter.request.namespace)
                         if set(decision.charged_pools) != {pool}:
                             decision = answers.changed(pool)
-                        elif len(kept) + len(added) - len(taken_ids) >= bounds.MAX_ENTRIES:
-                            decision = answers.full(pool)
-                        elif held.get(who, 0) - len(taken_ids) >= limit:
-                            decision = answers.share_full(pool, who, book.settings)
                         else:
-                            held[who] = held.get(who, 0) + 1 - len(taken_ids)  # replaced: theirs
                             taken = set(taken_ids)
                             for earlier in added:  # a preview of this batch: its own too
                                 if earlier["id"] in taken:
@@ -145,9 +137,15 @@ class Commit:
                             entry = self._entry(
                                 waiter.request, decision, pool, floor=floor, replaces=taken
                             )
-                            if size(entry) > bounds.MAX_ENTRY_BYTES:
-                                decision = answers.too_large()
+                            refusal = (
+                                answers.too_large()
+                                if size(entry) > bounds.MAX_ENTRY_BYTES
+                                else room.refusal(entry, taken_ids)  # replaced: theirs
+                            )
+                            if refusal is not None:
+                                decision = refusal
                             else:
+                                room.take(entry, taken_ids)
                                 hold = hold_of(entry, decision, pool)
                                 replaced.update(taken_ids)
                                 if taken_ids:
@@ -256,9 +254,9 @@ class Commit:
                 except Conflict:
                     book.conflicts += 1
                     continue  # what was written is ours (by uid): reused or replaced next time
-                except _ShareFull as exc:
+                except _Refused as exc:
                     await self.roll_back(pools, uid)
-                    return answers.share_full(exc.pool, exc.holder, book.settings)
+                    return exc.decision
                 except ApiError as exc:
                     log.warning("ledger write failed", extra={"fields": {"error": str(exc)}})
                     await self.roll_back(pools, uid)
@@ -278,11 +276,13 @@ class Commit:
             if known.get("id") == entry["id"] and same(known, entry):
                 return  # written by an earlier attempt of this request: reuse it
         kept = self.status.kept(pool, current, state, without={entry["id"]})
-        if len(kept) >= bounds.MAX_ENTRIES:
-            raise Conflict()
-        who = holder(pool, entry["application"].split("/", 2)[1])
-        if holders(pool, kept).get(who, 0) >= self.book.settings.share_limit:
-            raise _ShareFull(pool, who)
+        refusal = (
+            answers.too_large()
+            if size(entry) > bounds.MAX_ENTRY_BYTES
+            else Room(pool, kept, self.book.settings).refusal(entry)
+        )
+        if refusal is not None:
+            raise _Refused(refusal)
         status = self.status.build(pool, current, state, [*kept, entry])
         await self.book.write(pool, current, status)
 

@@ -20,11 +20,13 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Final
 
+from webhook.admission.ledger import bounds
 from webhook.core.admission.carveouts import Cap
 from webhook.core.admission.decisions import Decision
 from webhook.core.admission.pending import Hold
 from webhook.core.admission.reviews import AdmissionRequest
 from webhook.core.base import resources as rl
+from webhook.core.base.json_codec import encode_json
 from webhook.core.base.quantities import parse_quantity
 from webhook.core.tenancy.applications import AppKey, resource_version
 from webhook.kube.client import ResourceRef
@@ -38,6 +40,7 @@ __all__ = [
     "hold_of",
     "kind_of",
     "listed",
+    "listed_size",
     "parse_hold",
     "previews",
     "quantities",
@@ -172,10 +175,27 @@ def size(entry: Mapping[str, Any]) -> int:
     size = 128  # the keys, quotes and punctuation of a full entry
     for value in entry.values():
         if isinstance(value, Mapping):
-            size += sum(len(str(k)) + len(str(v)) + 6 for k, v in value.items())
+            size += sum(_text(k) + _text(v) + 6 for k, v in value.items())
+        elif isinstance(value, list):
+            size += sum(_text(v) + 3 for v in value) + 2
         else:
-            size += len(str(value))
+            size += _text(value)
     return size
+
+
+def _text(value: object) -> int:
+    """The bytes ``value`` takes as a JSON string, without its quotes: its length when it is
+    printable ASCII without a quote or backslash (every name Kubernetes validates), else
+    encoded (a control character takes six bytes, a character past ASCII up to four)."""
+    text = str(value)
+    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
+        return len(text)
+    return len(encode_json(text)) - 2
+
+
+def listed_size(entry: Mapping[str, Any]) -> int:
+    """:func:`size` of ``entry`` as every later write lists it: stamped with its revision."""
+    return size(entry) + (0 if "revision" in entry else bounds.REVISION_BYTES)
 
 
 def same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:

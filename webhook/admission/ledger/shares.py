@@ -2,12 +2,13 @@
 
 One tenant (the tenant namespace directly below the pool, with its sub-tenants) may have at
 most ``LedgerSettings.namespace_share`` of a pool's :data:`~.bounds.MAX_ENTRIES` entries listed,
-and its sub-tenants at most that share of its :data:`~.bounds.MAX_CAPS` caps: past it only that
-tenant is told to try again, and creating namespaces never multiplies its share
-(:func:`holder`). A sub-Tenant allowed only because Tenant is in warn, beyond what fits, is
-recorded in the pool's ``status.capped`` before the answer (:class:`Caps`, after
-:mod:`webhook.core.admission.carveouts`): it then counts no more than before the write, and
-nothing is held for it.
+and of its :data:`~.bounds.MAX_PENDING_BYTES` (:class:`Room`: long names take their share in
+bytes before they take it in entries), and its sub-tenants at most that share of its
+:data:`~.bounds.MAX_CAPS` caps: past it only that tenant is told to try again, and creating
+namespaces never multiplies its share (:func:`holder`). A sub-Tenant allowed only because
+Tenant is in warn, beyond what fits, is recorded in the pool's ``status.capped`` before the
+answer (:class:`Caps`, after :mod:`webhook.core.admission.carveouts`): it then counts no more
+than before the write, and nothing is held for it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Any, Final
 
 from webhook.admission.ledger import answers, bounds
 from webhook.admission.ledger.book import Book
-from webhook.admission.ledger.entries import Obj, expiry, listed, raw_caps, size
+from webhook.admission.ledger.bounds import LedgerSettings
+from webhook.admission.ledger.entries import Obj, expiry, listed, listed_size, raw_caps, size
 from webhook.admission.ledger.status import Status
 from webhook.core.admission.carveouts import Cap, capped, kept_budget, overshoot
 from webhook.core.admission.decisions import WARNING_LIMIT, Decision, Policy
@@ -37,7 +39,15 @@ from webhook.core.tenancy.tenants import (
 )
 from webhook.kube.client import ApiError
 
-__all__ = ["Caps", "explain_cap", "holder", "holders", "largest_share", "over_in_warn"]
+__all__ = [
+    "Caps",
+    "Room",
+    "explain_cap",
+    "holder",
+    "holders",
+    "largest_share",
+    "over_in_warn",
+]
 
 
 def holder(pool: str, namespace: str) -> str:
@@ -74,8 +84,7 @@ def holders(pool: str, entries: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     """How many of ``entries`` each tenant holds in ``pool``'s ledger."""
     counts: dict[str, int] = {}
     for entry in entries:
-        parts = str(entry.get("application") or "").split("/", 2)
-        who = holder(pool, parts[1] if len(parts) == 3 else "")
+        who = _holder_of(pool, entry)
         counts[who] = counts.get(who, 0) + 1
     return counts
 
@@ -88,6 +97,62 @@ def largest_share(objects: Mapping[str, Obj]) -> float:
         counts = holders(pool, listed(obj))
         largest = max(largest, *counts.values()) if counts else largest
     return largest / bounds.MAX_ENTRIES
+
+
+class Room:
+    """What a pool's listed entries take of its ledger, in entries and in bytes, in all and by
+    tenant: whether one more fits (:meth:`refusal`), and taking it (:meth:`take`)."""
+
+    def __init__(self, pool: str, entries: Iterable[Mapping[str, Any]], settings: LedgerSettings):
+        self.pool = pool
+        self.settings = settings
+        self.entries = 0
+        self.bytes = 0
+        self.held: dict[str, int] = {}
+        self.held_bytes: dict[str, int] = {}
+        self._sizes: dict[str, tuple[str, int]] = {}  # entry id -> its holder and size
+        for entry in entries:
+            self.take(entry)
+
+    def refusal(self, entry: Mapping[str, Any], replaced: Iterable[str] = ()) -> Decision | None:
+        """Why ``entry`` (its holder found from its object) does not fit, replacing the entries
+        ``replaced`` (ids; the previews of its own object); ``None`` when it does."""
+        who, grown = _holder_of(self.pool, entry), listed_size(entry)
+        freed = [self._sizes[i][1] for i in set(replaced) if i in self._sizes]
+        entries, total = self.entries - len(freed), self.bytes - sum(freed)
+        mine = self.held.get(who, 0) - len(freed)
+        mine_bytes = self.held_bytes.get(who, 0) - sum(freed)
+        settings = self.settings
+        if entries >= bounds.MAX_ENTRIES:
+            return answers.full(self.pool)
+        if total + grown > bounds.MAX_PENDING_BYTES:
+            return answers.full(self.pool, in_bytes=True)
+        if mine >= settings.share_limit:
+            return answers.share_full(self.pool, who, settings)
+        if mine_bytes + grown > settings.share_bytes_limit:
+            return answers.share_full(self.pool, who, settings, in_bytes=True)
+        return None
+
+    def take(self, entry: Mapping[str, Any], replaced: Iterable[str] = ()) -> None:
+        """Count ``entry`` in, and the ``replaced`` ones out."""
+        for hold_id in set(replaced):
+            found = self._sizes.pop(hold_id, None)
+            if found is not None:
+                self._count(found[0], -1, -found[1])
+        who, grown = _holder_of(self.pool, entry), listed_size(entry)
+        self._sizes[str(entry.get("id") or "")] = (who, grown)
+        self._count(who, 1, grown)
+
+    def _count(self, who: str, entries: int, grown: int) -> None:
+        self.entries += entries
+        self.bytes += grown
+        self.held[who] = self.held.get(who, 0) + entries
+        self.held_bytes[who] = self.held_bytes.get(who, 0) + grown
+
+
+def _holder_of(pool: str, entry: Mapping[str, Any]) -> str:
+    parts = str(entry.get("application") or "").split("/", 2)
+    return holder(pool, parts[1] if len(parts) == 3 else "")
 
 
 def _cap_holder(pool: str, owned: str) -> str:

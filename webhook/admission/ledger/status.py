@@ -5,7 +5,9 @@ the revision that admitted it, without those seen settled here or past their gra
 caps whose Tenant still declares its quota or whose grace has not passed, adds every removed
 entry to the ``released`` counts (so a replica that never saw it knows to wait), and carries the
 pool's summary (budget, reserved, committed, and the ``Overcommitted`` condition with the time
-it last changed). So a busy pool needs no separate status write; the replica holding the Lease
+it last changed), whole when it fits :data:`~.bounds.MAX_SUMMARY_BYTES`, else cut short (a pool
+whose quotas name many long keys never grows its object past what its watch reads back). So a
+busy pool needs no separate status write; the replica holding the Lease
 writes the pools whose status is no longer true (:meth:`Status.reconcile`), but not one whose
 summary alone changed since a write less than a period ago: that rides on the next write.
 """
@@ -18,6 +20,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Final
 
+from webhook.admission.ledger import bounds
 from webhook.admission.ledger.book import Book, Conflict
 from webhook.admission.ledger.entries import (
     Obj,
@@ -30,6 +33,7 @@ from webhook.admission.ledger.entries import (
 )
 from webhook.core.admission.state import ReservationState
 from webhook.core.base import resources as rl
+from webhook.core.base.json_codec import encode_json
 from webhook.core.tenancy.applications import resource_version
 from webhook.kube.client import ApiError
 
@@ -64,7 +68,8 @@ class Status:
     def build(self, pool: str, current: Obj, state: ReservationState, entries: list[Obj]) -> Obj:
         """The status of ``pool``'s next write, listing ``entries``."""
         old = current.get("status") or {}
-        status = {**old, **self._summary(pool, state, old), "pending": entries}
+        summary = _bounded(self._summary(pool, state, old))
+        status = {**old, **summary, "pending": entries}
         caps = raw_caps(old)
         if caps:  # a cap stays while its Tenant declares its quota, or within its grace
             now = self.book.now()
@@ -145,6 +150,31 @@ class Status:
                     extra={"fields": {"pool": pool, "error": repr(exc)}},
                 )
         return written
+
+
+# What is left of a summary past MAX_SUMMARY_BYTES: its one-line forms and the condition's
+# message, each cut to this many characters; its maps are left out.
+_CUT: Final = 1_024
+_MAPS: Final = ("budget", "reserved", "overcommitted", "committed", "discount")
+
+
+def _bounded(summary: Obj) -> Obj:
+    """``summary`` as written: whole within :data:`~.bounds.MAX_SUMMARY_BYTES` (a budget's 64
+    keys take a few KiB), else without its maps and with its lines cut to :data:`_CUT`."""
+    if not summary or len(encode_json(summary)) <= bounds.MAX_SUMMARY_BYTES:
+        return summary
+    cut: Obj = {**summary, **dict.fromkeys(_MAPS)}
+    for key in ("budgetSummary", "reservedSummary"):
+        cut[key] = _shortened(str(summary.get(key) or ""))
+    cut["conditions"] = [
+        {**c, "message": _shortened(str(c.get("message") or ""))}
+        for c in summary.get("conditions") or []
+    ]
+    return cut
+
+
+def _shortened(text: str) -> str:
+    return text if len(text) <= _CUT else text[: _CUT - 1] + "\u2026"
 
 
 def _condition(old: Mapping[str, Any], over: Mapping[str, Decimal], now: Callable[[], str]) -> Obj:

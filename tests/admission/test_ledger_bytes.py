@@ -1,0 +1,211 @@
+"""A pool's ledger object never outgrows what every replica's watch reads back.
+
+The ledger is bounded in bytes, not only in entries: its entries together take at most
+``MAX_PENDING_BYTES`` (one tenant at most its share of them), its caps and summary bounds of
+their own, so the whole ``TenantReservation`` stays within ``MAX_OBJECT_BYTES``, far under
+etcd's 1.5 MiB and the watch's event bound. The attack: a tenant admin whose budget-less
+sub-tenants have the longest namespaces and hold applications with the longest names Kubernetes
+allows fills the ledger; at the bound each of them is refused, cleanly and alone, in bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from decimal import Decimal
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.admission.test_ledger import POOL, Cluster, Replica, create
+from tests.builders import review
+from webhook.admission.ledger.bounds import (
+    MAX_CAPS,
+    MAX_ENTRY_BYTES,
+    MAX_OBJECT_BYTES,
+    MAX_PENDING_BYTES,
+    MAX_SUMMARY_BYTES,
+    LedgerSettings,
+)
+from webhook.admission.ledger.entries import listed_size, size
+from webhook.admission.ledger.shares import Room
+from webhook.core.admission.reviews import parse_review
+from webhook.core.base.json_codec import encode_json
+from webhook.kube.client import ETCD_MAX_REQUEST_BYTES, MAX_WATCH_EVENT_BYTES
+
+OTHER = "tenant-other"
+NAMESPACE = 63  # a namespace is a DNS-1123 label
+NAME = 253  # an object's name is a DNS-1123 subdomain (a Pod's, the replica, too)
+UID = 36  # an AdmissionReview's uid: a UUID
+
+
+def longest_namespace(index: int) -> str:
+    stem = f"{POOL}-s{index}"  # a tenant name has no hyphen
+    return stem + "n" * (NAMESPACE - len(stem))
+
+
+def longest_name(index: int) -> str:
+    tail = f"-{index:06d}"
+    return "v" * (NAME - len(tail)) + tail
+
+
+def longest_uid(tenant: int, index: int) -> str:
+    return f"{tenant:08d}-0000-4000-8000-{index:012d}"
+
+
+def grow(namespace: str, name: str, uid: str) -> Any:
+    body = review(
+        "Thing",
+        namespace,
+        name,
+        {"memory": "16Gi"},
+        operation="UPDATE",
+        old_spec={"memory": "1Gi"},
+        uid=uid,
+    )
+    return parse_review(body)
+
+
+async def test_a_ledger_filled_with_the_longest_names_kubernetes_allows_stays_readable() -> None:
+    # Ten budget-less sub-tenants with 63-character namespaces send UPDATEs of 253-character
+    # names, 120 each (more than a tenant's 100 entries): each is refused, alone, once its
+    # entries take its share in bytes, and the object never passes its bound.
+    subs = [longest_namespace(i) for i in range(10)]
+    cluster = Cluster()
+    tenants: dict[str, dict[str, str] | None] = {
+        POOL: {"memory": "1000000Gi"},
+        OTHER: {"memory": "1Gi"},
+    }
+    tenants.update(dict.fromkeys(subs))
+    a = Replica(cluster, "r" * NAME, tenants)
+    assert all(len(ns) == NAMESPACE for ns in subs)
+    assert len(longest_name(0)) == NAME
+    assert len(longest_uid(0, 0)) == UID
+    requests = [
+        grow(ns, longest_name(i), longest_uid(t, i))
+        for t, ns in enumerate(subs)
+        for i in range(120)
+    ]
+    answers = await asyncio.gather(*(a.admit(r) for r in requests))
+    refused = [d for d in answers if not d.allowed]
+    assert refused, "the longest names fill a tenant's share in bytes before its 100 entries"
+    # Ten tenants' shares are the whole pool: the last to reach both hears it is full.
+    assert {(d.code, d.reason) for d in refused} <= {(429, "ledger-share"), (429, "ledger-full")}
+    assert all("bytes of admissions not yet observed" in d.message for d in refused)
+    assert all("try again" in d.message for d in refused)
+    per_tenant = [sum(d.allowed for d in answers[t * 120 : (t + 1) * 120]) for t in range(10)]
+    assert len(set(per_tenant)) == 1, f"each tenant the same share: {per_tenant}"
+    assert 50 < per_tenant[0] < 100
+    stored = cluster.objects[POOL]
+    written = len(encode_json(stored))
+    entries = cluster.entries()
+    assert len(entries) == sum(per_tenant)
+    assert len(encode_json(entries)) <= sum(listed_size(e) for e in entries) <= MAX_PENDING_BYTES
+    assert written <= MAX_OBJECT_BYTES
+    other = await a.admit(create("vm", "1Gi", namespace=OTHER))
+    assert other.allowed, "another pool's tenant is never refused for this pool's ledger"
+
+
+async def test_a_full_ledger_in_bytes_answers_try_again_for_everyone_in_the_pool_alone() -> None:
+    # One tenant may take the whole ledger here, so that the pool's byte bound is what is met.
+    cluster = Cluster()
+    ns = longest_namespace(0)
+    a = Replica(cluster, "r" * NAME, {POOL: {"memory": "1000000Gi"}, ns: None}, namespace_share=1.0)
+    answers = await asyncio.gather(
+        *(a.admit(grow(ns, longest_name(i), longest_uid(0, i))) for i in range(1000))
+    )
+    full = [d for d in answers if not d.allowed]
+    assert full
+    assert {(d.code, d.reason) for d in full} == {(429, "ledger-full")}
+    assert f"has {MAX_PENDING_BYTES} bytes of admissions not yet observed" in full[0].message
+    assert sum(listed_size(e) for e in cluster.entries()) <= MAX_PENDING_BYTES
+    assert len(encode_json(cluster.objects[POOL])) <= MAX_OBJECT_BYTES
+
+
+names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-.", min_size=1, max_size=NAME)
+entries = st.fixed_dictionaries(
+    {
+        "id": st.text(min_size=1, max_size=UID),
+        "application": st.builds(
+            lambda kind, ns, name: f"{kind}/{ns}/{name}",
+            st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz", max_size=63),
+            st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-", max_size=NAMESPACE),
+            names,
+        ),
+        "charge": st.dictionaries(names, st.decimals(allow_nan=False).map(str), max_size=6),
+        "expires": st.just("2027-01-15T08:00:00.000000Z"),
+        "replica": names,
+    },
+    optional={
+        "expected": st.dictionaries(names, st.decimals(allow_nan=False).map(str), max_size=6),
+        "dryRun": st.just(True),
+        "replaces": st.lists(st.text(max_size=UID), max_size=4),
+        "revision": st.integers(min_value=1, max_value=2**64 - 1).map(str),
+    },
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(listed=st.lists(entries, max_size=8))
+def test_the_bytes_an_entry_is_counted_for_are_never_fewer_than_it_takes_listed(
+    listed: list[dict[str, Any]],
+) -> None:
+    for entry in listed:
+        stamped = {**entry, "revision": entry.get("revision") or str(2**64 - 1)}
+        assert len(encode_json(stamped)) <= listed_size(entry)
+        assert len(encode_json(entry)) <= size(entry)
+    listed_bytes = sum(listed_size(e) for e in listed)
+    assert len(encode_json(listed)) <= max(2, listed_bytes)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=st.lists(st.integers(min_value=0, max_value=MAX_ENTRY_BYTES), max_size=60),
+    share=st.sampled_from([0.001, 0.01, 0.1, 0.5, 1.0]),
+)
+def test_what_a_room_lets_in_never_passes_the_pools_bytes_nor_a_tenants_share(
+    sizes: list[int], share: float
+) -> None:
+    settings_ = LedgerSettings(replica="a", namespace_share=share)
+    room = Room(POOL, [], settings_)
+    taken = 0
+    for index, grown in enumerate(sizes):
+        entry = {"id": f"u{index}", "application": f"Thing/{POOL}-t/x", "replica": "x" * grown}
+        if room.refusal(entry) is None:
+            room.take(entry)
+            taken += listed_size(entry)
+    assert room.bytes == taken <= min(MAX_PENDING_BYTES, settings_.share_bytes_limit)
+    assert settings_.share_bytes_limit >= MAX_ENTRY_BYTES, "a tenant always has room for one"
+
+
+def test_every_part_of_a_ledger_object_fits_its_bound_and_the_whole_what_is_read_back() -> None:
+    caps = MAX_CAPS * (MAX_ENTRY_BYTES + NAMESPACE + 6)  # each cap keyed by its namespace
+    rest = 65_536  # metadata, the removal counts by kind
+    assert MAX_PENDING_BYTES + caps + MAX_SUMMARY_BYTES + rest <= MAX_OBJECT_BYTES
+    assert MAX_OBJECT_BYTES * 3 // 2 <= ETCD_MAX_REQUEST_BYTES, "a third under etcd's limit"
+    assert MAX_OBJECT_BYTES <= MAX_WATCH_EVENT_BYTES // 8
+
+
+def test_a_summary_of_many_long_keys_is_cut_to_its_bound() -> None:
+    from webhook.admission.ledger.status import _bounded
+
+    keys = {f"{'k' * 60}{i:04d}": Decimal(i) for i in range(5000)}
+    summary = {
+        "budget": {k: str(v) for k, v in keys.items()},
+        "reserved": {k: str(v) for k, v in keys.items()},
+        "budgetSummary": ", ".join(f"{k}={v}" for k, v in keys.items()),
+        "reservedSummary": ", ".join(f"{k}={v}" for k, v in keys.items()),
+        "overcommitted": {},
+        "conditions": [{"type": "Overcommitted", "status": "True", "message": "x" * 400_000}],
+        "committed": None,
+        "discount": None,
+    }
+    assert len(encode_json(summary)) > MAX_SUMMARY_BYTES
+    cut = _bounded(summary)
+    assert len(encode_json(cut)) <= MAX_SUMMARY_BYTES
+    assert cut["budget"] is None
+    assert cut["reserved"] is None
+    assert cut["budgetSummary"].startswith(summary["budgetSummary"][:500])
+    small = {**summary, "budget": {"memory": "1Gi"}, "reserved": {}, "conditions": []}
+    small.update(budgetSummary="memory=1Gi", reservedSummary="")
+    assert _bounded(small) == small, "a summary within its bound is written whole"
