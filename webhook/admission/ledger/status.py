@@ -153,8 +153,10 @@ class Status:
 
 
 # What is left of a summary past MAX_SUMMARY_BYTES: its one-line forms and the condition's
-# message, each cut to this many characters; its maps are left out.
+# message, each cut to this many characters; its maps are left out. A condition's message is
+# never longer than metav1.Condition allows (the CRD refuses a longer one, and the write).
 _CUT: Final = 1_024
+_MESSAGE: Final = 32_768
 _MAPS: Final = ("budget", "reserved", "overcommitted", "committed", "discount")
 
 
@@ -165,16 +167,16 @@ def _bounded(summary: Obj) -> Obj:
         return summary
     cut: Obj = {**summary, **dict.fromkeys(_MAPS)}
     for key in ("budgetSummary", "reservedSummary"):
-        cut[key] = _shortened(str(summary.get(key) or ""))
+        cut[key] = _shortened(str(summary.get(key) or ""), _CUT)
     cut["conditions"] = [
-        {**c, "message": _shortened(str(c.get("message") or ""))}
+        {**c, "message": _shortened(str(c.get("message") or ""), _CUT)}
         for c in summary.get("conditions") or []
     ]
     return cut
 
 
-def _shortened(text: str) -> str:
-    return text if len(text) <= _CUT else text[: _CUT - 1] + "\u2026"
+def _shortened(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 def _condition(old: Mapping[str, Any], over: Mapping[str, Decimal], now: Callable[[], str]) -> Obj:
@@ -197,7 +199,7 @@ def _condition(old: Mapping[str, Any], over: Mapping[str, Decimal], now: Callabl
         "type": "Overcommitted",
         "status": status,
         "reason": "BudgetExceeded" if over else "WithinBudget",
-        "message": message,
+        "message": _shortened(message, _MESSAGE),
         "lastTransitionTime": since,
     }
 
