@@ -111,8 +111,14 @@ class Room:
         self.held: dict[str, int] = {}
         self.held_bytes: dict[str, int] = {}
         self._sizes: dict[str, tuple[str, int]] = {}  # entry id -> its holder and size
-        for entry in entries:
-            self.take(entry)
+        held, held_bytes, sizes = self.held, self.held_bytes, self._sizes
+        for entry in entries:  # take(), inlined: every batch counts every listed entry
+            who, grown = _holder_of(pool, entry), listed_size(entry)
+            sizes[str(entry.get("id") or "")] = (who, grown)
+            held[who] = held.get(who, 0) + 1
+            held_bytes[who] = held_bytes.get(who, 0) + grown
+            self.entries += 1
+            self.bytes += grown
 
     def refusal(self, entry: Mapping[str, Any], replaced: Iterable[str] = ()) -> Decision | None:
         """Why ``entry`` (its holder found from its object) does not fit, replacing the entries
