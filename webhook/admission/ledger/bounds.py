@@ -43,7 +43,7 @@ MAX_REPLACES: Final = 16
 MAX_CAPS: Final = 200
 # The whole object as JSON, at most: two thirds of etcd's 1.5 MiB, a ninth of the watch's
 # event bound. It is the sum of what each part may take: the entries together (600 KiB: 1,000
-# real entries are about 300 KiB; 1,000 with the longest names Kubernetes allows, about 620
+# real entries are about 300 KiB; 1,000 with the longest names Kubernetes allows, about 830
 # KiB, so there the bytes bind first), the caps (200 KiB), the summary (64 KiB) and the rest
 # (metadata, the removal counts by kind: 64 KiB would hold 50 times an object's usual).
 MAX_OBJECT_BYTES: Final = 1_048_576
