@@ -177,7 +177,10 @@ def test_what_a_room_lets_in_never_passes_the_pools_bytes_nor_a_tenants_share(
             room.take(entry)
             taken += listed_size(entry)
     assert room.bytes == taken <= min(MAX_PENDING_BYTES, settings_.share_bytes_limit)
-    assert settings_.share_bytes_limit >= MAX_ENTRY_BYTES, "a tenant always has room for one"
+    largest = {"id": "u", "application": f"Thing/{POOL}-t/x", "replica": ""}
+    largest["replica"] = "x" * (MAX_ENTRY_BYTES - size(largest))
+    assert size(largest) == MAX_ENTRY_BYTES
+    assert Room(POOL, [], settings_).refusal(largest) is None, "a tenant always has room for one"
 
 
 def test_every_part_of_a_ledger_object_fits_its_bound_and_the_whole_what_is_read_back() -> None:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from tests.apiserver.server import EmulatedAPIServer
 from tests.cluster import kube_client
-from tests.kube.test_reflector import THINGS, Mirror, reflector, run, thing
+from tests.kube.test_reflector import THINGS, Mirror, client, reflector, run, server, thing
 from tests.waiting import eventually
 from webhook.kube.client import (
     ETCD_MAX_REQUEST_BYTES,
@@ -31,6 +31,8 @@ from webhook.kube.client import (
     bounded_lines,
 )
 from webhook.kube.reflector import STUCK_WATCHES
+
+__all__ = ["client", "server"]  # the fixtures, shared with the reflector's tests
 
 CLOUD_INIT = 600_000  # one value, over aiohttp's 524,288-byte line limit, far under etcd's
 
@@ -96,20 +98,6 @@ def test_the_event_bound_is_what_the_api_server_may_send_never_less() -> None:
     assert ETCD_MAX_REQUEST_BYTES == 1_572_864  # etcd's default --max-request-bytes
     assert MAX_WATCH_EVENT_BYTES >= 3 * 1024 * 1024  # kube-apiserver's request body limit
     assert MAX_WATCH_EVENT_BYTES >= 6 * ETCD_MAX_REQUEST_BYTES  # "<" served as "\u003c"
-
-
-@pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[EmulatedAPIServer]:
-    emulated = EmulatedAPIServer(bookmark_interval=0.1)
-    emulated.resource("example.io", "v1", "things", "Thing")
-    async with emulated:
-        yield emulated
-
-
-@pytest.fixture
-async def client(server: EmulatedAPIServer, tmp_path: Path) -> AsyncIterator[KubeClient]:
-    async with kube_client(server.kubeconfig(tmp_path / "kubeconfig")) as kube:
-        yield kube
 
 
 def large(name: str, size: int, value: int = 1) -> dict[str, Any]:

@@ -39,12 +39,12 @@ MAX_ENTRY_BYTES: Final = 1_024
 # (each preview replaces the one before it, so there is one at a time, or a few in flight).
 MAX_REPLACES: Final = 16
 # Sub-tenants admitted in warn beyond what fits, per pool: about 200 bytes each, at most
-# MAX_ENTRY_BYTES (200 KiB in all).
+# MAX_ENTRY_BYTES (with their namespaces, about 215 KiB in all).
 MAX_CAPS: Final = 200
 # The whole object as JSON, at most: two thirds of etcd's 1.5 MiB, a ninth of the watch's
 # event bound. It is the sum of what each part may take: the entries together (600 KiB: 1,000
 # real entries are about 300 KiB; 1,000 with the longest names Kubernetes allows, about 830
-# KiB, so there the bytes bind first), the caps (200 KiB), the summary (64 KiB) and the rest
+# KiB, so there the bytes bind first), the caps (215 KiB), the summary (64 KiB) and the rest
 # (metadata, the removal counts by kind: 64 KiB would hold 50 times an object's usual).
 MAX_OBJECT_BYTES: Final = 1_048_576
 MAX_PENDING_BYTES: Final = 614_400
@@ -77,8 +77,8 @@ class LedgerSettings:
     @property
     def share_bytes_limit(self) -> int:
         """How many bytes one tenant's listed entries may take in one pool's ledger (never
-        less than one entry's bound)."""
-        return max(MAX_ENTRY_BYTES, int(MAX_PENDING_BYTES * self.namespace_share))
+        less than one entry of the largest size, as later writes list it)."""
+        return max(2 * MAX_ENTRY_BYTES, int(MAX_PENDING_BYTES * self.namespace_share))
 
     @property
     def cap_share_limit(self) -> int:
