@@ -4,7 +4,8 @@
 hides a change of a few percent; this times each piece the ledger and the watches spend on an
 admission (CPU time, the best of seven repeats), so a change to one of them is seen at its own
 size: a PUT body encoded, its answer decoded, a watch line decoded, an application event held,
-an expiry formatted, a batch's holders counted, and readiness asked after an event on a busy
+an expiry formatted, a batch's holders counted (and, where the tree has it, the room its
+entries take: by tenant, in entries and bytes), and readiness asked after an event on a busy
 kind (31 kinds, as the benchmark's platform has). With ``--tree DIR`` (repeatable) each piece
 is timed in each checkout, with its own ``.venv``, alternating, and the ratio to the first is
 printed: the same inputs before and after a change, in one run.
@@ -121,8 +122,26 @@ def measure() -> dict[str, float]:
             lambda: holders("tenant-t0", LEDGER["status"]["pending"]), 5000
         ),
     }
+    for count in (15, 1000):
+        figures[f"a batch's room counted, {count} listed entries"] = best(_room(count), 20)
     figures[f"readiness: an event, then two asks ({KINDS} kinds)"] = asyncio.run(_readiness())
     return figures
+
+
+def _room(count: int) -> Callable[[], object]:
+    """What a batch counts of ``count`` listed entries before it decides: the room they take
+    (by tenant, in entries and in bytes; each measured in an earlier batch, as a busy pool's
+    are), or, in a tree without it, their holders."""
+    from webhook.admission.ledger import shares
+    from webhook.admission.ledger.bounds import LedgerSettings
+
+    pending = [{**ENTRY, "id": f"8c1b7e0e-1f2a-4a4c-9d53-{index:012d}"} for index in range(count)]
+    room = getattr(shares, "Room", None)
+    if room is None:
+        return lambda: shares.holders("tenant-t0", pending)
+    settings = LedgerSettings(replica="bench")
+    known = room("tenant-t0", pending, settings).sizes
+    return lambda: room("tenant-t0", pending, settings, known)
 
 
 async def _readiness() -> float:

@@ -215,3 +215,21 @@ def test_a_summary_of_many_long_keys_is_cut_to_its_bound() -> None:
     small = {**summary, "budget": {"memory": "1Gi"}, "reserved": {}, "conditions": []}
     small.update(budgetSummary="memory=1Gi", reservedSummary="")
     assert _bounded(small) == small, "a summary within its bound is written whole"
+
+
+def test_an_entry_measured_in_an_earlier_batch_counts_what_it_takes_now_never_less() -> None:
+    settings_ = LedgerSettings(replica="a")
+    entries = [
+        {"id": f"u{i}", "application": f"Thing/{POOL}-t{i % 3}/x{i}", "expires": "e1"}
+        for i in range(30)
+    ]
+    before = Room(POOL, entries, settings_)
+    stamped = [{**e, "revision": "12345"} for e in entries]  # the next write stamps them
+    reused = Room(POOL, stamped, settings_, before.sizes)
+    fresh = Room(POOL, stamped, settings_)
+    assert reused.held == fresh.held
+    assert reused.bytes >= fresh.bytes, "the unstamped measure is never below the stamped one"
+    # An entry under a known id but another expiry (another write of it) is measured again.
+    grown = [{**stamped[0], "replica": "r" * 500, "expires": "e2"}, *stamped[1:]]
+    again = Room(POOL, grown, settings_, reused.sizes)
+    assert again.bytes == reused.bytes - reused.sizes["u0"][2] + listed_size(grown[0])

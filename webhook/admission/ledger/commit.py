@@ -84,6 +84,7 @@ class Commit:
         self.book = book
         self.status = status
         self.barrier = barrier
+        self._sizes: dict[str, dict[str, tuple[object, str, int]]] = {}  # by pool: Room.sizes
 
     # -- one pool: the group commit ------------------------------------------------------------
 
@@ -105,7 +106,8 @@ class Commit:
             pending = state.pending
             ids = {w.request.uid for w in batch}
             kept = self.status.kept(pool, current, state, without=ids)
-            room = Room(pool, kept, book.settings)  # what the entries kept take, by tenant
+            # What the entries kept take, by tenant; measured once each, across batches.
+            room = Room(pool, kept, book.settings, self._sizes.get(pool))
             try:
                 for hold_id in ids:  # a retried request's own entry is not somebody else's
                     own = pending.counted(pool, hold_id)
@@ -165,6 +167,7 @@ class Commit:
                     answer(answered)
                     return
                 status = self.status.build(pool, current, state, [*kept, *added])
+                self._sizes[pool] = room.sizes
                 outcome = await book.attempt(pool, current, status)
                 if outcome == "conflict":
                     continue

@@ -101,20 +101,36 @@ def largest_share(objects: Mapping[str, Obj]) -> float:
 
 class Room:
     """What a pool's listed entries take of its ledger, in entries and in bytes, in all and by
-    tenant: whether one more fits (:meth:`refusal`), and taking it (:meth:`take`)."""
+    tenant: whether one more fits (:meth:`refusal`), and taking it (:meth:`take`).
 
-    def __init__(self, pool: str, entries: Iterable[Mapping[str, Any]], settings: LedgerSettings):
+    ``known`` is :attr:`sizes` of the pool's room in the batch before: every batch counts
+    every listed entry, and an entry (one uid, one expiry) takes what it took then, so only
+    new entries are serialised to be measured (the first measure of an entry, unstamped, is
+    never below what it takes once stamped)."""
+
+    def __init__(
+        self,
+        pool: str,
+        entries: Iterable[Mapping[str, Any]],
+        settings: LedgerSettings,
+        known: Mapping[str, tuple[object, str, int]] | None = None,
+    ) -> None:
         self.pool = pool
         self.settings = settings
         self.entries = 0
         self.bytes = 0
         self.held: dict[str, int] = {}
         self.held_bytes: dict[str, int] = {}
-        self._sizes: dict[str, tuple[str, int]] = {}  # entry id -> its holder and size
-        held, held_bytes, sizes = self.held, self.held_bytes, self._sizes
+        self.sizes: dict[str, tuple[object, str, int]] = {}  # id -> expiry, holder, size
+        held, held_bytes, sizes, known = self.held, self.held_bytes, self.sizes, known or {}
         for entry in entries:  # take(), inlined: every batch counts every listed entry
-            who, grown = _holder_of(pool, entry), listed_size(entry)
-            sizes[str(entry.get("id") or "")] = (who, grown)
+            hold_id, expires = str(entry.get("id") or ""), entry.get("expires")
+            seen = known.get(hold_id)
+            if seen is not None and seen[0] == expires:
+                who, grown = seen[1], seen[2]
+            else:
+                who, grown = _holder_of(pool, entry), listed_size(entry)
+            sizes[hold_id] = (expires, who, grown)
             held[who] = held.get(who, 0) + 1
             held_bytes[who] = held_bytes.get(who, 0) + grown
             self.entries += 1
@@ -124,7 +140,7 @@ class Room:
         """Why ``entry`` (its holder found from its object) does not fit, replacing the entries
         ``replaced`` (ids; the previews of its own object); ``None`` when it does."""
         who, grown = _holder_of(self.pool, entry), listed_size(entry)
-        freed = [self._sizes[i][1] for i in set(replaced) if i in self._sizes]
+        freed = [self.sizes[i][2] for i in set(replaced) if i in self.sizes]
         entries, total = self.entries - len(freed), self.bytes - sum(freed)
         mine = self.held.get(who, 0) - len(freed)
         mine_bytes = self.held_bytes.get(who, 0) - sum(freed)
@@ -142,11 +158,11 @@ class Room:
     def take(self, entry: Mapping[str, Any], replaced: Iterable[str] = ()) -> None:
         """Count ``entry`` in, and the ``replaced`` ones out."""
         for hold_id in set(replaced):
-            found = self._sizes.pop(hold_id, None)
+            found = self.sizes.pop(hold_id, None)
             if found is not None:
-                self._count(found[0], -1, -found[1])
+                self._count(found[1], -1, -found[2])
         who, grown = _holder_of(self.pool, entry), listed_size(entry)
-        self._sizes[str(entry.get("id") or "")] = (who, grown)
+        self.sizes[str(entry.get("id") or "")] = (entry.get("expires"), who, grown)
         self._count(who, 1, grown)
 
     def _count(self, who: str, entries: int, grown: int) -> None:
