@@ -18,16 +18,15 @@ Application reflectors, one per kind the definitions declare, feed the
 :class:`ReservationState`; they start and stop as kinds come and go. A kind whose list fails
 (``404``: not served yet, or a mistyped plural) is *unavailable*: its writes fail closed, the
 reason (with the URL) is reported, its list is retried with backoff, and every other kind keeps
-working. Tenants are the exception: without them no pool is known, so they stop admission.
-
-Of each application only its canonical spec and charge annotation are held (to re-price it).
+working. Tenants are the exception: without them no pool is known, so they stop admission. Of
+each application only its canonical spec and charge annotation are held (to re-price it).
 
 This module holds readiness, the run loop and the application reflectors; the rest sits beside
 it, named after what it does: ``platform_objects`` (what of each platform object is kept, and
-the platform built from it), ``platform_rebuilds`` (debounced rebuilds and the re-price),
-``held_applications`` (what is held of each application), ``consistent_reads`` (the barrier
-that proves a quiet kind complete), ``watch_repairs`` (what a watch lost) and ``readiness``
-(the walk's answer kept between changes: a request asks readiness in constant time).
+the platform built from it), ``platform_rebuilds`` (debounced rebuilds, the re-price),
+``held_applications`` (what is held of each application), ``restamps`` (events changing none
+of it), ``consistent_reads`` (the barrier proving a quiet kind complete), ``watch_repairs``
+(what a watch lost), ``readiness`` (its answer kept between changes: asked in constant time).
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from webhook.core.admission.state import ReservationState
@@ -60,6 +60,7 @@ from webhook.state.platform_objects import (
 )
 from webhook.state.platform_rebuilds import PlatformRebuilds
 from webhook.state.readiness import Readiness, WatchedReflector, first_to_go_silent
+from webhook.state.restamps import Restamps
 from webhook.waits import sleep_unless_stopped
 
 __all__ = ["LiveSettings", "LiveState"]
@@ -100,7 +101,7 @@ class AppWatch:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-class LiveState(PlatformRebuilds, ConsistentReads):
+class LiveState(PlatformRebuilds, ConsistentReads, Restamps):
     """Keeps a :class:`ReservationState` in step with the cluster."""
 
     def __init__(
@@ -329,9 +330,6 @@ class LiveState(PlatformRebuilds, ConsistentReads):
         self._readiness_changed()  # kinds came or went
 
     def _app_reflector(self, ref: ResourceRef, kind: str) -> Reflector:
-        def reduce(obj: Obj) -> tuple[tuple[str, str], Held] | None:
-            return held_from_object(kind, obj)
-
         def replace_all(items: list[tuple[tuple[str, str], Held]]) -> None:
             before = self._held.get(kind, {})
             fresh = dict(items)
@@ -354,6 +352,8 @@ class LiveState(PlatformRebuilds, ConsistentReads):
                 state.observe(held_application(kind, namespace, name, held))
 
         def event(event_type: str, obj: Obj) -> None:
+            if event_type != "DELETED" and self.restamped(kind, obj):
+                return  # nothing the state reads changed (a label): see restamps
             reduced = held_from_object(kind, obj)
             if reduced is None:
                 return
@@ -380,7 +380,7 @@ class LiveState(PlatformRebuilds, ConsistentReads):
             ref,
             on_replace=replace_all,
             on_event=event,
-            reduce=reduce,
+            reduce=partial(held_from_object, kind),
             watch_timeout=self.settings.watch_timeout,
             read_timeout=self.settings.read_timeout,
             clock=self.clock,
