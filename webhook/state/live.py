@@ -59,7 +59,12 @@ from webhook.state.platform_objects import (
     reduce_instance_type,
 )
 from webhook.state.platform_rebuilds import PlatformRebuilds
-from webhook.state.readiness import Readiness, WatchedReflector, first_to_go_silent
+from webhook.state.readiness import (
+    Readiness,
+    WatchedReflector,
+    first_to_go_silent,
+    why_not_synced,
+)
 from webhook.state.restamps import Restamps
 from webhook.waits import sleep_unless_stopped
 
@@ -85,10 +90,11 @@ class LiveSettings:
     confirm_interval: float = 0.5
     confirm_reads: int = 3
     confirm_wait: float = 2.0
-    # Objects the consistent reads of one kind list per second at most, on average: a read
-    # lists every object of the kind in the cluster, and a tenant can make reads wanted at
-    # every interval, so a kind of 100,000 objects is read every 20 s, not twice a second.
+    # Objects and bytes the consistent reads of one kind list a second at most, on average: a
+    # read lists every object of the kind, and a tenant can make reads wanted at every interval:
+    # 100,000 objects are read every 20 s, 124 MB (fat annotations) every 30 s, not twice a second.
     confirm_objects: float = 5_000.0
+    confirm_bytes: float = 4 * 2**20
     repair_objects: int = 100  # fetched at most per read to repair a watch's losses
     resync_seconds: float = 300.0  # every kind read this often for them (0: only on demand)
 
@@ -241,13 +247,14 @@ class LiveState(PlatformRebuilds, ConsistentReads, Restamps):
             blocking.append("platform: not built yet (waiting for its first lists)")
         for reflector in self._platform_reflectors:
             if not reflector.synced:
-                blocking.append(f"{reflector.resource.plural}: {_why(reflector)}")
+                blocking.append(f"{reflector.resource.plural}: {why_not_synced(reflector)}")
         for name, check in self.required.items():
             if not check():
                 blocking.append(f"{name}: not synced")
         for plural, watch in sorted(self._apps.items()):
             if not self._kind_excused(watch):
-                blocking.append(f"applications {plural} ({watch.kind}): {_why(watch.reflector)}")
+                why = why_not_synced(watch.reflector)
+                blocking.append(f"applications {plural} ({watch.kind}): {why}")
         degraded = [
             f"kind {kind}: {reason}; its writes are denied"
             for kind, reason in sorted(self.unavailable_kinds().items())
@@ -388,13 +395,3 @@ class LiveState(PlatformRebuilds, ConsistentReads, Restamps):
             kept=lambda: self._readiness,
         )
         return reflector
-
-
-def _why(reflector: Reflector) -> str:
-    if reflector.list_error:
-        return f"cannot be listed ({reflector.list_error}); retrying with backoff"
-    if not reflector.listed:
-        return "not listed yet"
-    if reflector.last_error:
-        return f"watch not live ({reflector.last_error})"
-    return "watch silent past its read timeout"
