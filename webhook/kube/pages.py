@@ -5,7 +5,8 @@ with 248 KB of annotations each (Kubernetes allows 256 KiB) make a 124 MB page, 
 whole on the event loop, and held twice over (its bytes, then its decoded objects) while it is
 reduced; two kinds listed at once passed the Deployment's memory limit. So each page asks for as
 many objects as fit :data:`PAGE_BYTES` at the size of those the last page brought (at most
-:data:`PAGE_SIZE`), and a page that still comes back larger than :data:`MAX_PAGE_BYTES` (its
+:data:`PAGE_SIZE`, and at most twice as many as the last asked for: a run of small objects
+before fat ones grows the count step by step), and a page that still comes back larger than :data:`MAX_PAGE_BYTES` (its
 objects grew since, or small ones came first) is left unread past that and asked for again with
 a quarter of the objects. A page of one object is always read whole: an object is at most what
 the API server stores. The sizes are kept between lists of one resource, so a resync starts at
@@ -50,7 +51,8 @@ class PageSizes:
         self.listed_bytes += size
         self.pages += 1
         if objects > 0 and size > 0:
-            self.limit = max(1, min(PAGE_SIZE, self.page_bytes * objects // size))
+            fit = self.page_bytes * objects // size
+            self.limit = max(1, min(PAGE_SIZE, 2 * self.limit, fit))
 
     def too_large(self) -> None:
         """The page just asked for ran past :attr:`max_bytes` and was cut short."""
