@@ -1,16 +1,16 @@
 """How many objects each page of a list asks for: as many as fit a byte budget.
 
-A page of :data:`PAGE_SIZE` objects is as large as what its objects carry: 500 applications
-with 248 KB of annotations each (Kubernetes allows 256 KiB) make a 124 MB page, read and decoded
+A page of :data:`PAGE_SIZE` objects is as large as what its objects carry: 500 applications with
+248 KB of annotations each (Kubernetes allows 256 KiB) make a 124 MB page, read and decoded
 whole on the event loop, and held twice over (its bytes, then its decoded objects) while it is
 reduced; two kinds listed at once passed the Deployment's memory limit. So each page asks for as
 many objects as fit :data:`PAGE_BYTES` at the size of those the last page brought (at most
 :data:`PAGE_SIZE`, and at most twice as many as the last asked for: a run of small objects
-before fat ones grows the count step by step), and a page that still comes back larger than :data:`MAX_PAGE_BYTES` (its
-objects grew since, or small ones came first) is left unread past that and asked for again with
-a quarter of the objects. A page of one object is always read whole: an object is at most what
-the API server stores. The sizes are kept between lists of one resource, so a resync starts at
-the size the last one ended with.
+before fat ones grows the count step by step), and a page that still comes back larger than
+:data:`MAX_PAGE_BYTES` (its objects grew since, or small ones came first) is left unread past
+that and asked for again with a quarter of the objects. A page of one object is always read
+whole: an object is at most what the API server stores. The sizes are kept between lists of one
+resource, so a resync starts at the size the last one ended with.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Final
 __all__ = ["MAX_PAGE_BYTES", "PAGE_BYTES", "PAGE_SIZE", "PageSizes"]
 
 PAGE_SIZE: Final = 500  # objects a page asks for at most (client-go's pager asks for 500)
-PAGE_BYTES: Final = 8 * 2**20  # what a page is sized to, at its objects' last known size
+PAGE_BYTES: Final = 2 * 2**20  # what a page is sized to, at its objects' last known size
 MAX_PAGE_BYTES: Final = 2 * PAGE_BYTES  # a page past this is cut short and asked for smaller
 SHRINK: Final = 4  # a page cut short is asked for again with this fraction of its objects
 

@@ -13,10 +13,9 @@ version on and settles what that version settles
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from webhook.core.tenancy.applications import resource_version
+from webhook.state.consistent_reads import version_of
 from webhook.state.held_applications import Held, held_application, holds_same
 
 if TYPE_CHECKING:
@@ -40,17 +39,14 @@ class Restamps:
     def restamped(self, kind: str, obj: Obj) -> bool:
         """Whether ``obj`` (an ADDED or MODIFIED event's) was taken care of as carrying nothing
         new but its version: applied as such, or ignored as older than what is held."""
-        metadata = obj.get("metadata")
-        if not isinstance(metadata, Mapping):
+        found = version_of(obj)
+        if found is None:
             return False
-        namespace, name = metadata.get("namespace"), metadata.get("name")
-        if not isinstance(namespace, str) or not isinstance(name, str):
-            return False
+        (namespace, name), version = found
         held_now = self._held.get(kind, {})
         held = held_now.get((namespace, name))
         if held is None or not holds_same(held, obj):
             return False
-        version = resource_version(metadata.get("resourceVersion"))
         if version < held[2]:
             return True  # older than what is held (a repair ran ahead): ignored, as before
         fresh = (held[0], held[1], version)
