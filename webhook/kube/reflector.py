@@ -189,16 +189,18 @@ class Reflector:
         self.list_error = ""
         self.last_activity = self.clock()
 
-    async def read(self, reduce: Callable[[Obj], Any]) -> tuple[str, list[Any]]:
+    async def read(
+        self, reduce: Callable[[Obj], Any], *, pages: PageSizes | None = None
+    ) -> tuple[str, list[Any]]:
         """A read of the resource now, the consumer's view and the watch left alone (see
-        :func:`consistent_read`)."""
+        :func:`consistent_read`); its pages sized by ``pages``, else by the lists' own."""
         return await consistent_read(
             self.client,
             self.resource,
             reduce,
             namespace=self.namespace,
             params=self.params,
-            pages=self.pages,
+            pages=pages if pages is not None else self.pages,
         )
 
     @property

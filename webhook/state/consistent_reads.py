@@ -59,6 +59,7 @@ class ConsistentReads(WatchRepairs):
         self._last_items: dict[str, int] = {}  # kind -> how many objects that read listed
         self._last_bytes: dict[str, int] = {}  # kind -> how many bytes it listed
         self._release_pages: dict[str, PageSizes] = {}  # kind -> its HelmRelease pages' sizes
+        self._read_pages: dict[str, PageSizes] = {}  # kind -> its application reads' pages
         self._releases_readable = True  # until a HelmRelease list is refused or not served
         self.consistent_reads = 0
         self._init_watch_repairs()
@@ -108,8 +109,9 @@ class ConsistentReads(WatchRepairs):
                     "helmreleases cannot be listed; consistent reads use the applications",
                     extra={"fields": {"error": str(exc)}},
                 )
-        read = await reflector.read(version_of)
-        self._last_bytes[kind] = reflector.pages.listed_bytes
+        pages = self._read_pages.setdefault(kind, PageSizes())  # apart from the lists' own
+        read = await reflector.read(version_of, pages=pages)
+        self._last_bytes[kind] = pages.listed_bytes
         return read
 
     def read_gap(self, kind: str) -> float:
