@@ -296,8 +296,8 @@ async def test_a_watch_that_worked_before_it_broke_backs_off_from_the_start(
 class BrokenWatchClient:
     """Lists one empty page; every watch breaks at once, before its first event."""
 
-    async def request(self, method: str, path: str, **_: Any) -> dict[str, Any]:
-        return {"metadata": {"resourceVersion": "5"}, "items": []}
+    async def list_page(self, path: str, **_: Any) -> tuple[dict[str, Any], int]:
+        return {"metadata": {"resourceVersion": "5"}, "items": []}, 40
 
     async def watch(self, path: str, **_: Any) -> AsyncIterator[dict[str, Any]]:
         raise WatchTimeout(f"watch {path}: silent")
@@ -326,8 +326,8 @@ class ErrorEventClient:
     def __init__(self) -> None:
         self.watches = 0
 
-    async def request(self, method: str, path: str, **_: Any) -> dict[str, Any]:
-        return {"metadata": {"resourceVersion": "5"}, "items": []}
+    async def list_page(self, path: str, **_: Any) -> tuple[dict[str, Any], int]:
+        return {"metadata": {"resourceVersion": "5"}, "items": []}, 40
 
     async def watch(self, path: str, **_: Any) -> AsyncIterator[dict[str, Any]]:
         self.watches += 1
@@ -391,8 +391,8 @@ class EmptyWatchClient:
     def __init__(self) -> None:
         self.watches = 0
 
-    async def request(self, method: str, path: str, **_: Any) -> dict[str, Any]:
-        return {"metadata": {"resourceVersion": "5"}, "items": []}
+    async def list_page(self, path: str, **_: Any) -> tuple[dict[str, Any], int]:
+        return {"metadata": {"resourceVersion": "5"}, "items": []}, 40
 
     async def watch(self, path: str, **_: Any) -> AsyncIterator[dict[str, Any]]:
         self.watches += 1

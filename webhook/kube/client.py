@@ -190,6 +190,40 @@ class KubeClient:
         answer longer than that is never read whole: :class:`ResponseTooLarge` (a list of
         objects others write, such as a page of reports, is only as small as they make it).
         ``accept`` replaces the Accept header (:data:`METADATA_ONLY`: a list of metadata)."""
+        result, _ = await self._call(
+            method,
+            path,
+            params=params,
+            body=body,
+            content_type=content_type,
+            max_bytes=max_bytes,
+            accept=accept,
+        )
+        return result
+
+    async def list_page(
+        self,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        max_bytes: int | None = None,
+        accept: str = "",
+    ) -> tuple[Obj, int]:
+        """One page of a list (a ``GET`` as :meth:`request` makes it) and how many bytes it
+        came in: the next page is sized by them (:mod:`webhook.kube.pages`)."""
+        return await self._call("GET", path, params=params, max_bytes=max_bytes, accept=accept)
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: object = None,
+        content_type: str = "application/json",
+        max_bytes: int | None = None,
+        accept: str = "",
+    ) -> tuple[Obj, int]:
         headers = self._headers()
         if accept:
             headers["Accept"] = accept
@@ -217,7 +251,7 @@ class KubeClient:
                 if response.status >= 400:
                     raise _api_error(response.status, raw.decode("utf-8", errors="replace"))
                 result: Obj = decode_json(raw) if raw else {}
-                return result
+                return result, len(raw)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise ApiError(
                 0, "Unreachable", f"{method} {self.host}{path}: {exc or type(exc).__name__}"

@@ -1,21 +1,23 @@
 """A reflector: list a resource, then watch it, and keep a consumer in step.
 
-This is what client-go's Reflector does, written small: a paginated list replaces the
-consumer's view, then a watch from the list's resourceVersion streams changes (with bookmarks,
-so the resume point stays fresh). Each page is reduced as it arrives (``reduce`` keeps only what
-the consumer needs from an object), so a list of a large cluster never holds every whole object
-at once; the reduced items replace the consumer's view in one call, so readers never see half a
-list. A watch that ends normally is reopened from the last resourceVersion, and each asks the
-server to end it well within the read timeout (:attr:`Reflector.server_timeout`: kube-apiserver
-bookmarks no watch of a kind nothing writes, so a quiet watch ended only by its silence would
-be taken for dead); one that breaks, or stays silent past the read timeout, is reopened after a
-backoff with jitter, which grows only while reopened watches deliver nothing (a watch that
-worked for an hour and then broke is a first failure, not the next of a run); ``410 Gone``
-(the resume point was compacted away) forces a fresh list. So does an event the watch cannot
-read (longer than the client's bound, not JSON: :class:`~webhook.kube.client.WatchEventUnreadable`),
-and a watch that broke :data:`STUCK_WATCHES` times in a row at one resourceVersion without
-delivering anything: reopened from before it, the watch would meet the same event again, for
-good, where a list reads the object whole and the next watch starts past it. Each is counted
+This is what client-go's Reflector does, written small: a paginated list replaces the consumer's
+view, then a watch from the list's resourceVersion streams changes (with bookmarks, so the
+resume point stays fresh). Each page is reduced as it arrives (``reduce`` keeps only what the
+consumer needs from an object) and sized by the bytes the last one brought
+(:mod:`webhook.kube.pages`), so a list of a large cluster, or of large objects, never holds more
+than one page of whole objects at once; the reduced items replace the consumer's view in one
+call, so readers never see half a list. A watch that ends normally is reopened from the last
+resourceVersion, and each asks the server to end it well within the read timeout
+(:attr:`Reflector.server_timeout`: kube-apiserver bookmarks no watch of a kind nothing writes,
+so a quiet watch ended only by its silence would be taken for dead); one that breaks, or stays
+silent past the read timeout, is reopened after a backoff with jitter, which grows only while
+reopened watches deliver nothing (a watch that worked for an hour and then broke is a first
+failure, not the next of a run); ``410 Gone`` (the resume point was compacted away) forces a
+fresh list. So does an event the watch cannot read (longer than the client's bound, not JSON:
+:class:`~webhook.kube.client.WatchEventUnreadable`), and a watch that broke
+:data:`STUCK_WATCHES` times in a row at one resourceVersion without delivering anything:
+reopened from before it, the watch would meet the same event again, for good, where a list
+reads the object whole and the next watch starts past it. Each is counted
 (:attr:`Reflector.unreadable_relists`, :attr:`Reflector.stuck_relists`) and logged, and the
 relist waits the same growing backoff as any failure.
 
@@ -35,14 +37,20 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from webhook.kube.client import ApiError, KubeClient, ResourceRef, WatchEventUnreadable
+from webhook.kube.client import (
+    ApiError,
+    KubeClient,
+    ResourceRef,
+    ResponseTooLarge,
+    WatchEventUnreadable,
+)
+from webhook.kube.pages import PageSizes
 from webhook.waits import sleep_unless_stopped
 
 __all__ = ["Reflector", "consistent_read"]
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
-PAGE_SIZE: Final = 500
 # Watches broken in a row at one resourceVersion, nothing delivered, before the reflector lists
 # instead of reopening from there: a network blip breaks one or two; an event that breaks every
 # watch that reaches it (whatever the reason) breaks them all.
@@ -97,6 +105,7 @@ class Reflector:
         self._stuck = 0  # watches broken in a row at _stuck_at, nothing delivered
         self._stuck_at = ""
         self._heard = False  # whether the current watch delivered anything but an error
+        self.pages = PageSizes()  # each page of its lists sized by the bytes the last brought
 
     @property
     def synced(self) -> bool:
@@ -219,11 +228,18 @@ class Reflector:
         self.list_error = ""
         self.last_activity = self.clock()
 
-    async def read(self, reduce: Callable[[Obj], Any]) -> tuple[str, list[Any]]:
+    async def read(
+        self, reduce: Callable[[Obj], Any], *, pages: PageSizes | None = None
+    ) -> tuple[str, list[Any]]:
         """A read of the resource now, the consumer's view and the watch left alone (see
-        :func:`consistent_read`)."""
+        :func:`consistent_read`); its pages sized by ``pages``, else by the lists' own."""
         return await consistent_read(
-            self.client, self.resource, reduce, namespace=self.namespace, params=self.params
+            self.client,
+            self.resource,
+            reduce,
+            namespace=self.namespace,
+            params=self.params,
+            pages=pages if pages is not None else self.pages,
         )
 
     @property
@@ -307,29 +323,44 @@ async def consistent_read(
     namespace: str = "",
     params: Mapping[str, str] | None = None,
     accept: str = "",
+    pages: PageSizes | None = None,
 ) -> tuple[str, list[Any]]:
     """A paginated list without a resourceVersion (kube-apiserver serves it at its current
-    revision), each item reduced as its page arrives; the list's resourceVersion and the
-    reduced items. ``accept``: the pages' Accept header (``METADATA_ONLY``: metadata only)."""
+    revision), each item reduced as its page arrives and the page dropped before the next is
+    asked for; the list's resourceVersion and the reduced items. ``accept``: the pages' Accept
+    header (``METADATA_ONLY``: metadata only). ``pages`` sizes each page by the bytes the last
+    brought (:mod:`webhook.kube.pages`; kept by the caller between reads of one resource) and
+    counts the bytes this read listed."""
+    pages = pages if pages is not None else PageSizes()
+    pages.start()
     items: list[Any] = []
-    first = {**(params or {}), "limit": str(PAGE_SIZE)}
-    page_params = first
+    token = ""
     path = resource.path(namespace)
     while True:
+        query = {**(params or {}), "limit": str(pages.limit)}
+        if token:
+            query["continue"] = token
         try:
-            page = await client.request("GET", path, params=page_params, accept=accept)
+            page, size = await client.list_page(
+                path, params=query, accept=accept, max_bytes=pages.max_bytes
+            )
+        except ResponseTooLarge:
+            pages.too_large()  # cut short, unread past the bound: the same page, fewer objects
+            continue
         except ApiError as exc:
             if exc.status == 410:  # the continue token expired: start the read over
-                items, page_params = [], first
+                items, token = [], ""
+                pages.start()
                 continue
             raise
         metadata = page.get("metadata") or {}
-        for obj in page.get("items") or []:
+        objects = page.get("items") or []
+        pages.read(len(objects), size)
+        for obj in objects:
             reduced = reduce(obj)
             if reduced is not None:
                 items.append(reduced)
-        del page
-        token = metadata.get("continue")
+        del page, objects
+        token = str(metadata.get("continue") or "")
         if not token:
             return str(metadata.get("resourceVersion") or ""), items
-        page_params = {**first, "continue": token}

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from webhook.core.tenancy.applications import resource_version
 from webhook.kube.client import METADATA_ONLY, ApiError, KubeClient, ResourceRef
+from webhook.kube.pages import PageSizes
 from webhook.kube.reflector import Reflector, consistent_read
 from webhook.state.watch_repairs import WatchRepairs
 
@@ -56,6 +57,9 @@ class ConsistentReads(WatchRepairs):
         self._confirming: dict[str, asyncio.Task[None]] = {}
         self._last_read: dict[str, float] = {}  # kind -> when its last consistent read began
         self._last_items: dict[str, int] = {}  # kind -> how many objects that read listed
+        self._last_bytes: dict[str, int] = {}  # kind -> how many bytes it listed
+        self._release_pages: dict[str, PageSizes] = {}  # kind -> its HelmRelease pages' sizes
+        self._read_pages: dict[str, PageSizes] = {}  # kind -> its application reads' pages
         self._releases_readable = True  # until a HelmRelease list is refused or not served
         self.consistent_reads = 0
         self._init_watch_repairs()
@@ -85,14 +89,18 @@ class ConsistentReads(WatchRepairs):
         if self._releases_readable:
             found = self.state.platform.kind(kind)
             prefix = found.release_prefix if found is not None else ""
+            pages = self._release_pages.setdefault(kind, PageSizes())
             try:
-                return await consistent_read(
+                read = await consistent_read(
                     self.client,
                     HELM_RELEASES,
                     lambda obj: release_version_of(obj, prefix),
                     accept=METADATA_ONLY,  # a release's values can be large; its name is not
                     params={"labelSelector": f"{RELEASE_KIND_LABEL}={kind},{RELEASE_GROUP}"},
+                    pages=pages,
                 )
+                self._last_bytes[kind] = pages.listed_bytes
+                return read
             except ApiError as exc:
                 if exc.status not in (403, 404):
                     raise
@@ -101,7 +109,20 @@ class ConsistentReads(WatchRepairs):
                     "helmreleases cannot be listed; consistent reads use the applications",
                     extra={"fields": {"error": str(exc)}},
                 )
-        return await reflector.read(version_of)
+        pages = self._read_pages.setdefault(kind, PageSizes())  # apart from the lists' own
+        read = await reflector.read(version_of, pages=pages)
+        self._last_bytes[kind] = pages.listed_bytes
+        return read
+
+    def read_gap(self, kind: str) -> float:
+        """The least time between two consistent reads of ``kind``: the interval, or longer as
+        its last read listed more objects or more bytes than the reads may list in that time
+        (:attr:`LiveSettings.confirm_objects`, :attr:`LiveSettings.confirm_bytes`)."""
+        return max(
+            self.settings.confirm_interval,
+            self._last_items.get(kind, 0) / self.settings.confirm_objects,
+            self._last_bytes.get(kind, 0) / self.settings.confirm_bytes,
+        )
 
     def confirm(self, kind: str, revision: int) -> None:
         """Make :meth:`observed_version` of ``kind`` reach ``revision`` soon, whether or not
@@ -118,8 +139,8 @@ class ConsistentReads(WatchRepairs):
         kind runs
         at a time, at most :attr:`LiveSettings.confirm_reads` reads spaced by
         :attr:`LiveSettings.confirm_interval`, or longer as the kind's last read listed more
-        objects (:attr:`LiveSettings.confirm_objects`); never called from a request it would
-        delay beyond the ledger's own bounded wait.
+        objects or bytes (:meth:`read_gap`); never called from a request it would delay
+        beyond the ledger's own bounded wait.
         """
         if self.observed_version(kind) >= revision:
             return
@@ -134,15 +155,12 @@ class ConsistentReads(WatchRepairs):
             await asyncio.sleep(self.settings.confirm_delay)
             for _ in range(self.settings.confirm_reads):
                 # Reads of one kind are spaced, across confirmations too: at most one per
-                # interval, and fewer as the kind has more objects to list (at most
-                # ``confirm_objects`` a second), whatever a tenant's writes ask for.
+                # interval, and fewer as the kind has more objects or bytes to list (at most
+                # ``confirm_objects`` and ``confirm_bytes`` a second), whatever a tenant's
+                # writes ask for.
                 last = self._last_read.get(kind)
                 if last is not None:
-                    gap = max(
-                        self.settings.confirm_interval,
-                        self._last_items.get(kind, 0) / self.settings.confirm_objects,
-                    )
-                    await asyncio.sleep(max(0.0, last + gap - loop.time()))
+                    await asyncio.sleep(max(0.0, last + self.read_gap(kind) - loop.time()))
                 if self.observed_version(kind) >= self._wanted.get(kind, 0):
                     break
                 self._last_read[kind] = loop.time()

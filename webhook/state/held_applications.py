@@ -14,6 +14,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any, Final
 
+import orjson
+
 from webhook.core.base.json_codec import decode_json
 from webhook.core.pricing.bounds import DEFAULT_VALUES_LIMITS
 from webhook.core.tenancy.applications import (
@@ -23,7 +25,14 @@ from webhook.core.tenancy.applications import (
     resource_version,
 )
 
-__all__ = ["CANONICAL", "Held", "held_application", "held_from_object", "settle_memory"]
+__all__ = [
+    "CANONICAL",
+    "Held",
+    "held_application",
+    "held_from_object",
+    "holds_same",
+    "settle_memory",
+]
 
 log = logging.getLogger("webhook.state.live")
 Obj = dict[str, Any]
@@ -70,6 +79,30 @@ def held_from_object(kind: str, obj: Obj) -> tuple[tuple[str, str], Held] | None
             return (sys.intern(namespace), name), (spec, recorded, version)
     log.warning("application ignored", extra={"fields": {"kind": kind, "reason": reason}})
     return None
+
+
+def holds_same(held: Held, obj: Obj) -> bool:
+    """Whether ``obj`` carries exactly the spec and charge annotation ``held`` holds, told at a
+    small part of what reducing it again costs (about 1 ms for a spec of 28,000 keys, against
+    some 30 ms to encode it canonically, decode it and price it again).
+
+    orjson's compact encoding with sorted keys is the canonical JSON's text whenever it is
+    ASCII, as the canonical text always is, and equal texts are equal values. Where the two
+    encoders differ (a non-ASCII string, a float orjson writes otherwise, an integer past 64
+    bits or nesting past 254 levels, which orjson refuses) the answer is no, and the object is
+    reduced as before: a wrong "no" costs time, never a "yes" for a spec that changed. orjson
+    writes NaN and infinities as ``null``; a watch event never holds them (the API server's
+    JSON encoder refuses to write them)."""
+    metadata = obj.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    note = annotations.get(CHARGE_ANNOTATION) if isinstance(annotations, Mapping) else None
+    if (note if isinstance(note, str) else None) != held[1]:
+        return False
+    try:
+        encoded = orjson.dumps(obj.get("spec"), option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # orjson.JSONEncodeError: what only the canonical encoder writes
+        return False
+    return len(encoded) == len(held[0]) and encoded == held[0].encode()
 
 
 def _canonical_spec(spec: object) -> str:

@@ -18,16 +18,15 @@ Application reflectors, one per kind the definitions declare, feed the
 :class:`ReservationState`; they start and stop as kinds come and go. A kind whose list fails
 (``404``: not served yet, or a mistyped plural) is *unavailable*: its writes fail closed, the
 reason (with the URL) is reported, its list is retried with backoff, and every other kind keeps
-working. Tenants are the exception: without them no pool is known, so they stop admission.
-
-Of each application only its canonical spec and charge annotation are held (to re-price it).
+working. Tenants are the exception: without them no pool is known, so they stop admission. Of
+each application only its canonical spec and charge annotation are held (to re-price it).
 
 This module holds readiness, the run loop and the application reflectors; the rest sits beside
 it, named after what it does: ``platform_objects`` (what of each platform object is kept, and
-the platform built from it), ``platform_rebuilds`` (debounced rebuilds and the re-price),
-``held_applications`` (what is held of each application), ``consistent_reads`` (the barrier
-that proves a quiet kind complete), ``watch_repairs`` (what a watch lost) and ``readiness``
-(the walk's answer kept between changes: a request asks readiness in constant time).
+the platform built from it), ``platform_rebuilds`` (debounced rebuilds, the re-price),
+``held_applications`` (what is held of each application), ``restamps`` (events changing none
+of it), ``consistent_reads`` (the barrier proving a quiet kind complete), ``watch_repairs``
+(what a watch lost), ``readiness`` (its answer kept between changes: asked in constant time).
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from webhook.core.admission.state import ReservationState
@@ -59,7 +59,13 @@ from webhook.state.platform_objects import (
     reduce_instance_type,
 )
 from webhook.state.platform_rebuilds import PlatformRebuilds
-from webhook.state.readiness import Readiness, WatchedReflector, first_to_go_silent
+from webhook.state.readiness import (
+    Readiness,
+    WatchedReflector,
+    first_to_go_silent,
+    why_not_synced,
+)
+from webhook.state.restamps import Restamps
 from webhook.waits import sleep_unless_stopped
 
 __all__ = ["LiveSettings", "LiveState"]
@@ -84,10 +90,11 @@ class LiveSettings:
     confirm_interval: float = 0.5
     confirm_reads: int = 3
     confirm_wait: float = 2.0
-    # Objects the consistent reads of one kind list per second at most, on average: a read
-    # lists every object of the kind in the cluster, and a tenant can make reads wanted at
-    # every interval, so a kind of 100,000 objects is read every 20 s, not twice a second.
+    # Objects and bytes the consistent reads of one kind list a second at most, on average: a
+    # read lists every object of the kind, and a tenant can make reads wanted at every interval:
+    # 100,000 objects are read every 20 s, 124 MB (fat annotations) every 30 s, not twice a second.
     confirm_objects: float = 5_000.0
+    confirm_bytes: float = 4 * 2**20
     repair_objects: int = 100  # fetched at most per read to repair a watch's losses
     resync_seconds: float = 300.0  # every kind read this often for them (0: only on demand)
 
@@ -100,7 +107,7 @@ class AppWatch:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-class LiveState(PlatformRebuilds, ConsistentReads):
+class LiveState(PlatformRebuilds, ConsistentReads, Restamps):
     """Keeps a :class:`ReservationState` in step with the cluster."""
 
     def __init__(
@@ -240,13 +247,14 @@ class LiveState(PlatformRebuilds, ConsistentReads):
             blocking.append("platform: not built yet (waiting for its first lists)")
         for reflector in self._platform_reflectors:
             if not reflector.synced:
-                blocking.append(f"{reflector.resource.plural}: {_why(reflector)}")
+                blocking.append(f"{reflector.resource.plural}: {why_not_synced(reflector)}")
         for name, check in self.required.items():
             if not check():
                 blocking.append(f"{name}: not synced")
         for plural, watch in sorted(self._apps.items()):
             if not self._kind_excused(watch):
-                blocking.append(f"applications {plural} ({watch.kind}): {_why(watch.reflector)}")
+                why = why_not_synced(watch.reflector)
+                blocking.append(f"applications {plural} ({watch.kind}): {why}")
         degraded = [
             f"kind {kind}: {reason}; its writes are denied"
             for kind, reason in sorted(self.unavailable_kinds().items())
@@ -329,9 +337,6 @@ class LiveState(PlatformRebuilds, ConsistentReads):
         self._readiness_changed()  # kinds came or went
 
     def _app_reflector(self, ref: ResourceRef, kind: str) -> Reflector:
-        def reduce(obj: Obj) -> tuple[tuple[str, str], Held] | None:
-            return held_from_object(kind, obj)
-
         def replace_all(items: list[tuple[tuple[str, str], Held]]) -> None:
             before = self._held.get(kind, {})
             fresh = dict(items)
@@ -354,6 +359,8 @@ class LiveState(PlatformRebuilds, ConsistentReads):
                 state.observe(held_application(kind, namespace, name, held))
 
         def event(event_type: str, obj: Obj) -> None:
+            if event_type != "DELETED" and self.restamped(kind, obj):
+                return  # nothing the state reads changed (a label): see restamps
             reduced = held_from_object(kind, obj)
             if reduced is None:
                 return
@@ -380,7 +387,7 @@ class LiveState(PlatformRebuilds, ConsistentReads):
             ref,
             on_replace=replace_all,
             on_event=event,
-            reduce=reduce,
+            reduce=partial(held_from_object, kind),
             watch_timeout=self.settings.watch_timeout,
             read_timeout=self.settings.read_timeout,
             clock=self.clock,
@@ -388,13 +395,3 @@ class LiveState(PlatformRebuilds, ConsistentReads):
             kept=lambda: self._readiness,
         )
         return reflector
-
-
-def _why(reflector: Reflector) -> str:
-    if reflector.list_error:
-        return f"cannot be listed ({reflector.list_error}); retrying with backoff"
-    if not reflector.listed:
-        return "not listed yet"
-    if reflector.last_error:
-        return f"watch not live ({reflector.last_error})"
-    return "watch silent past its read timeout"

@@ -29,7 +29,7 @@ from typing import Any
 
 from webhook.kube.reflector import Reflector
 
-__all__ = ["Readiness", "WatchedReflector", "first_to_go_silent"]
+__all__ = ["Readiness", "WatchedReflector", "first_to_go_silent", "why_not_synced"]
 
 # What of a reflector readiness reads (with the clock, through :attr:`Reflector.synced`).
 READ: frozenset[str] = frozenset(
@@ -101,3 +101,14 @@ def first_to_go_silent(reflectors: Iterable[Reflector]) -> tuple[Reflector, ...]
         if kept is None or reflector.last_activity < kept.last_activity:
             first[key] = reflector
     return tuple(first.values())
+
+
+def why_not_synced(reflector: Reflector) -> str:
+    """Why ``reflector`` is not synced, in readiness's words."""
+    if reflector.list_error:
+        return f"cannot be listed ({reflector.list_error}); retrying with backoff"
+    if not reflector.listed:
+        return "not listed yet"
+    if reflector.last_error:
+        return f"watch not live ({reflector.last_error})"
+    return "watch silent past its read timeout"

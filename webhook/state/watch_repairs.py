@@ -9,8 +9,8 @@ still finds objects the state holds older than the list shows, or holds objects 
 no longer shows, once the watch has had :attr:`LiveSettings.confirm_wait` to deliver them,
 fetches each (at most :attr:`LiveSettings.repair_objects` a read) and applies it as the watch
 would have: newer, deleted. Every kind is also read that way every
-:attr:`LiveSettings.resync_seconds` whether or not the ledger waits on it, because a lost
-event that nothing waits for would otherwise never be found.
+:attr:`LiveSettings.resync_seconds` whether or not the ledger waits on it (one kind at a time),
+because a lost event that nothing waits for would otherwise never be found.
 
 A repair can run ahead of the watch: an event older than what the state holds (or than a
 deletion it remembers) is ignored, a deletion too, so a late one never reverts a repair; and an
@@ -49,7 +49,6 @@ class WatchRepairs:
     _apps: dict[str, AppWatch]
     _held: dict[str, dict[Key, Held]]
     _last_read: dict[str, float]
-    _last_items: dict[str, int]
 
     def _init_watch_repairs(self) -> None:
         self.repairs: dict[str, int] = {}  # kind -> objects put right, since start
@@ -190,23 +189,25 @@ class WatchRepairs:
         return 1
 
     def resync_due(self, now: float) -> None:
-        """Start a consistent read of each kind not read for :attr:`LiveSettings.resync_seconds`
-        (one at a time per kind; off at 0)."""
+        """Start a consistent read of the kind read longest ago, once it has not been read for
+        :attr:`LiveSettings.resync_seconds` (or its read gap, when longer; off at 0). One
+        resync at a time, whatever the kind: kinds listed together (all of them, at the first
+        sync) are due together, and their reads, run at once, would hold a page of each."""
         interval = self.settings.resync_seconds
-        if interval <= 0:
+        if interval <= 0 or self._resyncing:
             return
+        due: list[tuple[float, str, str]] = []
         for plural, watch in list(self._apps.items()):
             kind = watch.kind
-            if kind in self._resyncing or not watch.reflector.listed:
+            if not watch.reflector.listed:
                 continue
             last = self._last_read.get(kind)
             if last is None:
                 self._last_read[kind] = now  # the list itself was the first read
-                continue
-            if now - last < max(
-                interval, self._last_items.get(kind, 0) / self.settings.confirm_objects
-            ):
-                continue
+            elif now - last >= max(interval, self.read_gap(kind)):
+                due.append((last, kind, plural))
+        if due:
+            _, kind, plural = min(due)
             self._last_read[kind] = now
             task = asyncio.get_running_loop().create_task(self._resync(kind, plural))
             self._resyncing[kind] = task
@@ -222,3 +223,5 @@ class WatchRepairs:
     if TYPE_CHECKING:
 
         async def _consistent_read(self, kind: str) -> None: ...  # ConsistentReads
+
+        def read_gap(self, kind: str) -> float: ...  # ConsistentReads

@@ -228,6 +228,29 @@ class ReservationState:
             observed = budget if budget is not None else record.resources if record else {}
             self.pending.settle(key, observed, app.version)
 
+    def restamp(self, key: AppKey, version: int) -> bool:
+        """The application at ``key`` was stored again at ``version`` with nothing the state
+        reads changed (a label, a status): what :meth:`observe` of it would do, without pricing
+        it again. Its version moves on and a hold it shows is settled; the price, the tree and
+        the generation stay as they are. False when the state holds nothing of it."""
+        record = self._apps.get(key)
+        if record is None and key not in self._unknown:
+            return False
+        observed: dict[str, Decimal] | None = None
+        if key[0] == TENANT_KIND:
+            node = self.tree.get(owned_namespace(key[1], key[2]))
+            if key not in self._tenant_versions or node is None:
+                return False
+            self._tenant_versions[key] = version
+            observed = dict(node.budget)
+        if record is not None:
+            record.version = version
+            if observed is None:
+                observed = record.resources
+        if self.pending and observed is not None:
+            self.pending.settle(key, observed, version)
+        return True
+
     def forget(self, key: AppKey, *, version: int = 0) -> None:
         """Apply the deletion of an application (seen at resourceVersion ``version``)."""
         if key[0] == TENANT_KIND:

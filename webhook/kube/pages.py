@@ -1,0 +1,60 @@
+"""How many objects each page of a list asks for: as many as fit a byte budget.
+
+A page of :data:`PAGE_SIZE` objects is as large as what its objects carry: 500 applications with
+248 KB of annotations each (Kubernetes allows 256 KiB) make a 124 MB page, read and decoded
+whole on the event loop, and held twice over (its bytes, then its decoded objects) while it is
+reduced; two kinds listed at once passed the Deployment's memory limit. So each page asks for as
+many objects as fit :data:`PAGE_BYTES` at the size of those the last page brought (at most
+:data:`PAGE_SIZE`, and at most twice as many as the last asked for: a run of small objects
+before fat ones grows the count step by step), and a page that still comes back larger than
+:data:`MAX_PAGE_BYTES` (its objects grew since, or small ones came first) is left unread past
+that and asked for again with a quarter of the objects. A page of one object is always read
+whole: an object is at most what the API server stores. The sizes are kept between lists of one
+resource, so a resync starts at the size the last one ended with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = ["MAX_PAGE_BYTES", "PAGE_BYTES", "PAGE_SIZE", "PageSizes"]
+
+PAGE_SIZE: Final = 500  # objects a page asks for at most (client-go's pager asks for 500)
+PAGE_BYTES: Final = 2 * 2**20  # what a page is sized to, at its objects' last known size
+MAX_PAGE_BYTES: Final = 2 * PAGE_BYTES  # a page past this is cut short and asked for smaller
+SHRINK: Final = 4  # a page cut short is asked for again with this fraction of its objects
+
+
+@dataclass(slots=True)
+class PageSizes:
+    """The next page's object count, from the bytes the pages of one resource bring."""
+
+    page_bytes: int = PAGE_BYTES  # what a page is sized to (cut short past twice that)
+    limit: int = PAGE_SIZE  # objects the next page asks for
+    listed_bytes: int = 0  # bytes the pages of the list under way (or the last) brought
+    pages: int = 0  # pages read by the list under way (or the last)
+    cut_short: int = 0  # pages left unread past MAX_PAGE_BYTES, since start
+
+    def start(self) -> None:
+        """A list begins (or begins again): its bytes are counted from zero."""
+        self.listed_bytes = 0
+        self.pages = 0
+
+    @property
+    def max_bytes(self) -> int | None:
+        """How much of the next page is read at most (``None``: all of a one-object page)."""
+        return 2 * self.page_bytes if self.limit > 1 else None
+
+    def read(self, objects: int, size: int) -> None:
+        """A page of ``objects`` objects came in ``size`` bytes: size the next by them."""
+        self.listed_bytes += size
+        self.pages += 1
+        if objects > 0 and size > 0:
+            fit = self.page_bytes * objects // size
+            self.limit = max(1, min(PAGE_SIZE, 2 * self.limit, fit))
+
+    def too_large(self) -> None:
+        """The page just asked for ran past :attr:`max_bytes` and was cut short."""
+        self.cut_short += 1
+        self.limit = max(1, self.limit // SHRINK)
