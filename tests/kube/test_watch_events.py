@@ -159,9 +159,9 @@ class LinesClient:
         self.watches = 0
         self.unreadable_events = 0
 
-    async def request(self, method: str, path: str, **_: Any) -> dict[str, Any]:
+    async def list_page(self, path: str, **_: Any) -> tuple[dict[str, Any], int]:
         self.lists += 1
-        return {"metadata": {"resourceVersion": "5"}, "items": []}
+        return {"metadata": {"resourceVersion": "5"}, "items": []}, 48
 
     async def watch(self, path: str, **_: Any) -> AsyncIterator[dict[str, Any]]:
         self.watches += 1
