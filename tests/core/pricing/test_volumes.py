@@ -17,8 +17,8 @@ from tests.builders import platform, request, state
 from webhook.admission.admit import apply_admitted
 from webhook.core.admission.decisions import Decision, Policy, decide, mutate
 from webhook.core.admission.state import ReservationState
-from webhook.core.pricing.contracts import compile_contract
 from webhook.core.base.quantities import MAX_QUANTITY
+from webhook.core.pricing.contracts import compile_contract
 from webhook.core.pricing.evaluation import MAX_COUNT, Charge, TermCharge, evaluate
 from webhook.core.pricing.volumes import MAX_MARKS, hold, read_step, step_key
 from webhook.core.tenancy.records import parse_recorded_charge
