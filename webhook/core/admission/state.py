@@ -525,6 +525,11 @@ class ReservationState:
             if declared is not None:
                 self.tree.set_budget(owned, effective_budget(declared, self.cap(owned)))
 
+    def add_cap(self, pool: str, owned: str, cap: Cap) -> None:
+        """``pool``'s ledger lists ``cap`` for ``owned`` beside its other caps: where this
+        process is the only store (no ledger writes them), as the live ledger would."""
+        self.set_caps(pool, {**self._caps.get(pool, {}), owned: cap})
+
     def carry_caps(self, other: ReservationState) -> None:
         """Continue ``other``'s caps (a state rebuilt for a new platform)."""
         for pool, caps in other._caps.items():
