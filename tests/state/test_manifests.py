@@ -212,9 +212,7 @@ def test_a_second_object_of_the_same_name_fails_the_load_naming_both_files(
     assert f"VMDisk tenant-acme/disk is already defined in {tmp_path}/a.json" in str(raised.value)
 
 
-def test_a_helmrelease_labelled_with_another_requests_name_loads_as_cozystack_api_serves_it() -> (
-    None
-):
+def test_a_helmrelease_labelled_with_another_requests_name_loads_as_it_is_served() -> None:
     """``vm-instance-m4`` labelled ``m0`` beside the real ``m0`` (as cozystack-api stored them
     under concurrent creates): read by its label it was a second ``m0`` and the load failed;
     it is VMInstance ``m4``, as cozystack-api serves it, charged, and noted for removal."""
