@@ -69,7 +69,11 @@ async def live_answers(tmp_path: Path, certs: Path, caller: Caller) -> list[dict
                 store(server, body)
                 request = body["request"]
                 key = (request["kind"]["kind"], request["namespace"], request["name"])
-                await eventually(lambda key=key: state.record(key) is not None)
+
+                def stored(key: tuple[str, str, str] = key) -> bool:
+                    return state.record(key) is not None
+
+                await eventually(stored)
     return answers
 
 

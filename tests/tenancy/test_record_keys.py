@@ -9,17 +9,18 @@ import itertools
 import json
 import os
 import re
+import secrets
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.apiserver.server import EmulatedAPIServer
 from tests.builders import ROOT
 from tests.cluster import cluster, kube_client
 from tests.realkube import kubectl, real_apiserver
 from webhook.core.tenancy.records import RecordKeys
-from webhook.tenancy import record_keys
 from webhook.tenancy.record_keys import (
     MAX_RETIRED,
     RECORD_KEY_SECRET,
@@ -186,8 +187,8 @@ async def test_an_unknown_key_id_is_reread_at_most_once_a_second(tmp_path: Path)
         assert len([r for r in server.requests[before:] if r[0] == "GET"]) == 1
 
 
-def _retired(server: object) -> dict[str, bytes]:
-    (secret,) = server.objects("", "secrets")  # type: ignore[attr-defined]
+def _retired(server: EmulatedAPIServer) -> dict[str, bytes]:
+    (secret,) = server.objects("", "secrets")
     data = secret["data"]
     return {k: base64.b64decode(v) for k, v in data.items() if k.startswith("retired-")}
 
@@ -200,7 +201,7 @@ async def test_a_rotation_drops_the_oldest_retired_key_never_the_one_it_retires(
     retired. Named by when they were retired, the oldest goes, read back from the Secret."""
     made = itertools.count()  # keys in a fixed order, so a run is repeatable
     monkeypatch.setattr(
-        record_keys.secrets,
+        secrets,
         "token_bytes",
         lambda n: (hashlib.sha256(b"key %d" % next(made)).digest() * 2)[:n],
     )
@@ -243,7 +244,7 @@ async def test_a_rotation_drops_the_oldest_retired_key_never_the_one_it_retires(
 def _documented_rotation() -> str:
     """The shell commands docs/operators/install.md gives for rotating the record key."""
     text = (ROOT / "docs" / "operators" / "install.md").read_text()
-    blocks = re.findall(r"```sh\n(.*?)```", text, re.S)
+    blocks: list[str] = re.findall(r"```sh\n(.*?)```", text, re.S)
     (block,) = [b for b in blocks if RECORD_KEY_SECRET in b and "Promote" in b]
     return block
 
