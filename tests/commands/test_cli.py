@@ -7,11 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.builders import FIXTURES, review
 from webhook.commands.cli import main
 
 STATE = ["--state", str(FIXTURES / "cozystack"), "--state", str(FIXTURES / "tenants")]
+MISLABELLED = FIXTURES / "samples" / "mislabelled"
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -456,3 +458,28 @@ def test_review_refuses_filling_a_sub_tenant_namespace_before_its_tenant_is_seen
     known = review("VMInstance", "tenant-acme-dev", "vm", vm)
     _, out, _ = run(capsys, "review", *STATE, write(tmp_path, "known.json", known))
     assert responses(out)[0]["allowed"]
+
+
+def test_report_names_a_helmrelease_labelled_with_another_requests_name_and_its_removal(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """cozystack-api serves and the webhook charges VMInstance m4, stored as HelmRelease
+    vm-instance-m4 labelled m0, but its DELETE answers 404: the report, as a table, as JSON and
+    as the policy reports the leader writes, says which HelmRelease to delete."""
+    state = ["--state", str(FIXTURES / "cozystack"), "--state", str(MISLABELLED)]
+    removal = "kubectl -n tenant-test delete helmrelease vm-instance-m4"
+    status, out, _ = run(capsys, "report", *state)
+    assert status == 0
+    assert "HelmReleases labelled with another application's name" in out
+    assert removal in out
+    _, out, _ = run(capsys, "report", *state, "-o", "json")
+    (found,) = json.loads(out)["mislabelled"]
+    assert found["application"] == "VMInstance/m4"
+    assert (found["helmRelease"], found["nameLabel"]) == ("vm-instance-m4", "m0")
+    _, out, _ = run(capsys, "report", *state, "-o", "openreports")
+    reports = {r["metadata"]["namespace"]: r for r in yaml.safe_load_all(out)}
+    results = {r["resources"][0]["name"]: r for r in reports["tenant-test"]["results"]}
+    assert results["m0"]["result"] == "pass"
+    assert results["m4"]["result"] == "fail"
+    assert results["m4"]["rule"] == "mislabelled-release"
+    assert removal in results["m4"]["message"]

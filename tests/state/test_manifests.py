@@ -210,3 +210,20 @@ def test_a_second_object_of_the_same_name_fails_the_load_naming_both_files(
         load_state([FIXTURES / "cozystack", tmp_path])
     assert raised.value.source == f"{tmp_path}/b.json"
     assert f"VMDisk tenant-acme/disk is already defined in {tmp_path}/a.json" in str(raised.value)
+
+
+def test_a_helmrelease_labelled_with_another_requests_name_loads_as_it_is_served() -> None:
+    """``vm-instance-m4`` labelled ``m0`` beside the real ``m0`` (as cozystack-api stored them
+    under concurrent creates): read by its label it was a second ``m0`` and the load failed;
+    it is VMInstance ``m4``, as cozystack-api serves it, charged, and noted for removal."""
+    current = load_state([FIXTURES / "cozystack", FIXTURES / "samples" / "mislabelled"])
+    m0, m4 = ("VMInstance", "tenant-test", "m0"), ("VMInstance", "tenant-test", "m4")
+    assert current.record(m0) is not None
+    assert current.record(m4) is not None
+    pool = current.tree.get("tenant-test")
+    assert pool is not None
+    assert pool.usage["memory"] == 2 * 1024**3
+    noted = {key: (found.release, found.label) for key, found in current.mislabelled().items()}
+    assert noted == {m4: ("vm-instance-m4", "m0")}
+    current.forget(m4)  # its HelmRelease removed: nothing left to name
+    assert current.mislabelled() == {}

@@ -4,18 +4,33 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
+import itertools
+import json
+import os
+import re
+import secrets
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
+from tests.apiserver.server import EmulatedAPIServer
+from tests.builders import ROOT
 from tests.cluster import cluster, kube_client
+from tests.realkube import kubectl, real_apiserver
 from webhook.core.tenancy.records import RecordKeys
 from webhook.tenancy.record_keys import (
+    MAX_RETIRED,
     RECORD_KEY_SECRET,
+    RETIRED_TIME,
     SECRETS,
     RecordKeyError,
     RecordKeySecret,
     keys_from_file,
+    keys_from_secret,
+    retired_at,
 )
 
 NAMESPACE = "cozy-reservation"
@@ -170,3 +185,110 @@ async def test_an_unknown_key_id_is_reread_at_most_once_a_second(tmp_path: Path)
         assert results == [None] * 20  # nothing new in the Secret
         assert await secret.reread_for(keys.current_id, keys) is None  # known: no read
         assert len([r for r in server.requests[before:] if r[0] == "GET"]) == 1
+
+
+def _retired(server: EmulatedAPIServer) -> dict[str, bytes]:
+    (secret,) = server.objects("", "secrets")
+    data = secret["data"]
+    return {k: base64.b64decode(v) for k, v in data.items() if k.startswith("retired-")}
+
+
+async def test_a_rotation_drops_the_oldest_retired_key_never_the_one_it_retires(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight retired keys are kept. Named by their id (a hash) and pruned by name, a rotation
+    dropped whichever sorted first, often not the oldest and at times the key it had just
+    retired. Named by when they were retired, the oldest goes, read back from the Secret."""
+    made = itertools.count()  # keys in a fixed order, so a run is repeatable
+    monkeypatch.setattr(
+        secrets,
+        "token_bytes",
+        lambda n: (hashlib.sha256(b"key %d" % next(made)).digest() * 2)[:n],
+    )
+    async with cluster(tmp_path, load=False) as (server, kubeconfig), kube_client(kubeconfig) as c:
+        secret = RecordKeySecret(c, namespace=NAMESPACE)
+        first = await secret.bootstrap(asyncio.Event())
+        assert first is not None
+        signing, previous = first.current, None
+        retired: list[bytes] = []  # oldest first
+        start = 1_800_000_000.0
+        for rotation in range(14):
+            published = await secret.publish()
+            await secret.promote(window_seconds=-1, now=start + 60 * rotation)
+            if previous is not None:
+                retired.append(previous)
+            previous = signing
+            keys = await secret.read()
+            assert keys is not None
+            assert keys.current_id == published
+            signing = keys.current
+            held = _retired(server)
+            assert sorted(held.values()) == sorted(retired[-MAX_RETIRED:])
+            if retired:  # the name says when: the one just retired is the newest
+                newest = max(held, key=retired_at)
+                assert held[newest] == retired[-1]
+                moment = time.gmtime(start + 60 * rotation)
+                assert retired_at(newest) == time.strftime(RETIRED_TIME, moment)
+        # Rotations within one second: the key retired is kept whatever its id.
+        for _ in range(10):
+            await secret.publish()
+            await secret.promote(window_seconds=-1, now=start + 3600)
+            held = _retired(server)
+            assert previous in held.values()
+            assert len(held) == MAX_RETIRED
+            keys = await secret.read()
+            assert keys is not None
+            previous, signing = signing, keys.current
+
+
+def _documented_rotation() -> str:
+    """The shell commands docs/operators/install.md gives for rotating the record key."""
+    text = (ROOT / "docs" / "operators" / "install.md").read_text()
+    blocks: list[str] = re.findall(r"```sh\n(.*?)```", text, re.S)
+    (block,) = [b for b in blocks if RECORD_KEY_SECRET in b and "Promote" in b]
+    return block
+
+
+@pytest.mark.kube
+def test_the_documented_rotation_never_overwrites_a_retired_key(tmp_path: Path) -> None:
+    """Run as written, three times, against a real API server: every key that ever signed is
+    still in the Secret (previous, or retired under a name saying when), none overwritten, and
+    the webhook reads each retired one back. The step it replaces copied ``previous`` to one
+    fixed name, overwriting the key retired the rotation before."""
+    with real_apiserver(tmp_path / "kube") as kubeconfig:
+        kubectl(kubeconfig, "create", "namespace", NAMESPACE)
+        first = base64.b64encode(b"f" * 32).decode()
+        kubectl(
+            kubeconfig,
+            *("-n", NAMESPACE, "create", "secret", "generic", RECORD_KEY_SECRET),
+            f"--from-literal=current={'f' * 32}",
+        )
+        signed = [first]
+        for rotation in range(3):
+            if rotation:
+                time.sleep(1.1)  # the docs wait 35 s between rotations; names are per second
+            done = subprocess.run(
+                ["bash", "-euo", "pipefail", "-c", _documented_rotation()],
+                env={
+                    "KUBECONFIG": str(kubeconfig),
+                    "HOME": str(tmp_path),
+                    "PATH": os.environ.get("PATH", os.defpath),
+                },
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert done.returncode == 0, done.stderr
+            found = json.loads(
+                kubectl(kubeconfig, "-n", NAMESPACE, "get", "secret", RECORD_KEY_SECRET, "-ojson")
+            )
+            signed.append(found["data"]["current"])
+        data = found["data"]
+        assert data["previous"] == signed[-2]
+        retired = {k: v for k, v in data.items() if k.startswith("retired-")}
+        assert sorted(retired.values()) == sorted(signed[:-2])  # both kept, none overwritten
+        assert all(retired_at(name) for name in retired)
+        oldest = min(retired, key=retired_at)
+        assert retired[oldest] == signed[0]
+        keys = keys_from_secret(found, "the documented rotation")
+        assert {base64.b64encode(k).decode() for k in keys.retired} >= set(signed[:-2])

@@ -26,6 +26,7 @@ from webhook.core.admission.decisions import (
 )
 from webhook.core.admission.reviews import AdmissionRequest, parse_review, review_response
 from webhook.core.admission.state import ReservationState
+from webhook.core.admission.warn_caps import explain_cap, warn_cap, with_cap_warning
 from webhook.core.capacity.guard import QuotaBook, guard_warning
 from webhook.core.capacity.room import RoomBook, room_warning
 from webhook.core.tenancy.applications import CHARGE_ANNOTATION
@@ -36,6 +37,7 @@ __all__ = [
     "Outcome",
     "admit",
     "apply_admitted",
+    "as_live",
     "conflict",
     "existing",
     "internal_error",
@@ -105,6 +107,7 @@ class Admission:
             decision = with_guard_warning(decision, request, self.state, self.quotas)
             return with_room_warning(decision, request, self.room)
         decision = conflict(request, self.state) or decide(request, self.state, self.policy)
+        decision = as_live(request, decision, self.state)
         decision = with_guard_warning(decision, request, self.state, self.quotas)
         decision = with_room_warning(decision, request, self.room)
         apply_admitted(self.state, request, decision)
@@ -148,10 +151,28 @@ def admit(
     request = parse_review(body)
     try:
         decision = conflict(request, state) or decide(request, state, policy)
+        decision = as_live(request, decision, state)
         decision = with_guard_warning(decision, request, state, quotas)
     except Exception:
         decision = internal_error(request)
     return Outcome(request, decision)
+
+
+def as_live(request: AdmissionRequest, decision: Decision, state: ReservationState) -> Decision:
+    """Where this process is the only store: what the live ledger does around a decision.
+
+    A carve-out admitted in warn beyond what fits is capped (recorded in ``state`` before the
+    answer, the cap :func:`~webhook.core.admission.warn_caps.warn_cap` finds for the ledger
+    too), so the writes after it are decided as the cluster would decide them; a refusal by a
+    capped pool says so. Call it before the write is applied: the cap is what counted before.
+    """
+    found = warn_cap(request, decision, state)
+    if found is not None:
+        state.add_cap(found.pool, found.owned, found.cap)
+        return with_cap_warning(decision, found)
+    if not decision.allowed and decision.reason == "exceeded":
+        return explain_cap(decision, state)
+    return decision
 
 
 def conflict(request: AdmissionRequest, state: ReservationState) -> Decision | None:

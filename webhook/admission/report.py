@@ -104,6 +104,17 @@ def build_report(state: ReservationState, *, namespace: str = "") -> dict[str, A
                     "currentCharge": rl.to_strings(record.current or {}),
                 }
             )
+    mislabelled = [
+        {
+            "application": f"{kind}/{name}",
+            "namespace": ns,
+            "helmRelease": found.release,
+            "nameLabel": found.label,
+            "reason": found.explain((kind, ns, name)),
+        }
+        for (kind, ns, name), found in state.mislabelled().items()
+        if wanted(ns)
+    ]
     # What an operator must act on comes first: unknown reservations block their pools.
     unavailable = [
         {"kind": kind, "reason": reason}
@@ -113,6 +124,7 @@ def build_report(state: ReservationState, *, namespace: str = "") -> dict[str, A
     report: dict[str, Any] = {
         "unknown": unknown,
         "unevaluable": failing,
+        "mislabelled": mislabelled,
         "platformProblems": list(state.platform.problems),
         "unavailableKinds": unavailable,
         "pools": pools,
@@ -196,8 +208,9 @@ def render_report(report: dict[str, Any], *, wide: bool = False) -> str:
     for title, key in (
         ("Unknown reservations (their pools grant nothing more until fixed or deleted)", "unknown"),
         ("No longer evaluable (recorded charge kept)", "unevaluable"),
+        ("HelmReleases labelled with another application's name (remove each)", "mislabelled"),
     ):
-        if report[key]:
+        if report.get(key):
             lines += [f"{title}:"]
             lines += [f"  {i['namespace']} {i['application']}: {i['reason']}" for i in report[key]]
             lines.append("")

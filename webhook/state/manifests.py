@@ -29,9 +29,12 @@ from webhook.core.capacity.guard import QuotaBook, quota_from_object
 from webhook.core.pricing.platform import Platform, PlatformBuilder
 from webhook.core.tenancy.applications import (
     APPS_API_VERSION,
+    AppKey,
     Application,
+    Mislabel,
     application_from_helmrelease,
     application_from_object,
+    as_served,
     is_helmrelease,
 )
 from webhook.core.tenancy.records import RecordKeys
@@ -199,12 +202,14 @@ class _Load:
         self.keys = keys
         self.progress = progress
         self.seen: dict[tuple[str, str, str], str] = {}  # application -> where it was first
+        self.platform: Platform | None = None  # once built: how releases are named
+        self.mislabelled: dict[AppKey, Mislabel] = {}
         self.files_done = 0
         self.manifests = 0
 
     def run(self, files: list[Path]) -> ReservationState:
         builder = PlatformBuilder(default_contracts(), default_presets())
-        held: list[Application] = []
+        held: list[tuple[Application, str]] = []
         rest: list[Path] = []
         for file in files:
             text = _read_text(file)
@@ -215,14 +220,25 @@ class _Load:
                 if not builder.add(manifest.body, source=manifest.source):
                     self.take(manifest, held)
             del text
-        state = ReservationState(builder.build(), keys=self.keys)
-        state.observe_all(held)
+        state = self.known(ReservationState(builder.build(), keys=self.keys))
+        state.observe_all(self.once(app, source) for app, source in held)
         del held
         try:
             state.observe_all(self.applications(rest, len(files)))
         except _PlatformFound:
             self.seen.clear()
+            self.mislabelled.clear()
             return self.holding_everything(files)
+        return self.noted(state)
+
+    def known(self, state: ReservationState) -> ReservationState:
+        self.platform = state.platform
+        return state
+
+    def noted(self, state: ReservationState) -> ReservationState:
+        """``state``, told of the HelmReleases labelled with another application's name."""
+        for kind in sorted({key[0] for key in self.mislabelled}):
+            state.set_mislabelled(kind, self.mislabelled)
         return state
 
     def applications(self, files: list[Path], total: int) -> Iterator[Application]:
@@ -248,33 +264,50 @@ class _Load:
 
     def holding_everything(self, files: list[Path]) -> ReservationState:
         builder = PlatformBuilder(default_contracts(), default_presets())
-        apps: list[Application] = []
+        apps: list[tuple[Application, str]] = []
         for file in files:
             for manifest in _read_file(file):
                 if not builder.add(manifest.body, source=manifest.source):
                     self.take(manifest, apps)
-        state = ReservationState(builder.build(), keys=self.keys)
+        state = self.known(ReservationState(builder.build(), keys=self.keys))
         apps.reverse()
-        state.observe_all(apps.pop() for _ in range(len(apps)))  # each one's values go once priced
-        return state
+        # each one's values go once priced
+        state.observe_all(self.once(*apps.pop()) for _ in range(len(apps)))
+        return self.noted(state)
 
-    def take(self, manifest: Manifest, into: list[Application] | None) -> Application | None:
-        """The application a manifest holds (appended to ``into`` when given), checked to be
-        defined once; a ResourceQuota goes to the quota book; anything else is ignored."""
+    def take(
+        self, manifest: Manifest, into: list[tuple[Application, str]] | None
+    ) -> Application | None:
+        """The application a manifest holds, checked to be defined once (or appended to
+        ``into`` with its source, before the platform is known, to be checked then); a
+        ResourceQuota goes to the quota book; anything else is ignored."""
         app = _application(manifest)
         if app is not None:
-            first = self.seen.setdefault(app.key, manifest.source)
-            if first != manifest.source:  # a second object of one name would replace the first
-                raise ManifestError(
-                    manifest.source,
-                    "metadata.name",
-                    f"{app.kind} {app.namespace}/{app.name} is already defined in {first}",
-                )
             if into is not None:
-                into.append(app)
-        elif self.quotas is not None and _is_quota(manifest.body):
+                into.append((app, manifest.source))
+                return app
+            return self.once(app, manifest.source)
+        if self.quotas is not None and _is_quota(manifest.body):
             namespace = manifest.body.get("metadata", {}).get("namespace") or ""
             self.quotas.observe(str(namespace), quota_from_object(manifest.body))
+        return app
+
+    def once(self, app: Application, source: str) -> Application:
+        """``app`` named as cozystack-api serves it (a HelmRelease by its name, not its name
+        label: see :func:`~webhook.core.tenancy.applications.as_served`), checked to be the
+        only object of that name."""
+        kind = self.platform.kind(app.kind) if self.platform is not None else None
+        if kind is not None:
+            app, wrong = as_served(app, kind.release_prefix)
+            if wrong is not None:
+                self.mislabelled[app.key] = wrong
+        first = self.seen.setdefault(app.key, source)
+        if first != source:  # a second object of one name would replace the first
+            raise ManifestError(
+                source,
+                "metadata.name",
+                f"{app.kind} {app.namespace}/{app.name} is already defined in {first}",
+            )
         return app
 
 

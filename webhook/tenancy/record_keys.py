@@ -10,7 +10,11 @@ The Secret's data: ``current`` (the signing key, 32 bytes or more) and, during a
 ``next`` (a published key: accepted when verifying, never used to sign), ``previous`` (the key
 ``current`` replaced, accepted until ``previous-until``, an RFC 3339 time) and ``retired-<id>``
 (keys past their window: what they signed still counts for its persistent volumes' high marks,
-which only ever raise a charge, and for nothing else; at most 8 are kept). Every record names
+which only ever raise a charge, and for nothing else). A retired key's name says when it was
+retired, ``retired-<UTC time>-<id>`` (``retired-20261202T013000Z-3f...``): the Secret holds
+nothing else that would say so, and a rotation keeps the 8 retired most recently, the one it
+retires among them, dropping the oldest (a name without a time counts as older than any with
+one). Every record names
 the id of the key that signed it (:func:`webhook.core.tenancy.records.key_id`), so a replica that
 meets an id it does not know re-reads the Secret at once (at most once a second, shared by the
 requests waiting) before it refuses anything: replicas that read the Secret at different times
@@ -38,6 +42,7 @@ import asyncio
 import base64
 import binascii
 import logging
+import re
 import secrets
 import time
 from collections.abc import Mapping
@@ -52,10 +57,12 @@ from webhook.waits import sleep_unless_stopped
 __all__ = [
     "DEFAULT_WINDOW_SECONDS",
     "RECORD_KEY_SECRET",
+    "RETIRED_TIME",
     "RecordKeyError",
     "RecordKeySecret",
     "keys_from_file",
     "keys_from_secret",
+    "retired_at",
 ]
 
 log = logging.getLogger(__name__)
@@ -66,8 +73,11 @@ CURRENT: Final = "current"
 NEXT: Final = "next"
 PREVIOUS: Final = "previous"
 PREVIOUS_UNTIL: Final = "previous-until"
-RETIRED_PREFIX: Final = "retired-"  # retired-<key id>: keys past their window, for marks only
+RETIRED_PREFIX: Final = "retired-"  # retired-<time>-<key id>: keys past their window, for marks
 MAX_RETIRED: Final = 8
+# When a key was retired, in its name: fixed width, so names in this form sort as their times do.
+RETIRED_TIME: Final = "%Y%m%dT%H%M%SZ"
+_RETIRED_AT: Final = re.compile(r"retired-([0-9]{8}T[0-9]{6}Z)(?:-.*)?")
 # How long records signed with a retired key keep verifying after a rotation: long enough for
 # a slow rollout and a day of ordinary writes to re-sign what is written, short enough that a
 # leaked old key stops counting. Records not written by then are evaluated as they stand.
@@ -269,12 +279,10 @@ class RecordKeySecret:
         data = dict(secret.get("data") or {})
         if NEXT not in data:
             raise RecordKeyError(f"{self.where}: no published key; publish one first")
-        until = datetime.fromtimestamp((time.time() if now is None else now) + window_seconds, UTC)
+        clock = time.time() if now is None else now
+        until = datetime.fromtimestamp(clock + window_seconds, UTC)
         if PREVIOUS in data:  # kept for the volume marks it signed, never for anything else
-            data[RETIRED_PREFIX + _kid(data[PREVIOUS])] = data[PREVIOUS]
-            retired = sorted(k for k in data if str(k).startswith(RETIRED_PREFIX))
-            for name in retired[: max(len(retired) - MAX_RETIRED, 0)]:
-                del data[name]
+            _retire(data, datetime.fromtimestamp(clock, UTC))
         data[PREVIOUS] = data[CURRENT]
         data[PREVIOUS_UNTIL] = _b64(until.strftime("%Y-%m-%dT%H:%M:%SZ").encode())
         data[CURRENT] = data.pop(NEXT)
@@ -308,6 +316,32 @@ class RecordKeySecret:
             return await self._get()  # another replica created it first: use theirs
         log.info("created the record key secret", extra={"fields": {"secret": self.where}})
         return created
+
+
+def _retire(data: dict[str, Any], at: datetime) -> str:
+    """Move ``data``'s ``previous`` key to ``retired-<at>-<id>`` (its name); keep the
+    :data:`MAX_RETIRED` retired most recently, this one among them, dropping the oldest.
+
+    The same key retired under another name before is kept once, under the new name.
+    """
+    key = data.pop(PREVIOUS)
+    data.pop(PREVIOUS_UNTIL, None)
+    name = f"{RETIRED_PREFIX}{at.strftime(RETIRED_TIME)}-{_kid(key)}"
+    others = [k for k in data if str(k).startswith(RETIRED_PREFIX) and data[k] != key]
+    for duplicate in [k for k in data if str(k).startswith(RETIRED_PREFIX) and k not in others]:
+        del data[duplicate]
+    others.sort(key=lambda other: (retired_at(other), other))  # oldest first
+    for old in others[: max(len(others) + 1 - MAX_RETIRED, 0)]:
+        del data[old]
+    data[name] = key
+    return name
+
+
+def retired_at(name: str) -> str:
+    """When the key ``name`` holds was retired, as its name says (:data:`RETIRED_TIME`, which
+    sorts as time does); ``""``, older than any time, when it does not say."""
+    found = _RETIRED_AT.fullmatch(name)
+    return found[1] if found else ""
 
 
 def _kid(encoded: object) -> str:

@@ -70,7 +70,13 @@ def test_helmreleases_are_read_as_the_applications_they_store() -> None:
         "spec": {"values": {"instanceType": "u1.large"}},
     }
     app = application_from_helmrelease(release)
-    assert app == Application("VMInstance", "tenant-acme", "web1", {"instanceType": "u1.large"})
+    assert app == Application(
+        "VMInstance",
+        "tenant-acme",
+        "web1",
+        {"instanceType": "u1.large"},
+        release="vm-instance-web1",
+    )
 
 
 def test_a_recount_agrees_with_the_incremental_figures_and_finds_a_difference() -> None:

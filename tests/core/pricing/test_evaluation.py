@@ -10,7 +10,7 @@ from webhook.core.base.errors import EvaluationError
 from webhook.core.base.quantities import parse_quantity
 from webhook.core.pricing.catalog import InstanceType, Preset, StaticCatalog
 from webhook.core.pricing.contracts import compile_contract
-from webhook.core.pricing.evaluation import EvaluationLimits, evaluate
+from webhook.core.pricing.evaluation import EvaluationLimits, evaluate, interpret
 
 GI = 1024**3
 
@@ -339,3 +339,19 @@ def test_a_charge_past_what_a_kubernetes_quantity_holds_fails_closed() -> None:
     terms = [{"name": "w", "count": "$.n", "storage": "$.size"}]
     with pytest.raises(EvaluationError, match="exceeds what a Kubernetes quantity holds"):
         charge(terms, {"n": 100_000, "size": "1Ei"})  # counts stop at 100,000; 2^60 x that
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["interpreted", "compiled"])
+def test_a_product_of_counts_past_what_a_quantity_holds_fails_closed(compiled: bool) -> None:
+    """Each factor is at most 100,000, but four of them make 10^20 units (of 1m: a charge well
+    in range): a volume mark is keyed by the count, and read back only up to 2^63-1, so a larger
+    count is refused, not charged."""
+    contract = compile_contract(
+        "Thing",
+        {"terms": [{"name": "w", "count": {"product": ["$.a"] * 4}, "storage": "1m"}]},
+        source="test",
+    )
+    price = evaluate if compiled else interpret
+    with pytest.raises(EvaluationError, match=r"w\.count exceeds what a Kubernetes quantity"):
+        price(contract, {"a": 100_000}, CATALOG)
+    assert price(contract, {"a": 10_000}, CATALOG).terms[0].count == 10**16

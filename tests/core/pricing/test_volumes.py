@@ -6,6 +6,7 @@ term is charged at the largest figure admitted while the application exists.
 
 from __future__ import annotations
 
+import math
 from decimal import Decimal
 from typing import Any
 
@@ -16,9 +17,10 @@ from tests.builders import platform, request, state
 from webhook.admission.admit import apply_admitted
 from webhook.core.admission.decisions import Decision, Policy, decide, mutate
 from webhook.core.admission.state import ReservationState
+from webhook.core.base.quantities import MAX_QUANTITY
 from webhook.core.pricing.contracts import compile_contract
-from webhook.core.pricing.evaluation import evaluate
-from webhook.core.pricing.volumes import hold
+from webhook.core.pricing.evaluation import MAX_COUNT, Charge, TermCharge, evaluate
+from webhook.core.pricing.volumes import MAX_MARKS, hold, read_step, step_key
 from webhook.core.tenancy.records import parse_recorded_charge
 from webhook.defaults import default_contracts
 
@@ -105,6 +107,27 @@ def test_the_mark_travels_in_the_signed_record_to_a_replica_that_never_saw_the_s
         old_annotations=notes,
     )
     assert decide(later, fresh, ENFORCE).charge == {"storage": 100 * GI}
+
+
+def test_a_million_clickhouse_servers_scaled_to_one_keep_their_volumes_charged() -> None:
+    """1000 shards x 1000 replicas of 100Ki of PVCs each (no compute): 102400M held. Scaled to
+    1 x 1 the claims stay, and so must the charge: the mark is keyed ``servers#1000000``, a
+    count of seven digits, and is read back as written (not dropped, freeing the pool)."""
+    current = state({NS: {"storage": "100Gi"}})
+    none = {"cpu": "0", "memory": "0"}
+    base = {"size": "50Ki", "logStorageSize": "50Ki", "resources": none}
+    big = {**base, "shards": 1000, "replicas": 1000, "clickhouseKeeper": {"enabled": False}}
+    assert write(current, "ClickHouse", "ch", big).allowed
+    held = Decimal(1000 * 1000 * 100 * 1024)
+    assert storage(current) == held
+    small = {**big, "shards": 1, "replicas": 1}
+    down = write(current, "ClickHouse", "ch", small, big)
+    assert down.allowed
+    assert down.charge is not None
+    assert down.charge["storage"] == held
+    assert storage(current) == held
+    # The room the claims still take is not free for a second one.
+    assert not write(current, "ClickHouse", "ch2", big).allowed
 
 
 def contract(volume: str) -> Any:
@@ -212,3 +235,72 @@ def test_piling_up_marks_cannot_push_the_record_past_what_is_believed() -> None:
     assert again.charge.resources["storage"] == first.charge.resources["storage"]
     # 150 items at 3 x 4Gi each, and 150 gone items whose claims (4Gi + 1Gi + 1Gi) stay.
     assert first.charge.resources["storage"] >= 150 * 6 * GI + 150 * 6 * GI
+
+
+# Unit counts as the bounds allow them: any count up to 2^63-1 (evaluation refuses more), and
+# products of counts read from values, each at most MAX_COUNT (shards x replicas ...).
+most = int(MAX_QUANTITY)
+products = st.lists(st.integers(1, MAX_COUNT), min_size=2, max_size=4).map(math.prod)
+unit_counts = st.one_of(
+    st.integers(1, most), products.filter(lambda n: n <= most), st.sampled_from([1, 10**6, most])
+)
+volume_terms = st.lists(
+    st.tuples(
+        st.from_regex(r"[a-z0-9]([a-z0-9-]{0,6}[a-z0-9])?", fullmatch=True),  # a term's name
+        st.one_of(st.just(""), st.text(max_size=8)),  # the forEach item: the tenant's name
+        unit_counts,
+        st.integers(1, 2**40).map(Decimal),  # bytes of one unit
+        st.sampled_from(["kept", "released"]),
+    ),
+    min_size=1,
+    max_size=5,
+    unique_by=lambda t: (t[0], t[1]),
+)
+
+
+def volumes(terms: list[tuple[str, str, int, Decimal, str]], *, scaled_to_zero: bool) -> Charge:
+    """A charge of these volume terms; scaled to zero, each kept term has no units left and
+    each released one keeps its units at no size (what the marks must still hold)."""
+    built = []
+    for name, path, count, size, volume in terms:
+        if scaled_to_zero:
+            count, size = (0 if volume == "kept" else count), Decimal(0)
+        stored = Decimal(count * int(size))  # exact, as evaluation computes in 60 digits
+        built.append(TermCharge(name, path, Decimal(count), "", {"storage": stored}, volume, size))
+    total = Decimal(sum(int(t.resources["storage"]) for t in built))
+    return Charge("Thing", {"storage": total}, "d", "c", tuple(built))
+
+
+def written_keys_read_back(marks: dict[str, Decimal]) -> None:
+    for key in marks:
+        step = read_step(key)
+        if step is None:
+            assert "#" not in key, key  # a released unit size: its base alone
+        else:
+            assert step_key(*step) == key
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(terms=volume_terms, crowded=st.booleans())
+def test_every_volume_mark_written_is_read_back_for_any_unit_count(
+    terms: list[tuple[str, str, int, Decimal, str]], crowded: bool
+) -> None:
+    """Whatever the counts (a million servers, 2^63-1, a product of counts), item names and
+    folding (past MAX_MARKS), every mark the keying and folding write reads back: scaled to
+    nothing and then removed, the charge never drops below what the claims hold."""
+    if crowded:  # enough items to fold: each present item keeps one step, gone items one sum
+        terms = terms + [("filler", f"g{i}", 1, Decimal(1), "kept") for i in range(MAX_MARKS)]
+    kept = sum(c * int(s) for _, _, c, s, v in terms if v == "kept")  # exact integers
+    released = sum(c * int(s) for _, _, c, s, v in terms if v == "released")
+    gone = Charge("Thing", {}, "d", "c")
+    first = hold(volumes(terms, scaled_to_zero=False), {})
+    written_keys_read_back(first.marks)
+    down = hold(volumes(terms, scaled_to_zero=True), first.marks)
+    written_keys_read_back(down.marks)
+    assert down.charge.resources["storage"] >= kept + released
+    marks = down.marks
+    for _ in range(2):  # removed, and written again: nothing kept is let go
+        after = hold(gone, marks)
+        written_keys_read_back(after.marks)
+        assert after.charge.resources.get("storage", 0) >= kept
+        marks = after.marks

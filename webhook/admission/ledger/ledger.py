@@ -20,10 +20,11 @@ from webhook.admission.ledger.bounds import LedgerSettings
 from webhook.admission.ledger.commit import Commit, decided_replacing
 from webhook.admission.ledger.queue import Queues
 from webhook.admission.ledger.settle import Settle
-from webhook.admission.ledger.shares import Caps, explain_cap, largest_share, over_in_warn
+from webhook.admission.ledger.shares import Caps, largest_share
 from webhook.admission.ledger.status import Status
 from webhook.core.admission.decisions import Decision, Policy, decide, errored, held_dry_run
 from webhook.core.admission.reviews import AdmissionRequest
+from webhook.core.admission.warn_caps import explain_cap, over_in_warn
 from webhook.kube.client import KubeClient
 from webhook.kube.reflector import Reflector
 

@@ -7,7 +7,8 @@ bytes before they take it in entries), and its sub-tenants at most that share of
 :data:`~.bounds.MAX_CAPS` caps: past it only that tenant is told to try again, and creating
 namespaces never multiplies its share (:func:`holder`). A sub-Tenant allowed only because
 Tenant is in warn, beyond what fits, is recorded in the pool's ``status.capped`` before the
-answer (:class:`Caps`, after :mod:`webhook.core.admission.carveouts`): it then counts no more
+answer (:class:`Caps`, the cap found by :mod:`webhook.core.admission.warn_caps`, as the offline
+paths find it): it then counts no more
 than before the write, and nothing is held for it.
 """
 
@@ -15,8 +16,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
-from decimal import Decimal
 from typing import Any, Final
 
 from webhook.admission.ledger import answers, bounds
@@ -24,30 +23,15 @@ from webhook.admission.ledger.book import Book
 from webhook.admission.ledger.bounds import LedgerSettings
 from webhook.admission.ledger.entries import Obj, expiry, listed, listed_size, raw_caps, size
 from webhook.admission.ledger.status import Status
-from webhook.core.admission.carveouts import Cap, capped, kept_budget, overshoot
-from webhook.core.admission.decisions import WARNING_LIMIT, Decision, Policy
+from webhook.core.admission.carveouts import Cap
+from webhook.core.admission.decisions import Decision, Policy
 from webhook.core.admission.reviews import AdmissionRequest
-from webhook.core.admission.state import ReservationState
+from webhook.core.admission.warn_caps import warn_cap, with_cap_warning
 from webhook.core.base import resources as rl
-from webhook.core.base.errors import UNEVALUABLE
-from webhook.core.tenancy.tenants import (
-    TENANT_KIND,
-    ancestors,
-    owned_namespace,
-    parent_namespace,
-    parse_budget,
-)
+from webhook.core.tenancy.tenants import ancestors, parent_namespace
 from webhook.kube.client import ApiError
 
-__all__ = [
-    "Caps",
-    "Room",
-    "explain_cap",
-    "holder",
-    "holders",
-    "largest_share",
-    "over_in_warn",
-]
+__all__ = ["Caps", "Room", "holder", "holders", "largest_share"]
 
 
 def holder(pool: str, namespace: str) -> str:
@@ -186,29 +170,6 @@ def _cap_holder(pool: str, owned: str) -> str:
 # -- a carve-out admitted in warn: only what fits is counted ----------------------------------
 
 
-def over_in_warn(request: AdmissionRequest, decision: Decision) -> bool:
-    """A Tenant write allowed only because Tenant is in warn, over its parent's budget."""
-    return (
-        request.kind == TENANT_KIND
-        and decision.outcome == "warned"
-        and decision.reason == "exceeded"
-        and not request.dry_run
-    )
-
-
-def explain_cap(decision: Decision, state: ReservationState) -> Decision:
-    """Say so when the pool that refused is a carve-out counted below its declared quota."""
-    cap = state.capped().get(decision.pool)
-    if cap is None:
-        return decision
-    message = (
-        f"{decision.message} (its quota, {rl.format_resources(cap.declared)}, was admitted "
-        f"in warn mode beyond what fits above it: it counts "
-        f"{rl.format_resources(cap.counted, cap.declared) or 'nothing'} until it fits)"
-    )
-    return replace(decision, message=message, audit={**decision.audit, "message": message})
-
-
 class Caps:
     """Records the caps of carve-outs admitted in warn beyond what fits."""
 
@@ -223,18 +184,13 @@ class Caps:
         the pool above, before answering, that it counts no more than before the write (a
         cap), so nothing is held and nobody else's room is taken; the answer is still the
         warning with the full overshoot (see :mod:`webhook.core.admission.carveouts`)."""
-        state = self.book.current()
-        declared = _declared_budget(request.object, state)
-        pool_node = state.tree.pool_root(request.namespace)
-        if declared is None or pool_node is None:
+        found = warn_cap(request, warned, self.book.current())
+        if found is None:
             return warned
-        old = _declared_budget(request.old_object, state) if request.operation == "UPDATE" else None
-        owned = owned_namespace(request.namespace, request.name)
-        cap = capped(declared, kept_budget(state.tree, owned, declared, old))
-        refused = await self._write_cap(pool_node.namespace, owned, cap)
+        refused = await self._write_cap(found.pool, found.owned, found.cap)
         if refused is not None:
             return refused
-        return _with_cap_warning(warned, cap, pool_node.namespace)
+        return with_cap_warning(warned, found)
 
     async def _write_cap(self, pool: str, owned: str, cap: Cap) -> Decision | None:
         """Make ``pool``'s ledger list ``cap`` for ``owned``; ``None`` once written, else the
@@ -273,30 +229,3 @@ class Caps:
                 if outcome == "failed":
                     return answers.unavailable()
         return answers.contention([pool])
-
-
-def _declared_budget(
-    obj: Mapping[str, Any] | None, state: ReservationState
-) -> dict[str, Decimal] | None:
-    """The quota a Tenant object declares (``None``: none given, or it does not parse)."""
-    if obj is None:
-        return None
-    kind = state.platform.kind(TENANT_KIND)
-    spec = obj.get("spec")
-    try:
-        values = kind.defaulted(spec) if kind is not None else spec
-        return parse_budget(values)
-    except UNEVALUABLE:
-        return None
-
-
-def _with_cap_warning(warned: Decision, cap: Cap, pool: str) -> Decision:
-    over = overshoot(cap)
-    if not over:
-        return warned
-    counted = rl.format_resources(cap.counted, sorted(over)) or "nothing"
-    note = (
-        f"not reserved: pool {pool} counts this quota as {counted} (what it had before) and "
-        f"its subtree may use no more until the quota fits ({rl.format_resources(over)} over)"
-    )
-    return replace(warned, warnings=(*warned.warnings, note[:WARNING_LIMIT]))

@@ -9,8 +9,10 @@ comparing two values. One result per application, the worst finding first:
 
 - ``error``: the application cannot be evaluated (unknown reservation, or values that no longer
   evaluate: the recorded charge is kept), with the reason;
-- ``fail``: a write charging what it reserves would be denied now: an ancestor pool bounding a
-  key it reserves holds more than its budget (a budget lowered after the fact), with figures;
+- ``fail``: it is stored as a HelmRelease labelled with another application's name (which
+  cozystack-api cannot delete), with the command that removes it; or a write charging what it
+  reserves would be denied now: an ancestor pool bounding a key it reserves holds more than its
+  budget (a budget lowered after the fact), with figures;
 - ``warn``: near a limit (:data:`NEAR_LIMIT` of a budget it draws on), its pool sold beyond its
   budget through overcommit factors, or its namespace's ResourceQuota (the pod-level guard)
   short of what the admitted applications' pods will request, with figures;
@@ -205,6 +207,14 @@ def _finding(
             "unevaluable",
             f"no longer evaluates, its recorded charge is kept: {record.problem}",
             properties,
+        )
+    wrong = state.mislabel_of(key)
+    if wrong is not None:
+        return _Finding(
+            "fail",
+            "mislabelled-release",
+            wrong.explain(key),
+            {**properties, "helmRelease": wrong.release, "nameLabel": wrong.label},
         )
     over, near, pools = _limits(state, key[1], charged)
     if pools:

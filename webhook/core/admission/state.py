@@ -43,7 +43,7 @@ from webhook.core.base import resources as rl
 from webhook.core.base.errors import UNEVALUABLE, EvaluationError
 from webhook.core.pricing.platform import Platform, Prepared
 from webhook.core.pricing.volumes import RELEASED, hold
-from webhook.core.tenancy.applications import AppKey, Application
+from webhook.core.tenancy.applications import AppKey, Application, Mislabel
 from webhook.core.tenancy.overcommit import apply_factors
 from webhook.core.tenancy.records import (
     RecordedCharge,
@@ -130,6 +130,9 @@ class ReservationState:
         # the caps each pool's ledger lists, and what each Tenant declares.
         self._caps: dict[str, dict[str, Cap]] = {}  # pool -> owned namespace -> cap
         self._declared: dict[str, dict[str, Decimal]] = {}  # owned namespace -> its quota
+        # HelmReleases labelled with another application's name, as last read, by the key
+        # cozystack-api serves each under (webhook.core.tenancy.applications.mislabel).
+        self._mislabelled: dict[AppKey, Mislabel] = {}
 
     @property
     def platform(self) -> Platform:
@@ -547,6 +550,30 @@ class ReservationState:
             declared = self._declared.get(owned)
             if declared is not None:
                 self.tree.set_budget(owned, effective_budget(declared, self.cap(owned)))
+
+    def set_mislabelled(self, kind: str, found: Mapping[AppKey, Mislabel]) -> None:
+        """The HelmReleases of ``kind`` labelled with another application's name are exactly
+        ``found`` (a read of every release of the kind says so)."""
+        kept = {k: v for k, v in self._mislabelled.items() if k[0] != kind}
+        self._mislabelled = {**kept, **{k: v for k, v in found.items() if k[0] == kind}}
+
+    def mislabel_of(self, key: AppKey) -> Mislabel | None:
+        """The mislabel of the HelmRelease ``key`` is stored as, if its label is another's."""
+        return self._mislabelled.get(key)
+
+    def mislabelled(self) -> dict[AppKey, Mislabel]:
+        """The applications stored as a HelmRelease labelled with another application's name
+        (still held: one deleted since is left out), by key."""
+        return {
+            key: found
+            for key, found in sorted(self._mislabelled.items())
+            if key in self._apps or key in self._unknown
+        }
+
+    def add_cap(self, pool: str, owned: str, cap: Cap) -> None:
+        """``pool``'s ledger lists ``cap`` for ``owned`` beside its other caps: where this
+        process is the only store (no ledger writes them), as the live ledger would."""
+        self.set_caps(pool, {**self._caps.get(pool, {}), owned: cap})
 
     def carry_caps(self, other: ReservationState) -> None:
         """Continue ``other``'s caps (a state rebuilt for a new platform)."""

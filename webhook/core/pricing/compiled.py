@@ -657,7 +657,7 @@ class Program:
                 resources = {
                     k: v for k, v in rl.total(t.resources for t in terms).items() if v != 0
                 }
-            _check_range(resources)
+            _check_range(resources, terms)
         except EvaluationError as exc:
             raise exc.for_kind(contract.kind) from None
         return Charge(

@@ -154,7 +154,7 @@ def interpret(
             context.prec = 60
             terms = tuple(charge for term in contract.terms for charge in run.term(term))
             resources = {k: v for k, v in rl.total(t.resources for t in terms).items() if v != 0}
-        _check_range(resources)
+        _check_range(resources, terms)
     except EvaluationError as exc:
         raise exc.for_kind(contract.kind) from None
     return Charge(
@@ -234,8 +234,16 @@ def _contract_nodes(node: object) -> Iterator[object]:
             yield from _contract_nodes(getattr(node, member.name))
 
 
-def _check_range(resources: Mapping[str, Decimal]) -> None:
-    """A charge no Kubernetes quantity could hold is a mistake or an attack: fail closed."""
+def _check_range(resources: Mapping[str, Decimal], terms: tuple[TermCharge, ...] = ()) -> None:
+    """A charge, or a term's count of units, that no Kubernetes quantity could hold is a mistake
+    or an attack: fail closed. (A count is a product of counts, each bounded alone; volume marks
+    are keyed by it, and read back up to this bound: :mod:`webhook.core.pricing.volumes`.)"""
+    for term in terms:
+        if term.count > MAX_QUANTITY:
+            raise EvaluationError(
+                term.path or term.term,
+                f"{term.term}.count exceeds what a Kubernetes quantity holds (2^63-1 units)",
+            )
     for key, value in resources.items():
         if value > MAX_QUANTITY:
             raise EvaluationError(

@@ -27,12 +27,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from decimal import Decimal
+from decimal import Decimal, localcontext
 from typing import Final
 
+from webhook.core.base.quantities import MAX_QUANTITY
 from webhook.core.pricing.evaluation import Charge, TermCharge
 
-__all__ = ["KEPT", "RELEASED", "Held", "hold", "mark_key"]
+__all__ = ["KEPT", "RELEASED", "Held", "hold", "mark_key", "read_step", "step_key"]
 
 KEPT: Final = "kept"
 RELEASED: Final = "released"
@@ -56,6 +57,29 @@ def mark_key(term: TermCharge) -> str:
     return f"{term.term}:{path}" if path else term.term
 
 
+# The most digits a step's unit count has: evaluation refuses a term counting more units than a
+# Kubernetes quantity holds (2^63-1), so every count a mark is keyed by has at most 19 digits.
+# A key is read back only up to that bound: the work of reading one is bounded, and nothing
+# written is ever passed over (``servers#1000000`` of a 1000 x 1000 ClickHouse included).
+_UNITS_DIGITS: Final = len(str(int(MAX_QUANTITY)))
+
+
+def step_key(base: str, units: int) -> str:
+    """The key of the step "units below ``units`` hold at least ...", of the volume ``base``."""
+    return f"{base}#{units}"
+
+
+def read_step(key: str) -> tuple[str, int] | None:
+    """``(base, units)`` of a step's key as :func:`step_key` writes it; ``None`` for any other
+    key (a released term's unit size, keyed by its base alone, whose ``#`` are escaped)."""
+    base, sep, below = key.rpartition("#")
+    if not sep or not 0 < len(below) <= _UNITS_DIGITS or not below.isascii():
+        return None
+    if not below.isdigit() or below[0] == "0":
+        return None
+    return base, int(below)
+
+
 def hold(charge: Charge, previous: Mapping[str, Decimal], released: Iterable[str] = ()) -> Held:
     """``charge`` with each volume term at what the cluster may still hold (see above).
 
@@ -63,14 +87,21 @@ def hold(charge: Charge, previous: Mapping[str, Decimal], released: Iterable[str
     any other term (including one the contract no longer has) are kept even when its term or
     item no longer appears: the cluster still holds those volumes.
     """
-    going = frozenset(released)
+    # Exact, as evaluation is: a count of up to 19 digits times a size of up to 28 would be
+    # rounded (perhaps down) in the default 28-digit context.
+    with localcontext() as context:
+        context.prec = 60
+        return _hold(charge, previous, frozenset(released))
+
+
+def _hold(charge: Charge, previous: Mapping[str, Decimal], going: frozenset[str]) -> Held:
     steps: dict[str, dict[int, Decimal]] = {}  # kept: base -> {units below n: at least size}
     units: dict[str, Decimal] = {}  # released: base -> the largest size of one unit
     for key, value in previous.items():
-        base, sep, below = key.rpartition("#")
-        if sep and below.isdigit() and 0 < len(below) <= 6:
-            steps.setdefault(base, {})[int(below)] = value
-        elif not sep:
+        step = read_step(key)
+        if step is not None:
+            steps.setdefault(step[0], {})[step[1]] = value
+        elif "#" not in key:
             units[key] = value
     marks: dict[str, Decimal] = {}
     held: dict[str, tuple[Decimal, Decimal]] = {}
@@ -94,7 +125,7 @@ def hold(charge: Charge, previous: Mapping[str, Decimal], released: Iterable[str
                 stair[count] = max(stair.get(count, _ZERO), term.storage)
             stair = _staircase(stair)
             charged = max(_total(stair), now)
-            marks.update({f"{base}#{n}": size for n, size in stair.items()})
+            marks.update({step_key(base, n): size for n, size in stair.items()})
         if charged > now:
             extra += charged - now
             held[base] = (now, charged)
@@ -102,7 +133,7 @@ def hold(charge: Charge, previous: Mapping[str, Decimal], released: Iterable[str
         if base in seen or base.partition(":")[0] in going:
             continue
         stair = _staircase(stair)  # its units are gone, their volumes are not
-        marks.update({f"{base}#{n}": size for n, size in stair.items()})
+        marks.update({step_key(base, n): size for n, size in stair.items()})
         total = _total(stair)
         if total > 0:
             extra += total
@@ -127,19 +158,19 @@ def _collapsed(marks: Mapping[str, Decimal], present: set[str]) -> dict[str, Dec
     steps: dict[str, dict[int, Decimal]] = {}
     kept: dict[str, Decimal] = {}
     for key, value in marks.items():
-        base, sep, below = key.rpartition("#")
-        if sep and below.isdigit():
-            steps.setdefault(base, {})[int(below)] = value
+        step = read_step(key)
+        if step is not None:
+            steps.setdefault(step[0], {})[step[1]] = value
         else:
             kept[key] = value  # a released term's unit size: one mark per item already
     gone: dict[str, Decimal] = {}
     for base, stair in steps.items():
         if base in present:
-            kept[f"{base}#{max(stair)}"] = max(stair.values())
+            kept[step_key(base, max(stair))] = max(stair.values())
         else:
             term = base.partition(":")[0]
             gone[term] = gone.get(term, _ZERO) + _total(stair)
-    kept.update({f"{term}:*#1": total for term, total in gone.items() if total > 0})
+    kept.update({step_key(f"{term}:*", 1): total for term, total in gone.items() if total > 0})
     return kept
 
 

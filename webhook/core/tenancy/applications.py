@@ -10,12 +10,19 @@ The charge admitted for an application travels with it as the annotation
 (:mod:`webhook.core.tenancy.records`). It is read here as a claim; it stays authoritative, once
 verified, until the application is next written, so a contract change never silently re-prices
 existing applications.
+
+cozystack-api serves a HelmRelease as the application named by the release's name without the
+kind's prefix, and deletes it only when its name label agrees. Concurrent creates of one kind
+can store a release labelled with another request's name (``vm-instance-m4`` labelled ``m0``:
+a shared label map written by racing requests, cozystack ``3c780acd4``): served and charged as
+``m4``, it cannot be deleted through the API. :func:`mislabel` names such a release, so the
+reports can say which HelmRelease to remove.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from webhook.core.tenancy.overcommit import OVERCOMMIT_ANNOTATION
@@ -24,11 +31,15 @@ from webhook.core.tenancy.records import RecordedCharge, parse_recorded_charge
 __all__ = [
     "APPS_API_VERSION",
     "CHARGE_ANNOTATION",
+    "NAME_LABEL",
     "AppKey",
     "Application",
+    "Mislabel",
     "RecordedCharge",
     "application_from_helmrelease",
     "application_from_object",
+    "as_served",
+    "mislabel",
     "parse_recorded_charge",
     "resource_version",
 ]
@@ -54,6 +65,7 @@ class Application:
     overcommit: str | None = None  # the overcommit annotation as written (believed if vouched)
     version: int = 0  # metadata.resourceVersion when stored (0: not known)
     uid: str = ""  # metadata.uid when stored ("" not known); a record bound to another is void
+    release: str = ""  # the HelmRelease it was read from ("" when read as an application)
 
     @property
     def key(self) -> AppKey:
@@ -130,7 +142,52 @@ def application_from_helmrelease(release: Mapping[str, Any]) -> Application | No
         recorded,
         overcommit if isinstance(overcommit, str) else None,
         uid=_uid(metadata),  # cozystack-api gives the application its HelmRelease's uid
+        release=str(metadata.get("name") or ""),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Mislabel:
+    """A HelmRelease whose application-name label names another application than the one
+    cozystack-api serves it as."""
+
+    release: str  # the HelmRelease's name
+    label: str  # what its name label says
+
+    def explain(self, key: AppKey) -> str:
+        """What an operator reads: what is wrong with the application ``key`` and the command
+        that removes it (deleting the application answers 404)."""
+        kind, namespace, name = key
+        return (
+            f"stored as HelmRelease {self.release} labelled with another application's name "
+            f"({NAME_LABEL}={self.label}): cozystack-api serves it and the webhook charges it as "
+            f"{kind} {name}, but deleting {name} answers 404 and creating it again is refused; "
+            f"remove it with: kubectl -n {namespace} delete helmrelease {self.release}"
+        )
+
+
+def mislabel(release: str, label: object, prefix: str) -> Mislabel | None:
+    """Whether HelmRelease ``release`` of a kind whose releases are named ``prefix`` + name is
+    labelled with another application's name (``label``); ``None`` when the label agrees.
+
+    A label of the release's whole name is the shipped root tenant's (``tenant-root``, served
+    as Tenant ``root``), not a mistake; an absent label names nothing."""
+    if not isinstance(label, str) or not label:
+        return None
+    if label in (release.removeprefix(prefix), release):
+        return None
+    return Mislabel(release, label)
+
+
+def as_served(app: Application, prefix: str) -> tuple[Application, Mislabel | None]:
+    """An application read from a HelmRelease, named as cozystack-api serves it (the release's
+    name without ``prefix``, its kind's), and the mislabel when its name label said otherwise."""
+    if not app.release:
+        return app, None
+    found = mislabel(app.release, app.name, prefix)
+    if found is None:
+        return app, None
+    return replace(app, name=app.release.removeprefix(prefix)), found
 
 
 def _annotation(metadata: Mapping[str, Any], key: str) -> object:
