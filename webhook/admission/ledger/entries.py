@@ -133,6 +133,7 @@ def parse_hold(pool: str, entry: Obj, version: int, known: Mapping[str, tuple[Ob
         charge=quantities(entry["expected"] if "expected" in entry else entry.get("charge")),
         after=after,
         preview=entry.get("dryRun") is True,
+        until=str(entry.get("expires") or ""),
     )
 
 
@@ -150,6 +151,7 @@ def hold_of(entry: Obj, decision: Decision, pool: str) -> Hold:
         increase=increase,
         charge=dict(decision.expected or {}),
         preview=entry.get("dryRun") is True,
+        until=str(entry.get("expires") or ""),
     )
 
 

@@ -2,7 +2,9 @@
 
 An entry is held until its object is observed newer than its admission (it *settles*: every
 replica drops it from its count, and the next write drops it from the list), or until its grace
-period passes (it *expires*: the next write drops it). An entry that left the ledger still
+period passes (it *expires*: the next write drops it). The floor its charge leaves under its
+application (:class:`~webhook.core.admission.pending.PendingCharges`) lasts until that expiry,
+settled or not, and is dropped by the same sweep and by a refusal's. An entry that left the ledger still
 counts on a replica whose state has not yet seen the write that removed it (it *departed*): a
 request refused for the pool's budget first sweeps the pool's expired entries, then waits
 (bounded) until nothing departed is still counted, and is decided again. Every replica also
@@ -35,18 +37,23 @@ class Settle:
     def sweep(self) -> None:
         """Release what the state has caught up with, and have the state confirm the kinds
         that still hold something back (every replica, periodically)."""
-        self.barrier.confirm(self.book.current().pending.awaiting())
+        pending = self.book.current().pending
+        pending.expire_floors(self.book.now())
+        self.barrier.confirm(pending.awaiting())
 
     async def expire(self, pool: str) -> bool:
         """Drop ``pool``'s entries past their grace period and wait (bounded) until the state
         has seen every write up to their removal (and that of entries already gone from the
         ledger but still counted); whether anything may have been released."""
         book = self.book
+        now = book.now()
+        freed = book.current().pending.expire_floors(now)  # writes that can no longer land
         current = book.objects.get(pool)
         if current is None:
-            return False
-        now = book.now()
+            return freed
         if not any(expired(e, now) for e in listed(current)):
+            if freed:
+                return True
             if not book.current().pending.departed(pool):
                 return False
             return await self.wait_departed(pool)

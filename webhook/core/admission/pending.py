@@ -32,10 +32,18 @@ exact under concurrency:
 * **Ids are the request's.** An id seen settled is remembered while the ledger still lists it, so
   a later delete of the object does not make it count again.
 
-Only increases are held: a shrink counts when it is observed, never before. A dry run may be
-held too (an API server that ignores dry runs stores it): its hold is a *preview*, which the
-next admitted write of the same object replaces rather than adds to (see
-:mod:`webhook.admission.ledger`).
+Every admitted write of an application is held, a shrink or a label change with nothing to add
+as much as a growth, because an API server that writes without a resourceVersion precondition
+(cozystack-api) may store any of them last, whatever each read: each entry's ``charge`` is what
+its object carries if it is the one stored. So the pool never counts an application below the
+*floor* its holds leave: the largest charge any of its entries expects, until the last of them
+expires (:meth:`PendingCharges.expire_floors`), settled or not, since an observation that shows a
+charge cannot tell which of two writes expecting it was stored. What a pool counts for an
+application is the larger of its observed charge plus the increases still held and that floor
+(the difference is a *top-up*, counted in the application's namespace): a decrease frees room
+only once no write that could overwrite it may still land. A dry run may be held too (an API
+server that ignores dry runs stores it): its hold is a *preview*, which the next admitted write
+of the same object replaces rather than adds to (see :mod:`webhook.admission.ledger`).
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ from decimal import Decimal
 from webhook.core.admission.pools import TenantTree
 from webhook.core.base import resources as rl
 from webhook.core.tenancy.applications import AppKey
+from webhook.core.tenancy.tenants import TENANT_KIND
 
 __all__ = ["Hold", "PendingCharges"]
 
@@ -65,15 +74,28 @@ class Hold:
     expires: float = 0.0
     after: int = 0  # the ledger revision that admitted it: only newer observations settle it
     preview: bool = False  # admitted for a dry run: a later write of the same object absorbs it
+    until: str = ""  # the entry's expiry as written (RFC 3339, one width): its floor lasts as long
 
 
 class PendingCharges:
     """The ledger entries a replica counts, by pool; every change is mirrored into the tree."""
 
-    def __init__(self, tree: TenantTree, *, shows: Callable[[Hold], bool] | None = None) -> None:
+    def __init__(
+        self,
+        tree: TenantTree,
+        *,
+        shows: Callable[[Hold], bool] | None = None,
+        observed: Callable[[AppKey], Mapping[str, Decimal]] | None = None,
+    ) -> None:
         self._tree = tree
         # Whether the state already shows a hold's object, newer than its admission.
         self._shows: Callable[[Hold], bool] = shows or (lambda _: False)
+        # What the state counts for an application as observed (its charge; none: not stored);
+        # without it (charges followed alone, as in a test of the ledger's arithmetic) no
+        # floors are kept.
+        self._observed = observed
+        self._floors: dict[AppKey, tuple[dict[str, Decimal], str]] = {}  # -> (charge, until)
+        self._topups: dict[AppKey, dict[str, Decimal]] = {}  # in usage, at the key's namespace
         self._entries: dict[str, dict[str, Hold]] = {}  # pool -> id -> entry, as listed now
         self._counted: dict[_Slot, Hold] = {}  # what is in usage: listed or departed
         self._departed: dict[_Slot, int] = {}  # slot -> revision of the version it left
@@ -102,6 +124,39 @@ class PendingCharges:
     def departed(self, pool: str) -> int:
         """How many entries that left ``pool``'s ledger are still counted."""
         return sum(1 for slot in self._departed if slot[0] == pool)
+
+    # -- floors: what an application's writes may still store ------------------------------
+
+    def floor(self, key: AppKey) -> Mapping[str, Decimal]:
+        """The largest charge any write of ``key`` held since its floor last expired expects:
+        the pool counts the application at least this much (an UPDATE may be credited it)."""
+        found = self._floors.get(key)
+        return found[0] if found is not None else {}
+
+    def topups(self) -> list[tuple[AppKey, Mapping[str, Decimal]]]:
+        """What floors add to usage now, by application (counted in its namespace)."""
+        return list(self._topups.items())
+
+    def expire_floors(self, now: str) -> bool:
+        """Drop the floors whose last write's grace period has passed by ``now`` (as entries'
+        expiries are written): every write they stood for has been stored or never will be.
+        Whether room may have been freed."""
+        gone = [key for key, (_, until) in self._floors.items() if _past(until, now)]
+        freed = False
+        for key in gone:
+            del self._floors[key]
+            freed = self._refloor(key) or freed
+        return freed
+
+    def forget_floor(self, key: AppKey) -> None:
+        """The application was deleted: no update of it can be stored any more."""
+        if self._floors.pop(key, None) is not None:
+            self._refloor(key)
+
+    def refloor(self, key: AppKey) -> None:
+        """The state's observed charge of ``key`` changed: count its floor against it."""
+        if key in self._floors or key in self._topups:
+            self._refloor(key)
 
     # -- following the ledger --------------------------------------------------------------
 
@@ -241,6 +296,10 @@ class PendingCharges:
         self._resolved = set(other._resolved)
         self._released = {pool: dict(counts) for pool, counts in other._released.items()}
         self._fences = dict(other._fences)
+        for key, (charge, until) in other._floors.items():
+            mine, later = self._floors.get(key, ({}, ""))
+            self._floors[key] = (rl.maximum(mine, charge), max(later, until))
+            self._refloor(key)
 
     # -- internals -------------------------------------------------------------------------
 
@@ -269,6 +328,11 @@ class PendingCharges:
         self._counted[slot] = hold
         self._by_key.setdefault(hold.key, set()).add(slot)
         self._move(slot[0], hold.increase)
+        if self._observed is not None and hold.key[0] != TENANT_KIND and hold.charge:
+            # A carve-out's floor is not kept here: a Tenant's charge is its quota.
+            charge, until = self._floors.get(hold.key, ({}, ""))
+            self._floors[hold.key] = (rl.maximum(charge, hold.charge), max(until, hold.until))
+        self.refloor(hold.key)
 
     def _uncount(self, slot: _Slot) -> None:
         hold = self._counted.pop(slot)
@@ -278,6 +342,31 @@ class PendingCharges:
             if not slots:
                 del self._by_key[hold.key]
         self._move(slot[0], rl.scale(hold.increase, Decimal(-1)))
+        self.refloor(hold.key)
+
+    def _refloor(self, key: AppKey) -> bool:
+        """Count ``key`` at ``max(observed + held increases, floor)``, per resource: put the
+        difference (the top-up) into its namespace's usage. Whether the top-up went down."""
+        before = self._topups.get(key, {})
+        after: dict[str, Decimal] = {}
+        found = self._floors.get(key)
+        if found is not None and self._observed is not None:
+            observed = self._observed(key)
+            held: dict[str, Decimal] = {}
+            for slot in self._by_key.get(key, ()):
+                held = rl.add(held, self._counted[slot].increase)
+            for resource, value in found[0].items():
+                gap = value - observed.get(resource, Decimal(0)) - held.get(resource, Decimal(0))
+                if gap > 0:
+                    after[resource] = gap
+        if after == before:
+            return False
+        if after:
+            self._topups[key] = after
+        else:
+            self._topups.pop(key, None)
+        self._tree.add_usage(key[1], rl.subtract(after, before))
+        return any(after.get(k, Decimal(0)) < v for k, v in before.items())
 
     def _move(self, pool: str, delta: Mapping[str, Decimal]) -> None:
         figure = self._figures.setdefault(pool, {})
@@ -301,3 +390,8 @@ class PendingCharges:
         listed = {hold_id for entries in self._entries.values() for hold_id in entries}
         self._resolved &= listed
         self._resolved_floor = len(self._resolved)
+
+
+def _past(until: str, now: str) -> bool:
+    """Whether an expiry written as ``until`` is past ``now`` (a malformed one is)."""
+    return len(until) != len(now) or until <= now

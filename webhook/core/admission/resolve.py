@@ -2,8 +2,9 @@
 
 Before anything is priced, a request must name an application this webhook can decide now: an
 ``apps.cozystack.io`` object in the namespace the API server sent (:func:`screen` answers the
-requests that never reach a price: deletes, kinds switched off, label-only updates, a state not yet
-synced). :func:`resolve` then reads the application, its kind and the stored object it replaces
+requests that never reach a price: deletes, kinds switched off, a state not yet synced). An
+update that changes nothing the reservation reads (a label: :func:`unchanged`) is still decided,
+since behind an API server that writes without a precondition it may store an older size. :func:`resolve` then reads the application, its kind and the stored object it replaces
 into a :class:`Subject`, of which the later stages ask what the webhook believes of the *stored*
 object, each when it needs it: its own overcommit factor (:func:`vouched_own`), the high marks of
 its volumes (:func:`old_marks`), and the old charge an UPDATE is credited (:func:`old_charge`).
@@ -23,6 +24,7 @@ from webhook.core.admission.answers import Decision, errored, finish, invalid, s
 from webhook.core.admission.modes import Mode
 from webhook.core.admission.reviews import AdmissionRequest
 from webhook.core.admission.state import ReservationState
+from webhook.core.base import resources as rl
 from webhook.core.base.errors import UNEVALUABLE, EvaluationError
 from webhook.core.pricing.bounds import check_values
 from webhook.core.pricing.kinds import APPS_GROUP, ApplicationKind
@@ -52,6 +54,7 @@ __all__ = [
     "screen",
     "stored_uid",
     "subject_of",
+    "unchanged",
     "vouched_own",
     "written_alike",
 ]
@@ -74,10 +77,6 @@ def screen(request: AdmissionRequest, state: ReservationState, mode: Mode) -> De
         return finish("enforce", errored(400, "BadRequest", "bad-namespace", malformed), request)
     if mode == "off":
         return skipped(f"reservation is off for {request.kind}", mode="off", kind=request.kind)
-    if _unchanged(request):
-        # The shipped matchConditions send a label-only update of a decided object here too;
-        # nothing the reservation reads changed, so it is not refused for a pool's sake.
-        return skipped("nothing the reservation reads changed", mode=mode, kind=request.kind)
     if not state.synced:
         message = "tenant reservations: state not synced yet; try again shortly"
         return finish(mode, errored(503, "ServiceUnavailable", "not-synced", message), request)
@@ -102,10 +101,16 @@ def screen(request: AdmissionRequest, state: ReservationState, mode: Mode) -> De
     return None
 
 
-def _unchanged(request: AdmissionRequest) -> bool:
-    """An UPDATE whose spec and ``reservation.cozystack.io/`` annotations are the stored ones,
-    written alike (:func:`written_alike`): ``replicas: true`` over a stored ``1`` is evaluated
-    and refused, never stored unevaluated as an unknown that blocks its whole pool."""
+def unchanged(request: AdmissionRequest) -> bool:
+    """An UPDATE whose spec and ``reservation.cozystack.io/`` annotations are those of the old
+    object it read, written alike (:func:`written_alike`): ``replicas: true`` over a stored
+    ``1`` is not, so it is evaluated and refused, never stored unevaluated as an unknown that
+    blocks its whole pool.
+
+    Such a write (a label) is still decided and held at its charge: cozystack-api stores it
+    without a resourceVersion precondition, so if it read a version from before a shrink it
+    writes the old size back. Only when it cannot be priced (its values no longer evaluate) is
+    it let through as it stands, as before."""
     if request.operation != "UPDATE" or request.object is None or request.old_object is None:
         return False
     new, old = request.object, request.old_object
@@ -315,13 +320,20 @@ def old_marks(subject: Subject) -> Mapping[str, Decimal]:
 def old_charge(subject: Subject) -> Mapping[str, Decimal]:
     """What the old object is credited: what the pool counts for it now, else its record if it
     verifies for the old values, else its evaluation (both at its effective factor), else
-    nothing.
+    nothing; and never less than the floor its recent writes hold (the pool counts it at
+    least that much until they can no longer be stored).
 
     Never more than the webhook itself computed: an unsigned or foreign record is ignored. A
     record older than the request's old object (this state has not seen a shrink yet) credits
     no more than that old object evaluates to: the held increase is what the stored object
     will add, whatever copy of it another replica counts.
     """
+    credited = _old_charge(subject)
+    floor = subject.state.pending.floor(subject.app.key)
+    return rl.maximum(credited, floor) if floor else credited
+
+
+def _old_charge(subject: Subject) -> Mapping[str, Decimal]:
     request, state, app, old = subject.request, subject.state, subject.app, subject.old
     record = state.record(app.key)
     if record is not None:
