@@ -1,4 +1,4 @@
-"""The settle rule the ledger must not use, put back on purpose to show the simulation finds it.
+"""Rules the ledger must not use, put back on purpose to show the simulation finds them.
 
 The ledger settles a pending entry only on an observation of the application *newer* than the
 admission that wrote it (issue 9, item 4): a copy of the object that merely shows the expected
@@ -7,6 +7,10 @@ figures may predate the admission, and settling on it forgets an increase that i
 every observation count as newer than every admission, in both places a settle is decided:
 :meth:`PendingCharges.settle` (an observation arriving) and ``ReservationState._shows`` (an
 entry arriving that the state may already show).
+
+:func:`reverted_stale_write_rule` puts back "an update replaces its oldObject": an update that
+changes nothing the reservation reads is skipped unheld, and a decrease frees room as soon as it
+is observed (no floor is kept for the writes of the application that may still be stored).
 """
 
 from __future__ import annotations
@@ -18,7 +22,12 @@ from collections.abc import Iterator, Mapping
 from decimal import Decimal
 from typing import Any
 
+from webhook.core.admission import decisions
+from webhook.core.admission.answers import Decision, skipped
+from webhook.core.admission.modes import Mode
 from webhook.core.admission.pending import Hold, PendingCharges
+from webhook.core.admission.resolve import unchanged
+from webhook.core.admission.reviews import AdmissionRequest
 from webhook.core.admission.state import ReservationState
 from webhook.core.tenancy.applications import AppKey
 
@@ -47,3 +56,39 @@ def reverted_settle_rule(enabled: bool = True) -> Iterator[None]:
     finally:
         PendingCharges.settle = settle  # type: ignore[method-assign]
         setattr(ReservationState, "_shows", shows)  # noqa: B010
+
+
+@contextlib.contextmanager
+def reverted_stale_write_rule(enabled: bool = True) -> Iterator[None]:
+    """Within the block, an update is taken to replace its oldObject (the rule before
+    "any admitted write may become the stored version")."""
+    if not enabled:
+        yield
+        return
+    screen = decisions.screen
+    refloor = getattr(PendingCharges, "_refloor")  # noqa: B009
+    floor = PendingCharges.floor
+
+    def screen_skipping_unchanged(
+        request: AdmissionRequest, state: ReservationState, mode: Mode
+    ) -> Decision | None:
+        early = screen(request, state, mode)
+        if early is None and unchanged(request):
+            return skipped("nothing the reservation reads changed", mode=mode, kind=request.kind)
+        return early
+
+    def no_floor(self: PendingCharges, key: AppKey) -> Mapping[str, Decimal]:
+        return {}
+
+    def no_refloor(self: PendingCharges, key: AppKey) -> bool:
+        return False
+
+    decisions.screen = screen_skipping_unchanged  # type: ignore[assignment]
+    PendingCharges.floor = no_floor  # type: ignore[method-assign]
+    setattr(PendingCharges, "_refloor", no_refloor)  # noqa: B010
+    try:
+        yield
+    finally:
+        decisions.screen = screen
+        PendingCharges.floor = floor  # type: ignore[method-assign]
+        setattr(PendingCharges, "_refloor", refloor)  # noqa: B010

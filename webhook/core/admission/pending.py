@@ -34,9 +34,9 @@ exact under concurrency:
 
 Every admitted write of an application is held, a shrink or a label change with nothing to add
 as much as a growth, because an API server that writes without a resourceVersion precondition
-(cozystack-api) may store any of them last, whatever each read: each entry's ``charge`` is what
+(cozystack-api) may store any update last, whatever it read: each entry's ``charge`` is what
 its object carries if it is the one stored. So the pool never counts an application below the
-*floor* its holds leave: the largest charge any of its entries expects, until the last of them
+*floor* its updates leave: the largest charge any of them expects, until the last of them
 expires (:meth:`PendingCharges.expire_floors`), settled or not, since an observation that shows a
 charge cannot tell which of two writes expecting it was stored. What a pool counts for an
 application is the larger of its observed charge plus the increases still held and that floor
@@ -75,6 +75,7 @@ class Hold:
     after: int = 0  # the ledger revision that admitted it: only newer observations settle it
     preview: bool = False  # admitted for a dry run: a later write of the same object absorbs it
     until: str = ""  # the entry's expiry as written (RFC 3339, one width): its floor lasts as long
+    update: bool = False  # an UPDATE's: stored last, it overwrites whatever came before it
 
 
 class PendingCharges:
@@ -213,6 +214,7 @@ class PendingCharges:
             if known is not None:
                 self._uncount(slot)
             if hold_id in self._resolved or self._shows(entry):
+                self._raise_floor(entry)
                 self._resolved.add(hold_id)
                 continue
             self._count(slot, entry)
@@ -328,8 +330,15 @@ class PendingCharges:
         self._counted[slot] = hold
         self._by_key.setdefault(hold.key, set()).add(slot)
         self._move(slot[0], hold.increase)
-        if self._observed is not None and hold.key[0] != TENANT_KIND and hold.charge:
-            # A carve-out's floor is not kept here: a Tenant's charge is its quota.
+        self._raise_floor(hold)
+
+    def _raise_floor(self, hold: Hold) -> None:
+        """Keep ``hold``'s charge under its application until it expires, counted or not: an
+        observation that shows the charge may be another write's (two writes expecting one
+        charge look alike), so settling one never lets its write be forgotten early."""
+        if self._observed is not None and hold.update and hold.key[0] != TENANT_KIND:
+            # Only an update overwrites: a CREATE of a stored name fails. A carve-out's floor
+            # is not kept here (a Tenant's charge is its quota, counted as max(quota, usage)).
             charge, until = self._floors.get(hold.key, ({}, ""))
             self._floors[hold.key] = (rl.maximum(charge, hold.charge), max(until, hold.until))
         self.refloor(hold.key)
