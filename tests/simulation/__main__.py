@@ -33,8 +33,9 @@ def main(argv: list[str] | None = None) -> int:
         help="skip unchanged updates unheld and free a decrease at once (the old, wrong rule)",
     )
     args = parser.parse_args(argv)
-    with reverted_settle_rule(args.revert_settle), reverted_stale_write_rule(
-        args.revert_stale_write
+    with (
+        reverted_settle_rule(args.revert_settle),
+        reverted_stale_write_rule(args.revert_stale_write),
     ):
         if args.seed is not None:
             outcome = run(args.seed)

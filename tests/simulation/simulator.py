@@ -410,7 +410,9 @@ class Simulation:
         if self.unconditioned and things and rng.random() < 0.2:
             _, namespace, name = rng.choice(things)
             copies = self.copies.get((namespace, name)) or [self.api.get("things", namespace, name)]
-            self._op_label(namespace, name, rng.choice([c for c in copies if c]), self._any_replica())
+            self._op_label(
+                namespace, name, rng.choice([c for c in copies if c]), self._any_replica()
+            )
             return
         if roll < 0.4 or not things:
             namespace, name = rng.choice(self.workload.namespaces), rng.choice(NAMES)
@@ -555,11 +557,17 @@ class Simulation:
             (lambda: all(r.synced for r in self.replicas.values()), step("label", label)),
             (
                 self._decided_(uids, "label"),
-                step("shrink", lambda: self._op_resize(namespace, name, -amount, shrinker), "label"),
+                step(
+                    "shrink", lambda: self._op_resize(namespace, name, -amount, shrinker), "label"
+                ),
             ),
             (
                 lambda: self._stored_(uids, "shrink")() and told_shrink(),
-                step("fill", lambda: self._op_fill(namespace, big, 0, filler, count_coming=False), "shrink"),
+                step(
+                    "fill",
+                    lambda: self._op_fill(namespace, big, 0, filler, count_coming=False),
+                    "shrink",
+                ),
             ),
             (self._decided_(uids, "fill"), release),
         ]

@@ -2,11 +2,11 @@
 
 An entry is held until its object is observed newer than its admission (it *settles*: every
 replica drops it from its count, and the next write drops it from the list), or until its grace
-period passes (it *expires*: the next write drops it). The floor its charge leaves under its
-application (:class:`~webhook.core.admission.pending.PendingCharges`) lasts until that expiry,
-settled or not, and is dropped by the same sweep and by a refusal's. An entry that left the ledger still
-counts on a replica whose state has not yet seen the write that removed it (it *departed*): a
-request refused for the pool's budget first sweeps the pool's expired entries, then waits
+period passes (it *expires*: the next write drops it). The floor an update's charge leaves
+under its application (:class:`~webhook.core.admission.pending.PendingCharges`) lasts until that
+expiry unless an observation only it explains settles it, and goes with the sweep or a
+refusal. An entry that left the ledger still counts on a replica whose state has not yet seen
+the write that removed it (it *departed*): a request refused for the pool's budget first sweeps the pool's expired entries, then waits
 (bounded) until nothing departed is still counted, and is decided again. Every replica also
 periodically asks the state to confirm the kinds that still hold something back
 (:meth:`Settle.sweep`), so a release never waits for the kind's own traffic.

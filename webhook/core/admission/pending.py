@@ -36,9 +36,10 @@ Every admitted write of an application is held, a shrink or a label change with 
 as much as a growth, because an API server that writes without a resourceVersion precondition
 (cozystack-api) may store any update last, whatever it read: each entry's ``charge`` is what
 its object carries if it is the one stored. So the pool never counts an application below the
-*floor* its updates leave: the largest charge any of them expects, until the last of them
-expires (:meth:`PendingCharges.expire_floors`), settled or not, since an observation that shows a
-charge cannot tell which of two writes expecting it was stored. What a pool counts for an
+*floor* its updates leave: the largest charge any of them expects, each until it is settled by
+an observation that only it can explain, or else until it expires
+(:meth:`PendingCharges.expire_floors`): an observation showing a charge two writes expect cannot
+tell which of them was stored, and the other may still land. What a pool counts for an
 application is the larger of its observed charge plus the increases still held and that floor
 (the difference is a *top-up*, counted in the application's namespace): a decrease frees room
 only once no write that could overwrite it may still land. A dry run may be held too (an API
@@ -48,6 +49,8 @@ of the same object replaces rather than adds to (see :mod:`webhook.admission.led
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -60,6 +63,10 @@ from webhook.core.tenancy.tenants import TENANT_KIND
 __all__ = ["Hold", "PendingCharges"]
 
 _Slot = tuple[str, str]  # (pool, entry id): a request charging two pools has two entries
+# Updates of one application kept as floors before they are folded into one figure (a tenant
+# writing one object in bursts keeps at most this many apart; folded, it is held longer).
+_FLOORS_PER_APPLICATION = 64
+_FOLDED = "(folded)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +102,7 @@ class PendingCharges:
         # without it (charges followed alone, as in a test of the ledger's arithmetic) no
         # floors are kept.
         self._observed = observed
-        self._floors: dict[AppKey, tuple[dict[str, Decimal], str]] = {}  # -> (charge, until)
+        self._floors: dict[AppKey, dict[str, Hold]] = {}  # updates that may still be stored
         self._topups: dict[AppKey, dict[str, Decimal]] = {}  # in usage, at the key's namespace
         self._entries: dict[str, dict[str, Hold]] = {}  # pool -> id -> entry, as listed now
         self._counted: dict[_Slot, Hold] = {}  # what is in usage: listed or departed
@@ -131,8 +138,10 @@ class PendingCharges:
     def floor(self, key: AppKey) -> Mapping[str, Decimal]:
         """The largest charge any write of ``key`` held since its floor last expired expects:
         the pool counts the application at least this much (an UPDATE may be credited it)."""
-        found = self._floors.get(key)
-        return found[0] if found is not None else {}
+        floor: dict[str, Decimal] = {}
+        for hold in self._floors.get(key, {}).values():
+            floor = rl.maximum(floor, hold.charge)
+        return floor
 
     def topups(self) -> list[tuple[AppKey, Mapping[str, Decimal]]]:
         """What floors add to usage now, by application (counted in its namespace)."""
@@ -142,10 +151,15 @@ class PendingCharges:
         """Drop the floors whose last write's grace period has passed by ``now`` (as entries'
         expiries are written): every write they stood for has been stored or never will be.
         Whether room may have been freed."""
-        gone = [key for key, (_, until) in self._floors.items() if _past(until, now)]
         freed = False
-        for key in gone:
-            del self._floors[key]
+        for key, holds in list(self._floors.items()):
+            gone = [hold_id for hold_id, hold in holds.items() if _past(hold.until, now)]
+            if not gone:
+                continue
+            for hold_id in gone:
+                del holds[hold_id]
+            if not holds:
+                del self._floors[key]
             freed = self._refloor(key) or freed
         return freed
 
@@ -214,7 +228,10 @@ class PendingCharges:
             if known is not None:
                 self._uncount(slot)
             if hold_id in self._resolved or self._shows(entry):
-                self._raise_floor(entry)
+                if hold_id not in self._resolved:
+                    self._raise_floor(entry)
+                    if self._alone(entry.key, entry, sys.maxsize, 1):
+                        self._drop_floor(entry.key, entry.id)
                 self._resolved.add(hold_id)
                 continue
             self._count(slot, entry)
@@ -226,12 +243,19 @@ class PendingCharges:
 
     def settle(self, key: AppKey, charge: Mapping[str, Decimal] | None, version: int) -> None:
         """The application was observed at ``version`` with ``charge`` (``None``: deleted)."""
+        settled = []
         for slot in sorted(self._by_key.get(key, ())):
             hold = self._counted[slot]
             if version <= hold.after:
                 continue  # older than the admission: a stale copy settles nothing
             if charge is not None and dict(hold.charge) != dict(charge):
                 continue
+            settled.append(slot)
+        ids = {slot[1] for slot in settled}
+        for slot in settled:
+            hold = self._counted[slot]
+            if charge is not None and self._alone(key, hold, version, len(ids)):
+                self._drop_floor(key, hold.id)  # its own write: it can land no more
             self._uncount(slot)
             self._departed.pop(slot, None)
             self._resolved.add(hold.id)
@@ -298,9 +322,8 @@ class PendingCharges:
         self._resolved = set(other._resolved)
         self._released = {pool: dict(counts) for pool, counts in other._released.items()}
         self._fences = dict(other._fences)
-        for key, (charge, until) in other._floors.items():
-            mine, later = self._floors.get(key, ({}, ""))
-            self._floors[key] = (rl.maximum(mine, charge), max(later, until))
+        for key, holds in other._floors.items():
+            self._floors.setdefault(key, {}).update(holds)
             self._refloor(key)
 
     # -- internals -------------------------------------------------------------------------
@@ -339,9 +362,36 @@ class PendingCharges:
         if self._observed is not None and hold.update and hold.key[0] != TENANT_KIND:
             # Only an update overwrites: a CREATE of a stored name fails. A carve-out's floor
             # is not kept here (a Tenant's charge is its quota, counted as max(quota, usage)).
-            charge, until = self._floors.get(hold.key, ({}, ""))
-            self._floors[hold.key] = (rl.maximum(charge, hold.charge), max(until, hold.until))
+            holds = self._floors.setdefault(hold.key, {})
+            holds[hold.id] = hold
+            if len(holds) > _FLOORS_PER_APPLICATION:  # folded into one: more held, never less
+                folded = Hold(_FOLDED, hold.key, hold.namespace, {}, {}, update=True)
+                for each in holds.values():
+                    folded = dataclasses.replace(
+                        folded,
+                        charge=rl.maximum(folded.charge, each.charge),
+                        until=max(folded.until, each.until),
+                    )
+                self._floors[hold.key] = {_FOLDED: folded}
         self.refloor(hold.key)
+
+    def _alone(self, key: AppKey, hold: Hold, version: int, matching: int) -> bool:
+        """Whether an observation of ``key`` at ``version`` showing ``hold``'s charge can only be
+        ``hold``'s write: ``matching`` counted entries expect it, and no other update still held
+        as a floor, admitted before that version, does."""
+        if matching != 1:
+            return False
+        return not any(
+            other.id != hold.id and other.after < version and other.charge == hold.charge
+            for other in self._floors.get(key, {}).values()
+        )
+
+    def _drop_floor(self, key: AppKey, hold_id: str) -> None:
+        holds = self._floors.get(key)
+        if holds is not None and holds.pop(hold_id, None) is not None:
+            if not holds:
+                del self._floors[key]
+            self._refloor(key)
 
     def _uncount(self, slot: _Slot) -> None:
         hold = self._counted.pop(slot)
@@ -358,13 +408,12 @@ class PendingCharges:
         difference (the top-up) into its namespace's usage. Whether the top-up went down."""
         before = self._topups.get(key, {})
         after: dict[str, Decimal] = {}
-        found = self._floors.get(key)
-        if found is not None and self._observed is not None:
+        if key in self._floors and self._observed is not None:
             observed = self._observed(key)
             held: dict[str, Decimal] = {}
             for slot in self._by_key.get(key, ()):
                 held = rl.add(held, self._counted[slot].increase)
-            for resource, value in found[0].items():
+            for resource, value in self.floor(key).items():
                 gap = value - observed.get(resource, Decimal(0)) - held.get(resource, Decimal(0))
                 if gap > 0:
                     after[resource] = gap

@@ -78,12 +78,12 @@ def check_pools(
     if counted:
         contribution = rl.add(contribution, counted)
     decision = check(request.namespace, contribution, state, known, mode_for)
-    if decision.allowed and not decision.charged_pools and decision.pool and known.charge:
-        if request.kind != TENANT_KIND:
-            # Held with nothing to add, at its charge: a shrink or a label may still be stored
-            # after a later write (no resourceVersion precondition behind cozystack-api), so
-            # the pool keeps counting what it would store until it is observed or expires.
-            decision = replace(decision, charged_pools={decision.pool: {}})
+    nothing_added = decision.allowed and not decision.charged_pools and decision.pool
+    if nothing_added and known.charge and request.kind != TENANT_KIND:
+        # Held with nothing to add, at its charge: a shrink or a label may still be stored
+        # after a later write (no resourceVersion precondition behind cozystack-api), so the
+        # pool keeps counting what it would store until it is observed or expires.
+        decision = replace(decision, charged_pools={decision.pool: {}})
     refused_for_pool = decision.reason in ("exceeded", "unknown-usage")
     if factored.changed and not decision.allowed and refused_for_pool:
         # The platform changed a factor: never refused for the pool, reported overcommitted.

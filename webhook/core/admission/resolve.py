@@ -4,8 +4,9 @@ Before anything is priced, a request must name an application this webhook can d
 ``apps.cozystack.io`` object in the namespace the API server sent (:func:`screen` answers the
 requests that never reach a price: deletes, kinds switched off, a state not yet synced). An
 update that changes nothing the reservation reads (a label: :func:`unchanged`) is still decided,
-since behind an API server that writes without a precondition it may store an older size. :func:`resolve` then reads the application, its kind and the stored object it replaces
-into a :class:`Subject`, of which the later stages ask what the webhook believes of the *stored*
+since behind an API server that writes without a precondition it may store an older size.
+:func:`resolve` then reads the application, its kind and the stored object it replaces into a
+:class:`Subject`, of which the later stages ask what the webhook believes of the *stored*
 object, each when it needs it: its own overcommit factor (:func:`vouched_own`), the high marks of
 its volumes (:func:`old_marks`), and the old charge an UPDATE is credited (:func:`old_charge`).
 Those come only from what the webhook itself computed or signed (a record a tenant could write
