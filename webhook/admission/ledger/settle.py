@@ -6,10 +6,10 @@ period passes (it *expires*: the next write drops it). The floor an update's cha
 under its application (:class:`~webhook.core.admission.pending.PendingCharges`) lasts until that
 expiry unless an observation only it explains settles it, and goes with the sweep or a
 refusal. An entry that left the ledger still counts on a replica whose state has not yet seen
-the write that removed it (it *departed*): a request refused for the pool's budget first sweeps the pool's expired entries, then waits
-(bounded) until nothing departed is still counted, and is decided again. Every replica also
-periodically asks the state to confirm the kinds that still hold something back
-(:meth:`Settle.sweep`), so a release never waits for the kind's own traffic.
+the write that removed it (it *departed*): a request refused for the pool's budget first sweeps
+the pool's expired entries, then waits (bounded) until nothing departed is still counted, and is
+decided again. Every replica also periodically asks the state to confirm the kinds that still
+hold something back (:meth:`Settle.sweep`), so a release never waits for the kind's own traffic.
 """
 
 from __future__ import annotations
