@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from tests.simulation.reverted import reverted_settle_rule
+from tests.simulation.reverted import reverted_settle_rule, reverted_stale_write_rule
 from tests.simulation.simulator import explore, replay_command, run
 
 CI_SEEDS = 5000
@@ -58,6 +58,23 @@ def test_settling_on_a_merely_matching_value_is_found_as_an_overshoot() -> None:
     )
     # The same schedule passes on the real rule: the overshoot is the reverted rule's doing.
     assert run(failure.seed).ok
+
+
+def test_a_stale_update_written_back_over_a_shrink_is_found_as_an_overshoot_on_the_old_rule() -> (
+    None
+):
+    # cozystack-api stores updates without a precondition: on the rule that an update replaces
+    # its oldObject (a label patch skipped unheld, a shrink freeing room once observed) a label
+    # patch that read the old size writes it back over room already given away.
+    with reverted_stale_write_rule():
+        summary = explore(range(REVERTED_SEEDS))
+    failure = summary.failure
+    assert failure is not None, f"{REVERTED_SEEDS} seeds missed the reverted stale-write rule"
+    assert failure.problem.startswith("pool over budget"), failure.report(
+        replay_command(failure.seed, stale=True)
+    )
+    assert "unconditioned updates" in failure.trace[0]
+    assert run(failure.seed).ok  # the same schedule on the rule that holds every update
 
 
 def test_a_seed_replays_exactly() -> None:

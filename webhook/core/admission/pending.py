@@ -362,6 +362,8 @@ class PendingCharges:
         if self._observed is not None and hold.update and hold.key[0] != TENANT_KIND:
             # Only an update overwrites: a CREATE of a stored name fails. A carve-out's floor
             # is not kept here (a Tenant's charge is its quota, counted as max(quota, usage)).
+            if not self._known(hold):
+                return  # nothing to keep it under (and an update of no object stores nothing)
             holds = self._floors.setdefault(hold.key, {})
             holds[hold.id] = hold
             if len(holds) > _FLOORS_PER_APPLICATION:  # folded into one: more held, never less
@@ -374,6 +376,14 @@ class PendingCharges:
                     )
                 self._floors[hold.key] = {_FOLDED: folded}
         self.refloor(hold.key)
+
+    def _known(self, hold: Hold) -> bool:
+        """Whether ``hold``'s application is counted here besides this update: observed, held
+        by another entry (its CREATE, not yet observed) or under a floor already."""
+        key = hold.key
+        if key in self._floors or (self._observed is not None and self._observed(key)):
+            return True
+        return any(self._counted[slot].id != hold.id for slot in self._by_key.get(key, ()))
 
     def _alone(self, key: AppKey, hold: Hold, version: int, matching: int) -> bool:
         """Whether an observation of ``key`` at ``version`` showing ``hold``'s charge can only be

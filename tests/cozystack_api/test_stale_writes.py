@@ -1,0 +1,129 @@
+"""cozystack-api's lost update, behind the real server: a stale label patch writes a shrunk VM back.
+
+cozystack-api's Update reads the HelmRelease, applies the change and writes it back with no
+resourceVersion precondition, so an admitted update that read an older version may be stored
+after a newer one. The attack, as a tenant's ServiceAccount: a 4Gi pool filled by VM ``x``
+(``u1.medium``); at once a shrink of ``x`` to ``u1.micro`` and four ``kubectl label`` patches of
+``x``; 30-90 ms later three creates of 1Gi VMs. If the webhook freed the shrink's 3Gi while a
+label patch that read ``u1.medium`` could still be stored, one or two 1Gi VMs fit into that room
+and the label patch then writes ``u1.medium`` back: 5Gi or 6Gi stored on the 4Gi budget. The
+race hits within a few trials, so each trial has a pool of its own and the trials are bounded
+in number and time. Two replicas behind a round-robin proxy, on the shipped RBAC.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.cozystack_api.conftest import CozystackAPI, vm
+
+pytestmark = pytest.mark.cozystack_api
+
+TRIALS = 6
+TRIAL_SECONDS = 60.0  # a trial's requests are all answered well within this
+GI_OF = {"u1.micro": 1, "u1.medium": 4}  # guest memory of the instance types used, in GiB
+BUDGET_GI = 4
+
+
+def _tenant(trial: int) -> str:
+    return f"stale{trial}"
+
+
+@pytest.fixture(scope="module")
+def env(cozystack_api: CozystackAPI) -> CozystackAPI:
+    for trial in range(TRIALS):  # made before the replicas start: their first watches lag
+        cozystack_api.tenant(_tenant(trial), {"memory": f"{BUDGET_GI}Gi"})
+    cozystack_api.start_replicas(2)
+    for trial in range(TRIALS):
+        cozystack_api.wait_pool(f"tenant-{_tenant(trial)}", 120)
+    cozystack_api.point_webhooks(cozystack_api.entry_port)
+    return cozystack_api
+
+
+def _user(env: CozystackAPI, namespace: str) -> Path:
+    """A kubeconfig for a ServiceAccount of ``namespace`` allowed to write its applications."""
+    env.apply(
+        [
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "tenant",
+             "namespace": namespace}},
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "Role",
+                "metadata": {"name": "apps", "namespace": namespace},
+                "rules": [{"apiGroups": ["apps.cozystack.io"], "resources": ["*"],
+                           "verbs": ["*"]}],
+            },
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": {"name": "apps", "namespace": namespace},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                            "name": "apps"},
+                "subjects": [{"kind": "ServiceAccount", "name": "tenant",
+                              "namespace": namespace}],
+            },
+        ]
+    )  # fmt: skip
+    token = env.kubectl("create", "token", "tenant", "-n", namespace).stdout.strip()
+    admin = yaml.safe_load(env.kubeconfig.read_text())
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "cz", "cluster": admin["clusters"][0]["cluster"]}],
+        "users": [{"name": "tenant", "user": {"token": token}}],
+        "contexts": [
+            {"name": "cz", "context": {"cluster": "cz", "user": "tenant", "namespace": namespace}}
+        ],
+        "current-context": "cz",
+    }
+    path = env.base / f"tenant-{namespace}.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _stored_gi(env: CozystackAPI, namespace: str) -> tuple[int, list[str]]:
+    """The memory the stored VMs of ``namespace`` declare, and what they are."""
+    items = env.get("vminstances", "-n", namespace)["items"]
+    kinds = [f"{i['metadata']['name']}={i['spec'].get('instanceType')}" for i in items]
+    return sum(GI_OF.get(i["spec"].get("instanceType"), 99) for i in items), kinds
+
+
+def _trial(env: CozystackAPI, trial: int, rng: random.Random) -> tuple[int, list[str]]:
+    namespace = f"tenant-{_tenant(trial)}"
+    tenant = _user(env, namespace)
+
+    def kubectl(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return env.kubectl(*args, stdin=stdin, kubeconfig=tenant, check=False, timeout=30)
+
+    made = kubectl("create", "-f", "-", stdin=yaml.safe_dump(vm("x", namespace, "u1.medium")))
+    assert made.returncode == 0, made.stderr  # 4Gi: the pool is full
+    env.wait_pool(namespace, reserved={"memory": "4Gi"})
+    shrink = ("patch", "vminstance", "x", "--type=merge", "-p",
+              '{"spec":{"instanceType":"u1.micro"}}')  # fmt: skip
+    labels = [("label", "vminstance", "x", f"touch={i}", "--overwrite") for i in range(4)]
+    creates = [yaml.safe_dump(vm(f"small{i}", namespace, "u1.micro")) for i in range(3)]
+    with ThreadPoolExecutor(8) as pool:
+        writes = [pool.submit(kubectl, *args) for args in (shrink, *labels)]
+        time.sleep(rng.uniform(0.03, 0.09))
+        fills = [pool.submit(kubectl, "create", "-f", "-", stdin=body) for body in creates]
+        answers = [f.result(timeout=TRIAL_SECONDS) for f in (*writes, *fills)]
+    assert answers[0].returncode == 0, answers[0].stderr  # the shrink is admitted
+    return _stored_gi(env, namespace)
+
+
+def test_a_stale_label_patch_cannot_write_a_shrunk_vm_back_over_room_given_away(
+    env: CozystackAPI,
+) -> None:
+    rng = random.Random(31)
+    for trial in range(TRIALS):
+        stored, what = _trial(env, trial, rng)
+        assert stored <= BUDGET_GI, (
+            f"trial {trial}: {stored}Gi stored on a {BUDGET_GI}Gi budget: {what}"
+        )
