@@ -8,7 +8,9 @@ after a newer one. The attack, as a tenant's ServiceAccount: a 4Gi pool filled b
 label patch that read ``u1.medium`` could still be stored, one or two 1Gi VMs fit into that room
 and the label patch then writes ``u1.medium`` back: 5Gi or 6Gi stored on the 4Gi budget. The
 race hits within a few trials, so each trial has a pool of its own and the trials are bounded
-in number and time. Two replicas behind a round-robin proxy, on the shipped RBAC.
+in number and time; on the rule before (a label patch skipped unheld, a shrink freeing room
+once observed) this failed at its sixth trial with ``5Gi stored on a 4Gi budget:
+['small1=u1.micro', 'x=u1.medium']``. Two replicas behind a round-robin proxy, on the shipped RBAC.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from tests.cozystack_api.conftest import CozystackAPI, vm
 
 pytestmark = pytest.mark.cozystack_api
 
-TRIALS = 6
+TRIALS = 8  # it hit within 1-6 trials on the rule before
 TRIAL_SECONDS = 60.0  # a trial's requests are all answered well within this
 GI_OF = {"u1.micro": 1, "u1.medium": 4}  # guest memory of the instance types used, in GiB
 BUDGET_GI = 4
