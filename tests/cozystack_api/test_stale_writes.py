@@ -115,8 +115,9 @@ def _trial(env: CozystackAPI, trial: int, rng: random.Random) -> tuple[int, list
         writes = [pool.submit(kubectl, *args) for args in (shrink, *labels)]
         time.sleep(rng.uniform(0.03, 0.09))
         fills = [pool.submit(kubectl, "create", "-f", "-", stdin=body) for body in creates]
-        answers = [f.result(timeout=TRIAL_SECONDS) for f in (*writes, *fills)]
-    assert answers[0].returncode == 0, answers[0].stderr  # the shrink is admitted
+        for future in (*writes, *fills):
+            future.result(timeout=TRIAL_SECONDS)  # answered, whatever the answer: some of
+            # these writes also meet a conflict inside cozystack-api, after admission
     return _stored_gi(env, namespace)
 
 
