@@ -18,12 +18,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from decimal import Decimal
 from typing import Any
 
 from webhook.core.admission import decisions
 from webhook.core.admission.answers import Decision, skipped
+from webhook.core.admission.floors import Floors
 from webhook.core.admission.modes import Mode
 from webhook.core.admission.pending import Hold, PendingCharges
 from webhook.core.admission.resolve import unchanged
@@ -65,9 +66,10 @@ def reverted_stale_write_rule(enabled: bool = True) -> Iterator[None]:
     if not enabled:
         yield
         return
-    screen = decisions.screen
-    refloor = getattr(PendingCharges, "_refloor")  # noqa: B009
-    floor = PendingCharges.floor
+    screen: Callable[[AdmissionRequest, ReservationState, Mode], Decision | None]
+    screen = getattr(decisions, "screen")  # noqa: B009
+    refloor = Floors.refloor
+    floor = Floors.floor
 
     def screen_skipping_unchanged(
         request: AdmissionRequest, state: ReservationState, mode: Mode
@@ -77,18 +79,18 @@ def reverted_stale_write_rule(enabled: bool = True) -> Iterator[None]:
             return skipped("nothing the reservation reads changed", mode=mode, kind=request.kind)
         return early
 
-    def no_floor(self: PendingCharges, key: AppKey) -> Mapping[str, Decimal]:
+    def no_floor(self: Floors, key: AppKey) -> Mapping[str, Decimal]:
         return {}
 
-    def no_refloor(self: PendingCharges, key: AppKey) -> bool:
+    def no_refloor(self: Floors, key: AppKey) -> bool:
         return False
 
-    decisions.screen = screen_skipping_unchanged  # type: ignore[assignment]
-    PendingCharges.floor = no_floor  # type: ignore[method-assign]
-    setattr(PendingCharges, "_refloor", no_refloor)  # noqa: B010
+    setattr(decisions, "screen", screen_skipping_unchanged)  # noqa: B010
+    Floors.floor = no_floor  # type: ignore[method-assign]
+    Floors.refloor = no_refloor  # type: ignore[method-assign]
     try:
         yield
     finally:
-        decisions.screen = screen
-        PendingCharges.floor = floor  # type: ignore[method-assign]
-        setattr(PendingCharges, "_refloor", refloor)  # noqa: B010
+        setattr(decisions, "screen", screen)  # noqa: B010
+        Floors.floor = floor  # type: ignore[method-assign]
+        Floors.refloor = refloor  # type: ignore[method-assign]

@@ -409,10 +409,10 @@ class Simulation:
         things = [k for k in self._things() if not self.script or k not in self.scripted]
         if self.unconditioned and things and rng.random() < 0.2:
             _, namespace, name = rng.choice(things)
-            copies = self.copies.get((namespace, name)) or [self.api.get("things", namespace, name)]
-            self._op_label(
-                namespace, name, rng.choice([c for c in copies if c]), self._any_replica()
-            )
+            current = self.api.get("things", namespace, name)
+            copies = self.copies.get((namespace, name)) or ([current] if current else [])
+            if copies:
+                self._op_label(namespace, name, rng.choice(copies), self._any_replica())
             return
         if roll < 0.4 or not things:
             namespace, name = rng.choice(self.workload.namespaces), rng.choice(NAMES)

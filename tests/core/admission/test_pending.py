@@ -252,6 +252,12 @@ def stored(gib: int, version: int) -> Application:
     return replace(thing(POOL, "x", memory=f"{gib}Gi"), version=version)
 
 
+def observed_gib(current: ReservationState) -> Decimal:
+    record = current.record(("Thing", POOL, "x"))
+    assert record is not None
+    return record.resources["memory"]
+
+
 def counted(current: ReservationState) -> Decimal:
     node = current.tree.get(POOL)
     return node.usage.get("memory", Decimal(0)) if node else Decimal(0)
@@ -329,7 +335,7 @@ def test_an_application_is_never_counted_below_a_version_that_may_still_be_store
         version += 1
         if step == "admit":
             credit = max(
-                current.record(("Thing", POOL, "x")).resources["memory"],
+                observed_gib(current),
                 current.pending.floor(("Thing", POOL, "x")).get("memory", Decimal(0)),
             )
             adds = max(0, int((gib * GI - credit) // GI))
@@ -348,6 +354,6 @@ def test_an_application_is_never_counted_below_a_version_that_may_still_be_store
             for entry in listed:
                 if entry.until <= clock[now]:
                     in_flight.pop(entry.id, None)  # past its grace: stored or never will be
-        observed = current.record(("Thing", POOL, "x")).resources["memory"]
+        observed = observed_gib(current)
         needed = max([observed, *(g * GI for g in in_flight.values())])
         assert counted(current) >= needed

@@ -49,12 +49,12 @@ of the same object replaces rather than adds to (see :mod:`webhook.admission.led
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
+from webhook.core.admission.floors import Floors
 from webhook.core.admission.pools import TenantTree
 from webhook.core.base import resources as rl
 from webhook.core.tenancy.applications import AppKey
@@ -63,10 +63,6 @@ from webhook.core.tenancy.tenants import TENANT_KIND
 __all__ = ["Hold", "PendingCharges"]
 
 _Slot = tuple[str, str]  # (pool, entry id): a request charging two pools has two entries
-# Updates of one application kept as floors before they are folded into one figure (a tenant
-# writing one object in bursts keeps at most this many apart; folded, it is held longer).
-_FLOORS_PER_APPLICATION = 64
-_FOLDED = "(folded)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,12 +94,9 @@ class PendingCharges:
         self._tree = tree
         # Whether the state already shows a hold's object, newer than its admission.
         self._shows: Callable[[Hold], bool] = shows or (lambda _: False)
-        # What the state counts for an application as observed (its charge; none: not stored);
-        # without it (charges followed alone, as in a test of the ledger's arithmetic) no
-        # floors are kept.
-        self._observed = observed
-        self._floors: dict[AppKey, dict[str, Hold]] = {}  # updates that may still be stored
-        self._topups: dict[AppKey, dict[str, Decimal]] = {}  # in usage, at the key's namespace
+        # Floors need what the state observes of an application; without it (charges followed
+        # alone, as in a test of the ledger's arithmetic) none are kept.
+        self._floors = Floors(tree, observed, self._held) if observed is not None else None
         self._entries: dict[str, dict[str, Hold]] = {}  # pool -> id -> entry, as listed now
         self._counted: dict[_Slot, Hold] = {}  # what is in usage: listed or departed
         self._departed: dict[_Slot, int] = {}  # slot -> revision of the version it left
@@ -133,45 +126,29 @@ class PendingCharges:
         """How many entries that left ``pool``'s ledger are still counted."""
         return sum(1 for slot in self._departed if slot[0] == pool)
 
-    # -- floors: what an application's writes may still store ------------------------------
+    # -- floors: what an application's updates may still store (:mod:`.floors`) ------------
 
     def floor(self, key: AppKey) -> Mapping[str, Decimal]:
-        """The largest charge any write of ``key`` held since its floor last expired expects:
-        the pool counts the application at least this much (an UPDATE may be credited it)."""
-        floor: dict[str, Decimal] = {}
-        for hold in self._floors.get(key, {}).values():
-            floor = rl.maximum(floor, hold.charge)
-        return floor
+        """The largest charge an update of ``key`` that may still be stored expects."""
+        return self._floors.floor(key) if self._floors is not None else {}
 
     def topups(self) -> list[tuple[AppKey, Mapping[str, Decimal]]]:
         """What floors add to usage now, by application (counted in its namespace)."""
-        return list(self._topups.items())
+        return self._floors.topups() if self._floors is not None else []
 
     def expire_floors(self, now: str) -> bool:
-        """Drop the floors whose last write's grace period has passed by ``now`` (as entries'
-        expiries are written): every write they stood for has been stored or never will be.
-        Whether room may have been freed."""
-        freed = False
-        for key, holds in list(self._floors.items()):
-            gone = [hold_id for hold_id, hold in holds.items() if _past(hold.until, now)]
-            if not gone:
-                continue
-            for hold_id in gone:
-                del holds[hold_id]
-            if not holds:
-                del self._floors[key]
-            freed = self._refloor(key) or freed
-        return freed
+        """Drop the floors past their grace period by ``now``; whether room may be freed."""
+        return self._floors.expire(now) if self._floors is not None else False
 
     def forget_floor(self, key: AppKey) -> None:
         """The application was deleted: no update of it can be stored any more."""
-        if self._floors.pop(key, None) is not None:
-            self._refloor(key)
+        if self._floors is not None:
+            self._floors.forget(key)
 
     def refloor(self, key: AppKey) -> None:
         """The state's observed charge of ``key`` changed: count its floor against it."""
-        if key in self._floors or key in self._topups:
-            self._refloor(key)
+        if self._floors is not None:
+            self._floors.refloor(key)
 
     # -- following the ledger --------------------------------------------------------------
 
@@ -229,9 +206,7 @@ class PendingCharges:
                 self._uncount(slot)
             if hold_id in self._resolved or self._shows(entry):
                 if hold_id not in self._resolved:
-                    self._raise_floor(entry)
-                    if self._alone(entry.key, entry, sys.maxsize, 1):
-                        self._drop_floor(entry.key, entry.id)
+                    self._shown(entry)
                 self._resolved.add(hold_id)
                 continue
             self._count(slot, entry)
@@ -254,8 +229,9 @@ class PendingCharges:
         ids = {slot[1] for slot in settled}
         for slot in settled:
             hold = self._counted[slot]
-            if charge is not None and self._alone(key, hold, version, len(ids)):
-                self._drop_floor(key, hold.id)  # its own write: it can land no more
+            floors = self._floors
+            if charge is not None and floors is not None and floors.alone(hold, version, len(ids)):
+                floors.drop(key, hold.id)  # its own write: it can land no more
             self._uncount(slot)
             self._departed.pop(slot, None)
             self._resolved.add(hold.id)
@@ -322,9 +298,8 @@ class PendingCharges:
         self._resolved = set(other._resolved)
         self._released = {pool: dict(counts) for pool, counts in other._released.items()}
         self._fences = dict(other._fences)
-        for key, holds in other._floors.items():
-            self._floors.setdefault(key, {}).update(holds)
-            self._refloor(key)
+        if self._floors is not None and other._floors is not None:
+            self._floors.carry_over(other._floors)
 
     # -- internals -------------------------------------------------------------------------
 
@@ -355,53 +330,38 @@ class PendingCharges:
         self._move(slot[0], hold.increase)
         self._raise_floor(hold)
 
-    def _raise_floor(self, hold: Hold) -> None:
-        """Keep ``hold``'s charge under its application until it expires, counted or not: an
-        observation that shows the charge may be another write's (two writes expecting one
-        charge look alike), so settling one never lets its write be forgotten early."""
-        if self._observed is not None and hold.update and hold.key[0] != TENANT_KIND:
-            # Only an update overwrites: a CREATE of a stored name fails. A carve-out's floor
-            # is not kept here (a Tenant's charge is its quota, counted as max(quota, usage)).
-            if not self._known(hold):
-                return  # nothing to keep it under (and an update of no object stores nothing)
-            holds = self._floors.setdefault(hold.key, {})
-            holds[hold.id] = hold
-            if len(holds) > _FLOORS_PER_APPLICATION:  # folded into one: more held, never less
-                folded = Hold(_FOLDED, hold.key, hold.namespace, {}, {}, update=True)
-                for each in holds.values():
-                    folded = dataclasses.replace(
-                        folded,
-                        charge=rl.maximum(folded.charge, each.charge),
-                        until=max(folded.until, each.until),
-                    )
-                self._floors[hold.key] = {_FOLDED: folded}
-        self.refloor(hold.key)
+    def _raise_floor(self, hold: Hold) -> bool:
+        """Put ``hold`` under its application's floor if it is an update that could overwrite
+        a later write (:mod:`.floors`); whether it was."""
+        floors = self._floors
+        if floors is None or not hold.update or hold.key[0] == TENANT_KIND:
+            return False
+        if not self._known(hold):
+            return False  # nothing to keep it under (and an update of no object stores nothing)
+        floors.add(hold)
+        return True
+
+    def _shown(self, hold: Hold) -> None:
+        """``hold`` arrives already shown by the state: under its floor unless only its own
+        write can explain what the state shows."""
+        floors = self._floors
+        if self._raise_floor(hold) and floors is not None and floors.alone(hold, sys.maxsize, 1):
+            floors.drop(hold.key, hold.id)
 
     def _known(self, hold: Hold) -> bool:
         """Whether ``hold``'s application is counted here besides this update: observed, held
         by another entry (its CREATE, not yet observed) or under a floor already."""
         key = hold.key
-        if key in self._floors or (self._observed is not None and self._observed(key)):
+        if self._floors is not None and (key in self._floors or self._floors.observed(key)):
             return True
         return any(self._counted[slot].id != hold.id for slot in self._by_key.get(key, ()))
 
-    def _alone(self, key: AppKey, hold: Hold, version: int, matching: int) -> bool:
-        """Whether an observation of ``key`` at ``version`` showing ``hold``'s charge can only be
-        ``hold``'s write: ``matching`` counted entries expect it, and no other update still held
-        as a floor, admitted before that version, does."""
-        if matching != 1:
-            return False
-        return not any(
-            other.id != hold.id and other.after < version and other.charge == hold.charge
-            for other in self._floors.get(key, {}).values()
-        )
-
-    def _drop_floor(self, key: AppKey, hold_id: str) -> None:
-        holds = self._floors.get(key)
-        if holds is not None and holds.pop(hold_id, None) is not None:
-            if not holds:
-                del self._floors[key]
-            self._refloor(key)
+    def _held(self, key: AppKey) -> Mapping[str, Decimal]:
+        """What the entries counted for ``key`` add to its pools."""
+        held: dict[str, Decimal] = {}
+        for slot in self._by_key.get(key, ()):
+            held = rl.add(held, self._counted[slot].increase)
+        return held
 
     def _uncount(self, slot: _Slot) -> None:
         hold = self._counted.pop(slot)
@@ -412,29 +372,6 @@ class PendingCharges:
                 del self._by_key[hold.key]
         self._move(slot[0], rl.scale(hold.increase, Decimal(-1)))
         self.refloor(hold.key)
-
-    def _refloor(self, key: AppKey) -> bool:
-        """Count ``key`` at ``max(observed + held increases, floor)``, per resource: put the
-        difference (the top-up) into its namespace's usage. Whether the top-up went down."""
-        before = self._topups.get(key, {})
-        after: dict[str, Decimal] = {}
-        if key in self._floors and self._observed is not None:
-            observed = self._observed(key)
-            held: dict[str, Decimal] = {}
-            for slot in self._by_key.get(key, ()):
-                held = rl.add(held, self._counted[slot].increase)
-            for resource, value in self.floor(key).items():
-                gap = value - observed.get(resource, Decimal(0)) - held.get(resource, Decimal(0))
-                if gap > 0:
-                    after[resource] = gap
-        if after == before:
-            return False
-        if after:
-            self._topups[key] = after
-        else:
-            self._topups.pop(key, None)
-        self._tree.add_usage(key[1], rl.subtract(after, before))
-        return any(after.get(k, Decimal(0)) < v for k, v in before.items())
 
     def _move(self, pool: str, delta: Mapping[str, Decimal]) -> None:
         figure = self._figures.setdefault(pool, {})
@@ -458,8 +395,3 @@ class PendingCharges:
         listed = {hold_id for entries in self._entries.values() for hold_id in entries}
         self._resolved &= listed
         self._resolved_floor = len(self._resolved)
-
-
-def _past(until: str, now: str) -> bool:
-    """Whether an expiry written as ``until`` is past ``now`` (a malformed one is)."""
-    return len(until) != len(now) or until <= now

@@ -100,7 +100,12 @@ def quota_facts(subject: Subject, priced: Priced, factored: Factored) -> Facts:
     """What every quota decision on this write reports: the charge at its factor, the delta
     from the old charge, and the application as the state will hold it once stored."""
     request, app = subject.request, subject.app
-    old = old_charge(subject) if request.operation == "UPDATE" else {}
+    old: Mapping[str, Decimal] = {}
+    if request.operation == "UPDATE":
+        # Never less than the floor its recent updates hold: the pool counts it at least that
+        # much until they can no longer be stored (:mod:`webhook.core.admission.floors`).
+        floor = subject.state.pending.floor(app.key)
+        old = rl.maximum(old_charge(subject), floor) if floor else old_charge(subject)
     reserved = factored.at.reserved
     delta = {k: v for k, v in rl.subtract(reserved, old).items() if v != 0}
     uid = subject.uid or app.uid

@@ -2,11 +2,10 @@
 
 Before anything is priced, a request must name an application this webhook can decide now: an
 ``apps.cozystack.io`` object in the namespace the API server sent (:func:`screen` answers the
-requests that never reach a price: deletes, kinds switched off, a state not yet synced). An
-update that changes nothing the reservation reads (a label: :func:`unchanged`) is still decided,
-since behind an API server that writes without a precondition it may store an older size.
-:func:`resolve` then reads the application, its kind and the stored object it replaces into a
-:class:`Subject`, of which the later stages ask what the webhook believes of the *stored*
+requests that never reach a price: deletes, kinds switched off, a state not yet synced; a label
+update, :func:`unchanged`, goes on: stored with no precondition it may write an older size
+back). :func:`resolve` then reads the application, its kind and the stored object it replaces
+into a :class:`Subject`, of which the later stages ask what the webhook believes of the *stored*
 object, each when it needs it: its own overcommit factor (:func:`vouched_own`), the high marks of
 its volumes (:func:`old_marks`), and the old charge an UPDATE is credited (:func:`old_charge`).
 Those come only from what the webhook itself computed or signed (a record a tenant could write
@@ -25,7 +24,6 @@ from webhook.core.admission.answers import Decision, errored, finish, invalid, s
 from webhook.core.admission.modes import Mode
 from webhook.core.admission.reviews import AdmissionRequest
 from webhook.core.admission.state import ReservationState
-from webhook.core.base import resources as rl
 from webhook.core.base.errors import UNEVALUABLE, EvaluationError
 from webhook.core.pricing.bounds import check_values
 from webhook.core.pricing.kinds import APPS_GROUP, ApplicationKind
@@ -104,14 +102,9 @@ def screen(request: AdmissionRequest, state: ReservationState, mode: Mode) -> De
 
 def unchanged(request: AdmissionRequest) -> bool:
     """An UPDATE whose spec and ``reservation.cozystack.io/`` annotations are those of the old
-    object it read, written alike (:func:`written_alike`): ``replicas: true`` over a stored
-    ``1`` is not, so it is evaluated and refused, never stored unevaluated as an unknown that
-    blocks its whole pool.
-
-    Such a write (a label) is still decided and held at its charge: cozystack-api stores it
-    without a resourceVersion precondition, so if it read a version from before a shrink it
-    writes the old size back. Only when it cannot be priced (its values no longer evaluate) is
-    it let through as it stands, as before."""
+    object, written alike (:func:`written_alike`; ``replicas: true`` over a stored ``1`` is not).
+    Still decided and held (cozystack-api may store it over a shrink); let through as it
+    stands only when it cannot be priced."""
     if request.operation != "UPDATE" or request.object is None or request.old_object is None:
         return False
     new, old = request.object, request.old_object
@@ -321,20 +314,13 @@ def old_marks(subject: Subject) -> Mapping[str, Decimal]:
 def old_charge(subject: Subject) -> Mapping[str, Decimal]:
     """What the old object is credited: what the pool counts for it now, else its record if it
     verifies for the old values, else its evaluation (both at its effective factor), else
-    nothing; and never less than the floor its recent writes hold (the pool counts it at
-    least that much until they can no longer be stored).
+    nothing.
 
     Never more than the webhook itself computed: an unsigned or foreign record is ignored. A
     record older than the request's old object (this state has not seen a shrink yet) credits
     no more than that old object evaluates to: the held increase is what the stored object
     will add, whatever copy of it another replica counts.
     """
-    credited = _old_charge(subject)
-    floor = subject.state.pending.floor(subject.app.key)
-    return rl.maximum(credited, floor) if floor else credited
-
-
-def _old_charge(subject: Subject) -> Mapping[str, Decimal]:
     request, state, app, old = subject.request, subject.state, subject.app, subject.old
     record = state.record(app.key)
     if record is not None:
