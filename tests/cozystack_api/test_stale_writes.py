@@ -19,12 +19,12 @@ import random
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.cozystack_api.conftest import CozystackAPI, vm
+from tests.cozystack_api.test_e2e import user
 
 pytestmark = pytest.mark.cozystack_api
 
@@ -49,47 +49,6 @@ def env(cozystack_api: CozystackAPI) -> CozystackAPI:
     return cozystack_api
 
 
-def _user(env: CozystackAPI, namespace: str) -> Path:
-    """A kubeconfig for a ServiceAccount of ``namespace`` allowed to write its applications."""
-    env.apply(
-        [
-            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "tenant",
-             "namespace": namespace}},
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "Role",
-                "metadata": {"name": "apps", "namespace": namespace},
-                "rules": [{"apiGroups": ["apps.cozystack.io"], "resources": ["*"],
-                           "verbs": ["*"]}],
-            },
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "RoleBinding",
-                "metadata": {"name": "apps", "namespace": namespace},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                            "name": "apps"},
-                "subjects": [{"kind": "ServiceAccount", "name": "tenant",
-                              "namespace": namespace}],
-            },
-        ]
-    )  # fmt: skip
-    token = env.kubectl("create", "token", "tenant", "-n", namespace).stdout.strip()
-    admin = yaml.safe_load(env.kubeconfig.read_text())
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "cz", "cluster": admin["clusters"][0]["cluster"]}],
-        "users": [{"name": "tenant", "user": {"token": token}}],
-        "contexts": [
-            {"name": "cz", "context": {"cluster": "cz", "user": "tenant", "namespace": namespace}}
-        ],
-        "current-context": "cz",
-    }
-    path = env.base / f"tenant-{namespace}.kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
 def _stored_gi(env: CozystackAPI, namespace: str) -> tuple[int, list[str]]:
     """The memory the stored VMs of ``namespace`` declare, and what they are."""
     items = env.get("vminstances", "-n", namespace)["items"]
@@ -99,7 +58,7 @@ def _stored_gi(env: CozystackAPI, namespace: str) -> tuple[int, list[str]]:
 
 def _trial(env: CozystackAPI, trial: int, rng: random.Random) -> tuple[int, list[str]]:
     namespace = f"tenant-{_tenant(trial)}"
-    tenant = _user(env, namespace)
+    tenant = user(env, namespace)
 
     def kubectl(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         return env.kubectl(*args, stdin=stdin, kubeconfig=tenant, check=False, timeout=30)

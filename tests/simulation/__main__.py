@@ -47,9 +47,9 @@ def main(argv: list[str] | None = None) -> int:
         elapsed = time.perf_counter() - began
     print(summary.describe(elapsed))
     if summary.failure is not None:
-        command = replay_command(
-            summary.failure.seed, args.revert_settle, stale=args.revert_stale_write
-        )
+        command = replay_command(summary.failure.seed, args.revert_settle)
+        if args.revert_stale_write:
+            command += " --revert-stale-write"
         print(summary.failure.report(command))
         return 1
     return 0

@@ -1087,6 +1087,6 @@ def explore(seeds: Iterable[int], *, stop_at_first: bool = True) -> Summary:
     return summary
 
 
-def replay_command(seed: int, reverted: bool = False, *, stale: bool = False) -> str:
-    flag = " --revert-settle" if reverted else " --revert-stale-write" if stale else ""
+def replay_command(seed: int, reverted: bool = False) -> str:
+    flag = " --revert-settle" if reverted else ""
     return f".venv/bin/python -m tests.simulation --seed {seed}{flag}"
