@@ -16,14 +16,38 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import replace
 
 from webhook.admission.ledger.barrier import Barrier
 from webhook.admission.ledger.book import Book, Conflict
 from webhook.admission.ledger.entries import expired, listed
 from webhook.admission.ledger.status import Status
+from webhook.core.admission.decisions import Decision
+from webhook.core.admission.state import ReservationState
 from webhook.kube.client import ApiError
 
-__all__ = ["Settle"]
+__all__ = ["Settle", "explain_floors"]
+
+
+def explain_floors(decision: Decision, state: ReservationState, grace: float) -> Decision:
+    """Say so when what the refusing pool counts includes an application held at a size an
+    update admitted moments ago may still write back (:mod:`webhook.core.admission.floors`):
+    the room its shrink seems to free is not there yet."""
+    pool = decision.pool
+    held = sorted(
+        key for key, _ in state.pending.topups() if key[1] == pool or key[1].startswith(pool + "-")
+    )
+    if not pool or not held:
+        return decision
+    kind, namespace, name = held[0]
+    more = f" (and {len(held) - 1} more)" if len(held) > 1 else ""
+    message = (
+        f"{decision.message}; it counts {kind} {namespace}/{name}{more} at the size an update "
+        "admitted moments ago may still write back (the API server stores updates without a "
+        f"precondition), until that update is seen stored or {grace:g}s have passed: try again "
+        "shortly"
+    )
+    return replace(decision, message=message, audit={**decision.audit, "message": message})
 
 
 class Settle:
