@@ -318,6 +318,43 @@ async def test_a_grow_decided_on_a_copy_that_missed_a_shrink_holds_the_whole_inc
     assert not decision.allowed, "x 1Gi + the grow 2Gi + z 4Gi > 6Gi"
 
 
+def label(name: str, memory: str, *, uid: str) -> AdmissionRequest:
+    """``kubectl label`` as cozystack-api decides it: the spec as read, a label changed."""
+    body = review(
+        "Thing", POOL, name, {"memory": memory}, operation="UPDATE", old_spec={"memory": memory}
+    )
+    body["request"]["uid"] = uid
+    body["request"]["object"]["metadata"]["labels"] = {"touch": uid}
+    return parse_review(body)
+
+
+async def test_a_label_patch_read_before_a_shrink_keeps_the_old_size_on_every_replica() -> None:
+    # cozystack-api writes the label patch without a precondition: stored after the shrink, it
+    # writes 4Gi back. Whichever replica decides the creates, the shrink's 3Gi is not given away.
+    clock = Clock()
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "4Gi"}}, clock=clock)
+    b = Replica(cluster, "b", {POOL: {"memory": "4Gi"}}, clock=clock)
+    full = thing(cluster, "x", "4Gi")
+    a.observe(full)
+    b.observe(full)
+    labelled = await a.admit(label("x", "4Gi", uid="label"))
+    assert labelled.allowed, labelled.message
+    assert (await a.admit(grow("x", "4Gi", "1Gi", uid="shrink"))).allowed
+    entries = {e["id"]: e for e in cluster.entries()}
+    assert (entries["label"]["charge"], entries["label"]["update"]) == ({}, True)
+    b.deliver()
+    shrunk = thing(cluster, "x", "1Gi")
+    a.observe(shrunk)
+    b.observe(shrunk)
+    for replica, uid in ((a, "ya"), (b, "yb")):
+        refused = await replica.admit(create("y", "1Gi", uid=uid))
+        assert not refused.allowed, f"{uid}: the label patch may still write 4Gi back"
+        assert "Thing tenant-acme/x at the size an update admitted moments ago" in refused.message
+    clock.now += 60  # past the label patch's grace: stored by now, or never
+    assert (await b.admit(create("y", "1Gi", uid="late"))).allowed
+
+
 # ---------------------------------------------------------------------------------------------
 # What a replica counts for others: the ledger as it is now
 

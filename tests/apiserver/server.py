@@ -244,6 +244,9 @@ class Resource:
     status: bool = False
     # Served as cozystack-api serves applications (see "Aggregated resources" in the README).
     aggregated: bool = False
+    # Updated as cozystack-api updates applications: a read, then a write with no
+    # resourceVersion precondition, so the last write wins whatever it read.
+    unconditioned: bool = False
 
     @property
     def api_version(self) -> str:
@@ -608,12 +611,16 @@ class EmulatedAPIServer:
         namespaced: bool = True,
         status: bool = False,
         aggregated: bool = False,
+        unconditioned: bool = False,
     ) -> Resource:
         """Register a resource type; the same registration twice is harmless. ``aggregated``
-        serves its lists and watches as cozystack-api does (see the README)."""
+        serves its lists and watches as cozystack-api does, ``unconditioned`` its updates
+        (no resourceVersion precondition: see the README)."""
         if not group and version != "v1":
             raise ValueError("the core group is served as /api/v1 only")
-        resource = Resource(group, version, plural, kind, namespaced, status, aggregated)
+        resource = Resource(
+            group, version, plural, kind, namespaced, status, aggregated, unconditioned
+        )
         existing = self._resources.get((group, plural))
         if existing is not None and existing != resource:
             raise ValueError(f"{resource.group_resource} is already registered as {existing}")
@@ -885,7 +892,7 @@ class EmulatedAPIServer:
         wanted = str(meta.get("resourceVersion") or "")
         if wanted:
             _parse_revision(wanted)
-            if wanted != current_meta["resourceVersion"]:
+            if wanted != current_meta["resourceVersion"] and not resource.unconditioned:
                 raise _conflict(resource, name)
         if meta.get("uid") and meta["uid"] != current_meta["uid"]:
             cause = {

@@ -178,6 +178,30 @@ async def test_an_update_with_a_stale_resource_version_is_a_conflict(
     assert (third, forced["spec"]) == (200, {"size": 1})
 
 
+async def test_an_unconditioned_resource_stores_a_stale_update_as_cozystack_api_does() -> None:
+    # cozystack-api's Update reads the HelmRelease and writes it back with no precondition:
+    # of two updates that read one version, the one written last wins.
+    api = EmulatedAPIServer()
+    api.resource(GROUP, VERSION, "vminstances", "VMInstance", unconditioned=True)
+    path = f"{API}/namespaces/alpha/vminstances/x"
+    headers = {"Authorization": "Bearer test-token"}
+    async with api, asyncio.timeout(LIMIT), aiohttp.ClientSession(headers=headers) as http:
+        read = api.create(
+            {"apiVersion": f"{GROUP}/{VERSION}", "kind": "VMInstance",
+             "metadata": {"name": "x", "namespace": "alpha"},
+             "spec": {"instanceType": "u1.medium"}}
+        )  # fmt: skip
+        shrink = {**read, "spec": {"instanceType": "u1.micro"}}
+        labelled = {**read, "metadata": {**read["metadata"], "labels": {"touch": "1"}}}
+        first, shrunk = await send(http, "PUT", api.base_url + path, shrink)
+        second, stale = await send(http, "PUT", api.base_url + path, labelled)
+        stored = api.get(GROUP, "vminstances", "alpha", "x")
+    assert (first, second) == (200, 200)
+    assert int(stale["metadata"]["resourceVersion"]) > int(shrunk["metadata"]["resourceVersion"])
+    assert stored is not None
+    assert stored["spec"] == {"instanceType": "u1.medium"}, "the shrink was written over"
+
+
 async def test_an_update_that_changes_nothing_writes_nothing(
     server: EmulatedAPIServer, http: aiohttp.ClientSession
 ) -> None:

@@ -380,9 +380,9 @@ class CozystackAPI:
     ) -> None:
         """Until every replica charges ``namespace`` to its own pool (its watch of Tenants,
         through the aggregation layer, has delivered the Tenant) and, given ``reserved``, counts
-        that much reserved there: asked with an UPDATE that changes a value the charge does not
-        read (one that changes nothing is skipped), which holds nothing (its ``reserved-after``
-        is the pool's usage as the replica counts it)."""
+        that much reserved there: asked with an UPDATE of an object no replica knows that changes
+        a value the charge does not read, which adds nothing to the pool (its ``reserved-after``
+        is the pool's usage as the replica counts it; its entry, one per pool, keeps no floor)."""
         if not namespace or not self.replicas:
             return
         body = review(

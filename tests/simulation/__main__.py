@@ -4,6 +4,7 @@ python -m tests.simulation --seeds 100000            # seeds 0..99999, stop at t
 python -m tests.simulation --seeds 5000 --start 7000  # seeds 7000..11999
 python -m tests.simulation --seed 1234               # replay one seed, print its whole trace
 python -m tests.simulation --seed 1234 --revert-settle  # the same, on the reverted settle rule
+python -m tests.simulation --seed 1234 --revert-stale-write  # on "an update replaces its oldObject"
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import argparse
 import sys
 import time
 
-from tests.simulation.reverted import reverted_settle_rule
+from tests.simulation.reverted import reverted_settle_rule, reverted_stale_write_rule
 from tests.simulation.simulator import explore, replay_command, run
 
 
@@ -26,8 +27,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="settle ledger entries on a merely matching value (the old, wrong rule)",
     )
+    parser.add_argument(
+        "--revert-stale-write",
+        action="store_true",
+        help="skip unchanged updates unheld and free a decrease at once (the old, wrong rule)",
+    )
     args = parser.parse_args(argv)
-    with reverted_settle_rule(args.revert_settle):
+    with (
+        reverted_settle_rule(args.revert_settle),
+        reverted_stale_write_rule(args.revert_stale_write),
+    ):
         if args.seed is not None:
             outcome = run(args.seed)
             print("\n".join(outcome.trace))
@@ -38,7 +47,10 @@ def main(argv: list[str] | None = None) -> int:
         elapsed = time.perf_counter() - began
     print(summary.describe(elapsed))
     if summary.failure is not None:
-        print(summary.failure.report(replay_command(summary.failure.seed, args.revert_settle)))
+        command = replay_command(summary.failure.seed, args.revert_settle)
+        if args.revert_stale_write:
+            command += " --revert-stale-write"
+        print(summary.failure.report(command))
         return 1
     return 0
 

@@ -15,7 +15,10 @@ does, so they never mask what is being tested.
 
 Storage follows the API server's rules: one resourceVersion counter for everything, a create of
 an existing name is ``409 AlreadyExists``, an update carrying a stale resourceVersion is
-``409 Conflict``.
+``409 Conflict``, except for the plurals named ``unconditioned``: those are written as
+cozystack-api writes applications (a read, then a write of the whole object with no
+resourceVersion precondition), so whichever admitted update is stored last wins, whatever it
+read.
 """
 
 from __future__ import annotations
@@ -81,8 +84,15 @@ class Stream:
 class SimAPI:
     """Objects, their event logs, and the calls and watches waiting on the simulator."""
 
-    def __init__(self, scheduled: set[str], trace: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        scheduled: set[str],
+        trace: Callable[[str], None],
+        *,
+        unconditioned: frozenset[str] = frozenset(),
+    ) -> None:
         self.scheduled = scheduled  # plurals whose calls and events the simulator releases
+        self.unconditioned = unconditioned  # plurals updated with no resourceVersion check
         self.trace = trace
         self.version = 1
         self.objects: dict[Key, Obj] = {}
@@ -137,6 +147,8 @@ class SimAPI:
         if current is None:
             raise ApiError(404, "NotFound", f"{'/'.join(key)} not found")
         expected = metadata.get("resourceVersion")
+        if plural in self.unconditioned:
+            expected = None  # cozystack-api's Update: no precondition on what it read
         if expected and expected != current["metadata"]["resourceVersion"]:
             raise ApiError(409, "Conflict", f"{'/'.join(key)}: the object has been modified")
         updated = _copy(current)

@@ -6,6 +6,11 @@ a few dozen steps. Each step is one choice of the seeded generator among what ca
 - a client asks a random replica to admit a create, grow, shrink or budget change (sometimes
   the scripted stale-settle sequence: shrink an application, grow it back through one replica,
   create another through a different one);
+- in half the runs applications are updated as cozystack-api updates them, with no
+  resourceVersion precondition: clients then also label an application from a copy they read
+  earlier, and sometimes run the scripted stale-write sequence (label from a copy, shrink, fill
+  the room the shrink seems to free, and only then store the label, which writes the old size
+  back);
 - the API server stores an admitted change (or a later admission step rejects it), or a client
   deletes an application;
 - a pending API call is answered (or fails), a watch delivers its next event (in order within
@@ -136,7 +141,15 @@ class Simulation:
         self.rng = random.Random(seed)
         self.trace: list[str] = []
         self.loop = VirtualLoop()
-        self.api = SimAPI(SCHEDULED, self._log)
+        # Drawn apart, so the runs with preconditions draw exactly what they drew before.
+        self.unconditioned = random.Random(f"unconditioned-{seed}").random() < 0.5
+        self.api = SimAPI(
+            SCHEDULED,
+            self._log,
+            unconditioned=frozenset({"things"}) if self.unconditioned else frozenset(),
+        )
+        self.copies: dict[tuple[str, str], list[Obj]] = {}  # versions of each thing, as read
+        self.slow: set[str] = set()  # admitted, kept from storage until the script says
         self.replicas: dict[str, Replica] = {}
         self.leader = "r1"
         self.admitting: dict[str, tuple[str, asyncio.Task[Decision]]] = {}
@@ -224,6 +237,7 @@ class Simulation:
         self._log(
             f"setup  tenants {sorted((f'{n}/{t}', q) for (n, t), q in tenants.items())} "
             f"replicas {count} steps {self.steps}"
+            + (" unconditioned updates" if self.unconditioned else "")
         )
         for (plural, namespace, name), obj in sorted(self.api.objects.items()):
             if plural in ("tenants", "things"):
@@ -381,6 +395,8 @@ class Simulation:
         rng = self.rng
         if not self.script and rng.random() < 0.15:
             self._plan_stale_settle()
+        if self.unconditioned and not self.script and rng.random() < 0.25:
+            self._plan_stale_write()
         if self.script:
             ready, op = self.script[0]
             if ready():
@@ -391,6 +407,13 @@ class Simulation:
                 return  # the scripted client waits; others may still come in
         roll = rng.random()
         things = [k for k in self._things() if not self.script or k not in self.scripted]
+        if self.unconditioned and things and rng.random() < 0.2:
+            _, namespace, name = rng.choice(things)
+            current = self.api.get("things", namespace, name)
+            copies = self.copies.get((namespace, name)) or ([current] if current else [])
+            if copies:
+                self._op_label(namespace, name, rng.choice(copies), self._any_replica())
+            return
         if roll < 0.4 or not things:
             namespace, name = rng.choice(self.workload.namespaces), rng.choice(NAMES)
             if ("things", namespace, name) in self.scripted and self.script:
@@ -488,12 +511,96 @@ class Simulation:
         ]
         self._log(f"script stale-settle on {namespace}/{name} via {first} then {second}")
 
-    def _op_fill(self, namespace: str, name: str, extra: int, replica: str) -> str | None:
-        """A create as large as the room left in the namespace's memory pool, plus ``extra``."""
+    def _plan_stale_write(self) -> None:
+        """cozystack-api's lost update, as tenants met it: a label patch of an application reads
+        it and is admitted; a shrink of it is admitted, stored and observed; a create as large
+        as the room the shrink seems to free is asked for; only then is the label patch stored,
+        and with no precondition it writes the old size back."""
+        things = [k for k in self._things() if _gib_of(self.api.objects[k]) >= 2]
+        if not things:
+            return
+        _, namespace, name = self.rng.choice(things)
+        read = self.api.get("things", namespace, name)
+        assert read is not None
+        labeller, shrinker, filler = (self._any_replica() for _ in range(3))
+        amount = self.rng.randint(1, _gib_of(read) - 1)
+        big = self.rng.choice([n for n in NAMES if n != name])
+        uids: dict[str, str | None] = {}
+        self.scripted = {("things", namespace, n) for n in (name, big)}
+
+        def step(key: str, op: Callable[[], str | None], needs: str = "") -> Callable[[], None]:
+            def run() -> None:
+                if needs and not self._went_through(uids.get(needs)):
+                    self.script.clear()
+                    self.slow.clear()
+                    self._log(f"script abandoned: {needs} did not go through")
+                    return
+                uids[key] = op()
+
+            return run
+
+        def label() -> str | None:
+            uid = self._op_label(namespace, name, read, labeller)
+            if uid is not None:
+                self.slow.add(uid)  # the API server takes its time to write it
+            return uid
+
+        def told_shrink() -> bool:
+            version = self.versions.get(uids.get("shrink") or "", 0)
+            return self.api.told.get((filler, "things"), 0) >= version
+
+        def release() -> None:
+            self.slow.clear()
+            self._log("script the label patch may be stored now")
+
+        self.script = [
+            (lambda: all(r.synced for r in self.replicas.values()), step("label", label)),
+            (
+                self._decided_(uids, "label"),
+                step(
+                    "shrink", lambda: self._op_resize(namespace, name, -amount, shrinker), "label"
+                ),
+            ),
+            (
+                lambda: self._stored_(uids, "shrink")() and told_shrink(),
+                step(
+                    "fill",
+                    lambda: self._op_fill(namespace, big, 0, filler, count_coming=False),
+                    "shrink",
+                ),
+            ),
+            (self._decided_(uids, "fill"), release),
+        ]
+        self._log(f"script stale-write on {namespace}/{name} via {labeller}, {shrinker}, {filler}")
+
+    def _op_label(self, namespace: str, name: str, read: Obj, replica: str) -> str | None:
+        """``kubectl label`` of an application, as cozystack-api applies it to the copy ``read``
+        (perhaps long since replaced): its spec and annotations, one label changed."""
+        labels = dict(read["metadata"].get("labels") or {})
+        labels["touched"] = str(int(labels.get("touched", "0")) + 1)
+        return self._admit(
+            replica,
+            "UPDATE",
+            "Thing",
+            namespace,
+            name,
+            dict(read["spec"]),
+            read,
+            metadata={"labels": labels, "annotations": read["metadata"].get("annotations")},
+        )
+
+    def _op_fill(
+        self, namespace: str, name: str, extra: int, replica: str, *, count_coming: bool = True
+    ) -> str | None:
+        """A create as large as the room left in the namespace's memory pool, plus ``extra``
+        (less what admitted changes not stored yet will add, when ``coming``)."""
         pool = _bounder(self._pools(), namespace, "memory")
         if pool is None:
             return None
         usage, budget = self._pools()[(pool, "memory")]
+        if not count_coming:
+            gib = int((budget - usage) // GI) + extra
+            return self._op_create(namespace, name, gib, replica) if gib > 0 else None
         coming = 0  # admitted, not stored yet: growth the replica rightly counts
         for change in self.admitted:
             if (
@@ -540,6 +647,8 @@ class Simulation:
         name: str,
         spec: Obj,
         old: Obj | None,
+        *,
+        metadata: Obj | None = None,
     ) -> str | None:
         """The API server's admission of one request: the mutating webhook records the charge
         annotation, then the validating webhook (the ledger) decides."""
@@ -548,6 +657,9 @@ class Simulation:
         self.requests += 1
         uid = f"u{self.requests}"
         obj = _app(kind, namespace, name, spec)
+        for field_name, value in (metadata or {}).items():
+            if value is not None:
+                obj["metadata"][field_name] = copy.deepcopy(value)
         if old is not None:
             obj["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
         ledger = self.replicas[replica].ledger
@@ -594,7 +706,11 @@ class Simulation:
     errors: list[str]
 
     def _store(self) -> None:
-        change = self.admitted.pop(self.rng.randrange(len(self.admitted)))
+        ready = [c for c in self.admitted if c.uid not in self.slow]
+        if not ready:
+            return
+        change = ready[self.rng.randrange(len(ready))]
+        self.admitted.remove(change)
         if self.rng.random() < 0.08:
             self._log(f"reject {change.uid}: a later admission step refused it")
             return
@@ -617,6 +733,9 @@ class Simulation:
             return
         self.stored += 1
         self.landing = change
+        if change.plural == "things":
+            kept = self.copies.setdefault((change.namespace, change.name), [])
+            kept[:] = [*kept[-3:], stored]  # the last few versions a client may have read
         change.version = int(stored["metadata"]["resourceVersion"])
         self.versions[change.uid] = change.version
         self._log(
@@ -631,6 +750,7 @@ class Simulation:
         _, namespace, name = self.rng.choice(things)
         deleted = self.api.delete("things", namespace, name)
         assert deleted is not None
+        self.copies.pop((namespace, name), None)
         self._log(f"delete things {namespace}/{name} rv {deleted['metadata']['resourceVersion']}")
 
     # -- checks --------------------------------------------------------------------------

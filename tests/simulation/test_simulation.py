@@ -7,11 +7,13 @@ whole trace and the one command that replays it.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
 
 import pytest
 
-from tests.simulation.reverted import reverted_settle_rule
-from tests.simulation.simulator import explore, replay_command, run
+from tests.simulation.reverted import reverted_settle_rule, reverted_stale_write_rule
+from tests.simulation.simulator import Outcome, explore, replay_command, run
 
 CI_SEEDS = 5000
 CHUNK = 1000  # seeds per test: a failure in one chunk leaves the others reported
@@ -48,16 +50,31 @@ def test_no_schedule_pushes_a_pool_past_its_budget_or_leaves_the_replicas_apart(
     assert summary.stored > summary.seeds  # the schedules really store what they admit
 
 
-def test_settling_on_a_merely_matching_value_is_found_as_an_overshoot() -> None:
-    with reverted_settle_rule():
+def _first_overshoot(rule: Callable[[], ContextManager[None]], replay: str) -> Outcome:
+    """The first seed that pushes a pool past its budget under ``rule`` (a reverted one);
+    its schedule must pass on the real rules, so the overshoot is the reverted rule's doing."""
+    with rule():
         summary = explore(range(REVERTED_SEEDS))
     failure = summary.failure
-    assert failure is not None, f"{REVERTED_SEEDS} seeds missed the reverted settle rule"
-    assert failure.problem.startswith("pool over budget"), failure.report(
-        replay_command(failure.seed, reverted=True)
-    )
-    # The same schedule passes on the real rule: the overshoot is the reverted rule's doing.
+    assert failure is not None, f"{REVERTED_SEEDS} seeds missed the reverted rule"
+    command = f"{replay_command(failure.seed)} {replay}"
+    assert failure.problem.startswith("pool over budget"), failure.report(command)
     assert run(failure.seed).ok
+    return failure
+
+
+def test_settling_on_a_merely_matching_value_is_found_as_an_overshoot() -> None:
+    _first_overshoot(reverted_settle_rule, "--revert-settle")
+
+
+def test_a_stale_update_written_back_over_a_shrink_is_found_as_an_overshoot_on_the_old_rule() -> (
+    None
+):
+    # cozystack-api stores updates without a precondition: on the rule that an update replaces
+    # its oldObject (a label patch skipped unheld, a shrink freeing room once observed) a label
+    # patch that read the old size writes it back over room already given away.
+    failure = _first_overshoot(reverted_stale_write_rule, "--revert-stale-write")
+    assert "unconditioned updates" in failure.trace[0]
 
 
 def test_a_seed_replays_exactly() -> None:

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from decimal import Decimal
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.builders import state as builders_state
+from tests.builders import thing
 from webhook.core.admission.pending import Hold, PendingCharges
 from webhook.core.admission.pools import TenantTree
+from webhook.core.admission.state import ReservationState
+from webhook.core.tenancy.applications import Application
 
 POOL = "tenant-acme"
 GI = Decimal(1024**3)
@@ -218,3 +223,137 @@ def test_a_pool_is_fenced_exactly_when_some_removed_entry_was_never_in_a_copy_re
             )
             seen.update(listed)
             assert charges.fenced(POOL) == bool(removed - seen)
+
+
+# -- floors: behind an API server that writes updates without a precondition ------------------
+
+EARLY, LATE, LATER = (
+    "2027-01-01T00:00:10.000000Z",
+    "2027-01-01T00:00:30.000000Z",
+    "2027-01-01T00:01:00.000000Z",
+)
+
+
+def update(hold_id: str, *, gib: int, after: int, adds: int = 0, until: str = LATE) -> Hold:
+    """An admitted UPDATE of ``x`` expecting ``gib``, adding ``adds`` to the pool."""
+    return Hold(
+        id=hold_id,
+        key=("Thing", POOL, "x"),
+        namespace=POOL,
+        increase={"memory": adds * GI} if adds else {},
+        charge={"memory": gib * GI},
+        after=after,
+        until=until,
+        update=True,
+    )
+
+
+def stored(gib: int, version: int) -> Application:
+    return replace(thing(POOL, "x", memory=f"{gib}Gi"), version=version)
+
+
+def observed_gib(current: ReservationState) -> Decimal:
+    record = current.record(("Thing", POOL, "x"))
+    assert record is not None
+    return record.resources["memory"]
+
+
+def counted(current: ReservationState) -> Decimal:
+    node = current.tree.get(POOL)
+    return node.usage.get("memory", Decimal(0)) if node else Decimal(0)
+
+
+def test_a_shrink_frees_nothing_while_a_label_patch_that_read_the_old_size_may_be_stored() -> None:
+    # cozystack-api's lost update: the label patch read x at 4Gi; stored after the shrink, it
+    # writes 4Gi back, so the room the shrink seems to free is not there to give away.
+    current = builders_state({POOL: {"memory": "4Gi"}}, stored(4, 5))
+    current.pending.track(
+        POOL, [update("shrink", gib=1, after=6), update("label", gib=4, after=6)], version=6
+    )
+    current.observe(stored(1, 7))  # the shrink, observed
+    assert counted(current) == 4 * GI
+    current.observe(stored(4, 8))  # the label patch lands: 4Gi again, as counted
+    assert counted(current) == 4 * GI
+
+
+def test_a_floor_goes_when_its_write_can_no_longer_be_stored() -> None:
+    current = builders_state({POOL: {"memory": "4Gi"}}, stored(4, 5))
+    current.pending.track(POOL, [update("label", gib=4, after=6)], version=6)
+    current.observe(stored(1, 7))
+    assert not current.pending.expire_floors(EARLY)
+    assert counted(current) == 4 * GI
+    assert current.pending.expire_floors(LATER)  # its grace period is over: room is freed
+    assert counted(current) == GI
+
+
+def test_an_update_observed_when_no_other_write_expects_its_charge_stops_holding_at_once() -> None:
+    current = builders_state({POOL: {"memory": "4Gi"}}, stored(1, 5))
+    current.pending.track(POOL, [update("grow", gib=2, after=6, adds=1)], version=6)
+    current.observe(stored(2, 7))  # only the grow expects 2Gi: this is its write
+    current.observe(stored(1, 8))  # then a shrink
+    assert counted(current) == GI
+
+
+def test_two_updates_expecting_one_charge_both_keep_their_floor_when_one_is_observed() -> None:
+    # One observation of 4Gi cannot tell the two label patches apart: the other may land yet.
+    current = builders_state({POOL: {"memory": "4Gi"}}, stored(4, 5))
+    labels = [update("l1", gib=4, after=6), update("l2", gib=4, after=6)]
+    current.pending.track(POOL, labels, version=6)
+    current.observe(stored(4, 7))
+    current.observe(stored(1, 8))
+    assert counted(current) == 4 * GI
+
+
+def test_a_deleted_application_keeps_no_floor() -> None:
+    current = builders_state({POOL: {"memory": "4Gi"}}, stored(4, 5))
+    current.pending.track(POOL, [update("label", gib=4, after=6)], version=6)
+    current.forget(("Thing", POOL, "x"), version=7)
+    assert counted(current) == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["admit", "land", "admit", "land", "drop", "expire"]),
+            st.integers(1, 4),
+        ),
+        max_size=25,
+    )
+)
+def test_an_application_is_never_counted_below_a_version_that_may_still_be_stored(
+    steps: list[tuple[str, int]],
+) -> None:
+    """Updates admitted (each crediting what the pool counts for x), stored in any order, lost,
+    or past their grace period: the pool counts x at least at every charge still in flight
+    and at what is stored."""
+    current = builders_state({POOL: {"memory": "100Gi"}}, stored(2, 1))
+    version, in_flight, listed = 1, {}, []  # id -> gib
+    clock = [f"2027-01-01T00:00:{second:02d}.000000Z" for second in range(60)]
+    now = 0
+    for index, (step, gib) in enumerate(steps):
+        version += 1
+        if step == "admit":
+            credit = max(
+                observed_gib(current),
+                current.pending.floor(("Thing", POOL, "x")).get("memory", Decimal(0)),
+            )
+            adds = max(0, int((gib * GI - credit) // GI))
+            entry = update(f"u{index}", gib=gib, after=version, adds=adds, until=clock[now + 20])
+            listed.append(entry)
+            in_flight[entry.id] = gib
+            current.pending.track(POOL, listed, version=version)
+        elif step == "land" and in_flight:
+            hold_id = sorted(in_flight)[gib % len(in_flight)]
+            current.observe(stored(in_flight.pop(hold_id), version))
+        elif step == "drop" and in_flight:
+            in_flight.pop(sorted(in_flight)[gib % len(in_flight)])  # refused after admission
+        elif step == "expire":
+            now = min(now + 8 * gib, 39)
+            current.pending.expire_floors(clock[now])
+            for entry in listed:
+                if entry.until <= clock[now]:
+                    in_flight.pop(entry.id, None)  # past its grace: stored or never will be
+        observed = observed_gib(current)
+        needed = max([observed, *(g * GI for g in in_flight.values())])
+        assert counted(current) >= needed

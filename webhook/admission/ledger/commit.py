@@ -333,6 +333,8 @@ class Commit:
         }
         if expected != charge:  # absent: the same (a CREATE's); every write carries less
             entry["expected"] = expected
+        if request.operation == "UPDATE":
+            entry["update"] = True  # stored last (no precondition), it overwrites a later write
         if request.dry_run:
             entry["dryRun"] = True
         if replaces:

@@ -3,7 +3,8 @@
 Each entry is one admitted increase not yet observed: its request uid, its object
 (``kind/namespace/name``), what it adds to the pool (``charge``), the charge its object is
 expected to carry (``expected``, left out when it is the ``charge``, as a CREATE's is), its
-expiry, the replica that wrote it, the ledger revision that admitted it and, for a dry run,
+expiry, the replica that wrote it, the ledger revision that admitted it, ``update`` for an
+UPDATE (whose charge stays a floor under its application until it expires) and, for a dry run,
 ``dryRun`` and the previews it ``replaces``. Everything here reads what any
 replica, or a tenant able to write the object, may have put there: a malformed field counts as
 absent, never as a crash. Expiries are RFC 3339 in one fixed UTC form, so comparing one costs a
@@ -136,6 +137,8 @@ def parse_hold(pool: str, entry: Obj, version: int, known: Mapping[str, tuple[Ob
         charge=quantities(entry["expected"] if "expected" in entry else entry.get("charge")),
         after=after,
         preview=entry.get("dryRun") is True,
+        until=str(entry.get("expires") or ""),
+        update=entry.get("update") is True,
     )
 
 
@@ -153,6 +156,8 @@ def hold_of(entry: Obj, decision: Decision, pool: str) -> Hold:
         increase=increase,
         charge=dict(decision.expected or {}),
         preview=entry.get("dryRun") is True,
+        until=str(entry.get("expires") or ""),
+        update=entry.get("update") is True,
     )
 
 
@@ -184,7 +189,8 @@ def listed_size(entry: Mapping[str, Any]) -> int:
 
 
 def same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    return all(a.get(k) == b.get(k) for k in ("application", "charge", "expected", "dryRun"))
+    keys = ("application", "charge", "expected", "dryRun", "update")
+    return all(a.get(k) == b.get(k) for k in keys)
 
 
 def quantities(values: object) -> dict[str, Decimal]:

@@ -19,7 +19,7 @@ from webhook.admission.ledger.book import Book, StateSource
 from webhook.admission.ledger.bounds import LedgerSettings
 from webhook.admission.ledger.commit import Commit, decided_replacing
 from webhook.admission.ledger.queue import Queues
-from webhook.admission.ledger.settle import Settle
+from webhook.admission.ledger.settle import Settle, explain_floors
 from webhook.admission.ledger.shares import Caps, largest_share
 from webhook.admission.ledger.status import Status
 from webhook.core.admission.decisions import Decision, Policy, decide, errored, held_dry_run
@@ -128,6 +128,7 @@ class Ledger:
             return await self._caps.admit_capped(request, policy, decision)
         if not decision.allowed and decision.reason == "exceeded":
             decision = explain_cap(decision, state)
+            decision = explain_floors(decision, state, self.settings.grace_seconds)
         if not decision.allowed or not decision.charged_pools:
             return decision
         node = state.tree.get(request.namespace)

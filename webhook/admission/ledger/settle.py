@@ -2,26 +2,52 @@
 
 An entry is held until its object is observed newer than its admission (it *settles*: every
 replica drops it from its count, and the next write drops it from the list), or until its grace
-period passes (it *expires*: the next write drops it). An entry that left the ledger still
-counts on a replica whose state has not yet seen the write that removed it (it *departed*): a
-request refused for the pool's budget first sweeps the pool's expired entries, then waits
-(bounded) until nothing departed is still counted, and is decided again. Every replica also
-periodically asks the state to confirm the kinds that still hold something back
-(:meth:`Settle.sweep`), so a release never waits for the kind's own traffic.
+period passes (it *expires*: the next write drops it). The floor an update's charge leaves
+under its application (:class:`~webhook.core.admission.pending.PendingCharges`) lasts until that
+expiry unless an observation only it explains settles it, and goes with the sweep or a
+refusal. An entry that left the ledger still counts on a replica whose state has not yet seen
+the write that removed it (it *departed*): a request refused for the pool's budget first sweeps
+the pool's expired entries, then waits (bounded) until nothing departed is still counted, and is
+decided again. Every replica also periodically asks the state to confirm the kinds that still
+hold something back (:meth:`Settle.sweep`), so a release never waits for the kind's own traffic.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import replace
 
 from webhook.admission.ledger.barrier import Barrier
 from webhook.admission.ledger.book import Book, Conflict
 from webhook.admission.ledger.entries import expired, listed
 from webhook.admission.ledger.status import Status
+from webhook.core.admission.decisions import Decision
+from webhook.core.admission.state import ReservationState
 from webhook.kube.client import ApiError
 
-__all__ = ["Settle"]
+__all__ = ["Settle", "explain_floors"]
+
+
+def explain_floors(decision: Decision, state: ReservationState, grace: float) -> Decision:
+    """Say so when what the refusing pool counts includes an application held at a size an
+    update admitted moments ago may still write back (:mod:`webhook.core.admission.floors`):
+    the room its shrink seems to free is not there yet."""
+    pool = decision.pool
+    held = sorted(
+        key for key, _ in state.pending.topups() if key[1] == pool or key[1].startswith(pool + "-")
+    )
+    if not pool or not held:
+        return decision
+    kind, namespace, name = held[0]
+    more = f" (and {len(held) - 1} more)" if len(held) > 1 else ""
+    message = (
+        f"{decision.message}; it counts {kind} {namespace}/{name}{more} at the size an update "
+        "admitted moments ago may still write back (the API server stores updates without a "
+        f"precondition), until that update is seen stored or {grace:g}s have passed: try again "
+        "shortly"
+    )
+    return replace(decision, message=message, audit={**decision.audit, "message": message})
 
 
 class Settle:
@@ -35,18 +61,23 @@ class Settle:
     def sweep(self) -> None:
         """Release what the state has caught up with, and have the state confirm the kinds
         that still hold something back (every replica, periodically)."""
-        self.barrier.confirm(self.book.current().pending.awaiting())
+        pending = self.book.current().pending
+        pending.expire_floors(self.book.now())
+        self.barrier.confirm(pending.awaiting())
 
     async def expire(self, pool: str) -> bool:
         """Drop ``pool``'s entries past their grace period and wait (bounded) until the state
         has seen every write up to their removal (and that of entries already gone from the
         ledger but still counted); whether anything may have been released."""
         book = self.book
+        now = book.now()
+        freed = book.current().pending.expire_floors(now)  # writes that can no longer land
         current = book.objects.get(pool)
         if current is None:
-            return False
-        now = book.now()
+            return freed
         if not any(expired(e, now) for e in listed(current)):
+            if freed:
+                return True
             if not book.current().pending.departed(pool):
                 return False
             return await self.wait_departed(pool)

@@ -62,6 +62,7 @@ from webhook.core.admission.resolve import (
     resolve,
     screen,
     subject_of,
+    unchanged,
 )
 from webhook.core.admission.reviews import AdmissionRequest
 from webhook.core.admission.state import AppRecord, ReservationState
@@ -90,6 +91,9 @@ __all__ = [
     "mutate",
     "skipped",
 ]
+
+
+UNPRICED_UNCHANGED = "nothing the reservation reads changed, and it cannot be priced"
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,11 @@ def decide_prepared(request: AdmissionRequest, state: ReservationState, policy: 
         return Decided(early)
     prepared = _prepare(request, state, policy)
     if isinstance(prepared, Decision):
+        if unchanged(request):
+            # A label on an object whose values no longer price (or carry a record that no
+            # longer verifies): it stores nothing the reservation reads anew, so it is let
+            # through as it stands rather than refused for what an earlier write left.
+            return Decided(skipped(UNPRICED_UNCHANGED, mode=mode, kind=request.kind))
         return Decided(_finish(request, state, mode, prepared))
     decision = _finish(request, state, mode, _check(prepared))
     return Decided(decision, None if request.kind == TENANT_KIND else prepared)

@@ -32,21 +32,33 @@ exact under concurrency:
 * **Ids are the request's.** An id seen settled is remembered while the ledger still lists it, so
   a later delete of the object does not make it count again.
 
-Only increases are held: a shrink counts when it is observed, never before. A dry run may be
-held too (an API server that ignores dry runs stores it): its hold is a *preview*, which the
-next admitted write of the same object replaces rather than adds to (see
-:mod:`webhook.admission.ledger`).
+Every admitted write of an application is held, a shrink or a label change with nothing to add
+as much as a growth, because an API server that writes without a resourceVersion precondition
+(cozystack-api) may store any update last, whatever it read: each entry's ``charge`` is what
+its object carries if it is the one stored. So the pool never counts an application below the
+*floor* its updates leave: the largest charge any of them expects, each until it is settled by
+an observation that only it can explain, or else until it expires
+(:meth:`PendingCharges.expire_floors`): an observation showing a charge two writes expect cannot
+tell which of them was stored, and the other may still land. What a pool counts for an
+application is the larger of its observed charge plus the increases still held and that floor
+(the difference is a *top-up*, counted in the application's namespace): a decrease frees room
+only once no write that could overwrite it may still land. A dry run may be held too (an API
+server that ignores dry runs stores it): its hold is a *preview*, which the next admitted write
+of the same object replaces rather than adds to (see :mod:`webhook.admission.ledger`).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
+from webhook.core.admission.floors import Floors
 from webhook.core.admission.pools import TenantTree
 from webhook.core.base import resources as rl
 from webhook.core.tenancy.applications import AppKey
+from webhook.core.tenancy.tenants import TENANT_KIND
 
 __all__ = ["Hold", "PendingCharges"]
 
@@ -65,15 +77,26 @@ class Hold:
     expires: float = 0.0
     after: int = 0  # the ledger revision that admitted it: only newer observations settle it
     preview: bool = False  # admitted for a dry run: a later write of the same object absorbs it
+    until: str = ""  # the entry's expiry as written (RFC 3339, one width): its floor lasts as long
+    update: bool = False  # an UPDATE's: stored last, it overwrites whatever came before it
 
 
 class PendingCharges:
     """The ledger entries a replica counts, by pool; every change is mirrored into the tree."""
 
-    def __init__(self, tree: TenantTree, *, shows: Callable[[Hold], bool] | None = None) -> None:
+    def __init__(
+        self,
+        tree: TenantTree,
+        *,
+        shows: Callable[[Hold], bool] | None = None,
+        observed: Callable[[AppKey], Mapping[str, Decimal]] | None = None,
+    ) -> None:
         self._tree = tree
         # Whether the state already shows a hold's object, newer than its admission.
         self._shows: Callable[[Hold], bool] = shows or (lambda _: False)
+        # Floors need what the state observes of an application; without it (charges followed
+        # alone, as in a test of the ledger's arithmetic) none are kept.
+        self._floors = Floors(tree, observed, self._held) if observed is not None else None
         self._entries: dict[str, dict[str, Hold]] = {}  # pool -> id -> entry, as listed now
         self._counted: dict[_Slot, Hold] = {}  # what is in usage: listed or departed
         self._departed: dict[_Slot, int] = {}  # slot -> revision of the version it left
@@ -102,6 +125,30 @@ class PendingCharges:
     def departed(self, pool: str) -> int:
         """How many entries that left ``pool``'s ledger are still counted."""
         return sum(1 for slot in self._departed if slot[0] == pool)
+
+    # -- floors: what an application's updates may still store (:mod:`.floors`) ------------
+
+    def floor(self, key: AppKey) -> Mapping[str, Decimal]:
+        """The largest charge an update of ``key`` that may still be stored expects."""
+        return self._floors.floor(key) if self._floors is not None else {}
+
+    def topups(self) -> list[tuple[AppKey, Mapping[str, Decimal]]]:
+        """What floors add to usage now, by application (counted in its namespace)."""
+        return self._floors.topups() if self._floors is not None else []
+
+    def expire_floors(self, now: str) -> bool:
+        """Drop the floors past their grace period by ``now``; whether room may be freed."""
+        return self._floors.expire(now) if self._floors is not None else False
+
+    def forget_floor(self, key: AppKey) -> None:
+        """The application was deleted: no update of it can be stored any more."""
+        if self._floors is not None:
+            self._floors.forget(key)
+
+    def refloor(self, key: AppKey) -> None:
+        """The state's observed charge of ``key`` changed: count its floor against it."""
+        if self._floors is not None:
+            self._floors.refloor(key)
 
     # -- following the ledger --------------------------------------------------------------
 
@@ -158,6 +205,8 @@ class PendingCharges:
             if known is not None:
                 self._uncount(slot)
             if hold_id in self._resolved or self._shows(entry):
+                if hold_id not in self._resolved:
+                    self._shown(entry)
                 self._resolved.add(hold_id)
                 continue
             self._count(slot, entry)
@@ -169,12 +218,20 @@ class PendingCharges:
 
     def settle(self, key: AppKey, charge: Mapping[str, Decimal] | None, version: int) -> None:
         """The application was observed at ``version`` with ``charge`` (``None``: deleted)."""
+        settled = []
         for slot in sorted(self._by_key.get(key, ())):
             hold = self._counted[slot]
             if version <= hold.after:
                 continue  # older than the admission: a stale copy settles nothing
             if charge is not None and dict(hold.charge) != dict(charge):
                 continue
+            settled.append(slot)
+        ids = {slot[1] for slot in settled}
+        for slot in settled:
+            hold = self._counted[slot]
+            floors = self._floors
+            if charge is not None and floors is not None and floors.alone(hold, version, len(ids)):
+                floors.drop(key, hold.id)  # its own write: it can land no more
             self._uncount(slot)
             self._departed.pop(slot, None)
             self._resolved.add(hold.id)
@@ -241,6 +298,8 @@ class PendingCharges:
         self._resolved = set(other._resolved)
         self._released = {pool: dict(counts) for pool, counts in other._released.items()}
         self._fences = dict(other._fences)
+        if self._floors is not None and other._floors is not None:
+            self._floors.carry_over(other._floors)
 
     # -- internals -------------------------------------------------------------------------
 
@@ -269,6 +328,40 @@ class PendingCharges:
         self._counted[slot] = hold
         self._by_key.setdefault(hold.key, set()).add(slot)
         self._move(slot[0], hold.increase)
+        self._raise_floor(hold)
+
+    def _raise_floor(self, hold: Hold) -> bool:
+        """Put ``hold`` under its application's floor if it is an update that could overwrite
+        a later write (:mod:`.floors`); whether it was."""
+        floors = self._floors
+        if floors is None or not hold.update or hold.key[0] == TENANT_KIND:
+            return False
+        if not self._known(hold):
+            return False  # nothing to keep it under (and an update of no object stores nothing)
+        floors.add(hold)
+        return True
+
+    def _shown(self, hold: Hold) -> None:
+        """``hold`` arrives already shown by the state: under its floor unless only its own
+        write can explain what the state shows."""
+        floors = self._floors
+        if self._raise_floor(hold) and floors is not None and floors.alone(hold, sys.maxsize, 1):
+            floors.drop(hold.key, hold.id)
+
+    def _known(self, hold: Hold) -> bool:
+        """Whether ``hold``'s application is counted here besides this update: observed, held
+        by another entry (its CREATE, not yet observed) or under a floor already."""
+        key = hold.key
+        if self._floors is not None and (key in self._floors or self._floors.observed(key)):
+            return True
+        return any(self._counted[slot].id != hold.id for slot in self._by_key.get(key, ()))
+
+    def _held(self, key: AppKey) -> Mapping[str, Decimal]:
+        """What the entries counted for ``key`` add to its pools."""
+        held: dict[str, Decimal] = {}
+        for slot in self._by_key.get(key, ()):
+            held = rl.add(held, self._counted[slot].increase)
+        return held
 
     def _uncount(self, slot: _Slot) -> None:
         hold = self._counted.pop(slot)
@@ -278,6 +371,7 @@ class PendingCharges:
             if not slots:
                 del self._by_key[hold.key]
         self._move(slot[0], rl.scale(hold.increase, Decimal(-1)))
+        self.refloor(hold.key)
 
     def _move(self, pool: str, delta: Mapping[str, Decimal]) -> None:
         figure = self._figures.setdefault(pool, {})

@@ -78,6 +78,12 @@ def check_pools(
     if counted:
         contribution = rl.add(contribution, counted)
     decision = check(request.namespace, contribution, state, known, mode_for)
+    nothing_added = decision.allowed and not decision.charged_pools and decision.pool
+    if nothing_added and known.charge and request.kind != TENANT_KIND:
+        # Held with nothing to add, at its charge: a shrink or a label may still be stored
+        # after a later write (no resourceVersion precondition behind cozystack-api), so the
+        # pool keeps counting what it would store until it is observed or expires.
+        decision = replace(decision, charged_pools={decision.pool: {}})
     refused_for_pool = decision.reason in ("exceeded", "unknown-usage")
     if factored.changed and not decision.allowed and refused_for_pool:
         # The platform changed a factor: never refused for the pool, reported overcommitted.
@@ -94,7 +100,12 @@ def quota_facts(subject: Subject, priced: Priced, factored: Factored) -> Facts:
     """What every quota decision on this write reports: the charge at its factor, the delta
     from the old charge, and the application as the state will hold it once stored."""
     request, app = subject.request, subject.app
-    old = old_charge(subject) if request.operation == "UPDATE" else {}
+    old: Mapping[str, Decimal] = {}
+    if request.operation == "UPDATE":
+        # Never less than the floor its recent updates hold: the pool counts it at least that
+        # much until they can no longer be stored (:mod:`webhook.core.admission.floors`).
+        floor = subject.state.pending.floor(app.key)
+        old = rl.maximum(old_charge(subject), floor) if floor else old_charge(subject)
     reserved = factored.at.reserved
     delta = {k: v for k, v in rl.subtract(reserved, old).items() if v != 0}
     uid = subject.uid or app.uid

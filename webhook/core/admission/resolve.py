@@ -2,8 +2,9 @@
 
 Before anything is priced, a request must name an application this webhook can decide now: an
 ``apps.cozystack.io`` object in the namespace the API server sent (:func:`screen` answers the
-requests that never reach a price: deletes, kinds switched off, label-only updates, a state not yet
-synced). :func:`resolve` then reads the application, its kind and the stored object it replaces
+requests that never reach a price: deletes, kinds switched off, a state not yet synced; a label
+update, :func:`unchanged`, goes on: stored with no precondition it may write an older size
+back). :func:`resolve` then reads the application, its kind and the stored object it replaces
 into a :class:`Subject`, of which the later stages ask what the webhook believes of the *stored*
 object, each when it needs it: its own overcommit factor (:func:`vouched_own`), the high marks of
 its volumes (:func:`old_marks`), and the old charge an UPDATE is credited (:func:`old_charge`).
@@ -52,6 +53,7 @@ __all__ = [
     "screen",
     "stored_uid",
     "subject_of",
+    "unchanged",
     "vouched_own",
     "written_alike",
 ]
@@ -74,10 +76,6 @@ def screen(request: AdmissionRequest, state: ReservationState, mode: Mode) -> De
         return finish("enforce", errored(400, "BadRequest", "bad-namespace", malformed), request)
     if mode == "off":
         return skipped(f"reservation is off for {request.kind}", mode="off", kind=request.kind)
-    if _unchanged(request):
-        # The shipped matchConditions send a label-only update of a decided object here too;
-        # nothing the reservation reads changed, so it is not refused for a pool's sake.
-        return skipped("nothing the reservation reads changed", mode=mode, kind=request.kind)
     if not state.synced:
         message = "tenant reservations: state not synced yet; try again shortly"
         return finish(mode, errored(503, "ServiceUnavailable", "not-synced", message), request)
@@ -102,10 +100,11 @@ def screen(request: AdmissionRequest, state: ReservationState, mode: Mode) -> De
     return None
 
 
-def _unchanged(request: AdmissionRequest) -> bool:
-    """An UPDATE whose spec and ``reservation.cozystack.io/`` annotations are the stored ones,
-    written alike (:func:`written_alike`): ``replicas: true`` over a stored ``1`` is evaluated
-    and refused, never stored unevaluated as an unknown that blocks its whole pool."""
+def unchanged(request: AdmissionRequest) -> bool:
+    """An UPDATE whose spec and ``reservation.cozystack.io/`` annotations are those of the old
+    object, written alike (:func:`written_alike`; ``replicas: true`` over a stored ``1`` is not).
+    Still decided and held (cozystack-api may store it over a shrink); let through as it
+    stands only when it cannot be priced."""
     if request.operation != "UPDATE" or request.object is None or request.old_object is None:
         return False
     new, old = request.object, request.old_object

@@ -115,7 +115,7 @@ class ReservationState:
         # its own (records from elsewhere are then evaluated as they stand).
         self._keys = keys if keys is not None else RecordKeys.generate()
         self.tree = TenantTree()
-        self.pending = PendingCharges(self.tree, shows=self._shows)
+        self.pending = PendingCharges(self.tree, shows=self._shows, observed=self._observed)
         self._synced = synced
         self._readiness = readiness  # a live source's own check, asked on every read
         self._unavailable = unavailable  # a live source: why one kind cannot be decided now
@@ -230,6 +230,7 @@ class ReservationState:
         if self.pending and (record is not None or budget is not None):
             observed = budget if budget is not None else record.resources if record else {}
             self.pending.settle(key, observed, app.version)
+        self.pending.refloor(key)  # a shrink counts no lower than its writes may still store
 
     def restamp(self, key: AppKey, version: int) -> bool:
         """The application at ``key`` was stored again at ``version`` with nothing the state
@@ -272,6 +273,7 @@ class ReservationState:
             self._add_discount(key[1], previous, -1)
         if self.pending:
             self.pending.settle(key, None, version)
+        self.pending.forget_floor(key)  # an update of a deleted object is never stored
         self._tenant_versions.pop(key, None)
         owned = self._owned.pop(key, None)
         if owned is not None:
@@ -516,6 +518,10 @@ class ReservationState:
         ok = believed(self.keys, app.key, digest, app.recorded, uid=app.uid)
         return app.recorded if ok else None
 
+    def _observed(self, key: AppKey) -> Mapping[str, Decimal]:
+        record = self._apps.get(key)
+        return record.resources if record is not None else {}
+
     def _shows(self, hold: Hold) -> bool:
         """Whether the state shows ``hold``'s application as admitted, newer than the admission
         (a copy that only matches the figures may predate it, and settles nothing)."""
@@ -657,6 +663,8 @@ def recount(state: ReservationState) -> dict[tuple[str, str], tuple[Decimal, Dec
         totals = own.setdefault(app_key[1], {})
         for key, value in state.platform.count_of(app_key).items():
             totals[key] = totals.get(key, Decimal(0)) + value
+    for app_key, topup in state.pending.topups():
+        own[app_key[1]] = rl.add(own.get(app_key[1], {}), topup)
     for node in state.tree.nodes():
         remote = state.pending.remote(node.namespace)
         if remote:

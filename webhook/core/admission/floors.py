@@ -1,0 +1,156 @@
+"""Floors: what an application's admitted updates may still store, counted until they cannot.
+
+cozystack-api writes an update without a resourceVersion precondition, so an admitted update is
+stored last whatever it read: a ``kubectl label`` that read a VM before a shrink writes the old
+size back after it. A pool therefore counts an application at no less than its *floor*, the
+largest charge any of its held updates expects, each until an observation only it can explain
+settles it (the object shown newer than its admission, at its charge, and no other held update
+of it expecting that charge), or else until its grace period ends, when it has been stored or
+never will be: an observation showing a charge two updates expect cannot tell which of them was
+stored, and the other may still land. What is counted is ``max(observed + held increases,
+floor)`` per resource; the difference, the *top-up*, goes into the application's namespace, so
+it reaches every pool above it as the observed charge does. A CREATE leaves no floor (a create
+of a stored name fails), a delete ends it (an update of a deleted object fails), and a Tenant
+keeps none (its charge is its quota, counted as ``max(quota, usage)``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from decimal import Decimal
+from typing import TYPE_CHECKING
+
+from webhook.core.admission.pools import TenantTree
+from webhook.core.base import resources as rl
+from webhook.core.tenancy.applications import AppKey
+
+if TYPE_CHECKING:  # the entries' type, defined with the pending charges that hold them
+    from webhook.core.admission.pending import Hold
+
+__all__ = ["Floors"]
+
+# Updates of one application kept apart before they are folded into one figure (a tenant
+# writing one object in bursts keeps at most this many; folded, each is held longer, never less).
+_PER_APPLICATION = 64
+_FOLDED = "(folded)"
+
+
+class Floors:
+    """The updates under each application's floor, and the top-ups they put into the tree."""
+
+    def __init__(
+        self,
+        tree: TenantTree,
+        observed: Callable[[AppKey], Mapping[str, Decimal]],
+        held: Callable[[AppKey], Mapping[str, Decimal]],
+    ) -> None:
+        self._tree = tree
+        self._observed = observed  # what the state counts for the application as stored
+        self._held = held  # the increases its counted entries add
+        self._updates: dict[AppKey, dict[str, Hold]] = {}  # key -> id -> update
+        self._topups: dict[AppKey, dict[str, Decimal]] = {}  # in usage, at the key's namespace
+
+    def __contains__(self, key: AppKey) -> bool:
+        return key in self._updates
+
+    def observed(self, key: AppKey) -> bool:
+        """Whether the state counts the application as stored."""
+        return bool(self._observed(key))
+
+    def floor(self, key: AppKey) -> Mapping[str, Decimal]:
+        """The largest charge any update of ``key`` still under its floor expects: the pool
+        counts the application at least this much (an UPDATE may be credited it)."""
+        floor: dict[str, Decimal] = {}
+        for hold in self._updates.get(key, {}).values():
+            floor = rl.maximum(floor, hold.charge)
+        return floor
+
+    def topups(self) -> list[tuple[AppKey, Mapping[str, Decimal]]]:
+        """What floors add to usage now, by application (counted in its namespace)."""
+        return list(self._topups.items())
+
+    def add(self, hold: Hold) -> None:
+        """Keep ``hold``'s charge under its application, counted or not."""
+        holds = self._updates.setdefault(hold.key, {})
+        holds[hold.id] = hold
+        if len(holds) > _PER_APPLICATION:
+            folded = dataclasses.replace(hold, id=_FOLDED, after=0, increase={}, charge={})
+            for each in holds.values():
+                folded = dataclasses.replace(
+                    folded,
+                    charge=rl.maximum(folded.charge, each.charge),
+                    until=max(folded.until, each.until),
+                )
+            self._updates[hold.key] = {_FOLDED: folded}
+        self.refloor(hold.key)
+
+    def alone(self, hold: Hold, version: int, matching: int) -> bool:
+        """Whether an observation of ``hold``'s application at ``version`` showing its charge
+        can only be ``hold``'s write: ``matching`` counted entries expect it, and no other
+        update under the floor, admitted before that version, does."""
+        if matching != 1:
+            return False
+        return not any(
+            other.id != hold.id and other.after < version and other.charge == hold.charge
+            for other in self._updates.get(hold.key, {}).values()
+        )
+
+    def drop(self, key: AppKey, hold_id: str) -> None:
+        """``hold_id``'s write was observed: it can land no more."""
+        holds = self._updates.get(key)
+        if holds is not None and holds.pop(hold_id, None) is not None:
+            if not holds:
+                del self._updates[key]
+            self.refloor(key)
+
+    def forget(self, key: AppKey) -> None:
+        """The application was deleted: no update of it can be stored any more."""
+        if self._updates.pop(key, None) is not None:
+            self.refloor(key)
+
+    def expire(self, now: str) -> bool:
+        """Drop the updates whose grace period has passed by ``now`` (as entries' expiries are
+        written): each has been stored or never will be. Whether room may have been freed."""
+        freed = False
+        for key, holds in list(self._updates.items()):
+            gone = [hold_id for hold_id, hold in holds.items() if _past(hold.until, now)]
+            if not gone:
+                continue
+            for hold_id in gone:
+                del holds[hold_id]
+            if not holds:
+                del self._updates[key]
+            freed = self.refloor(key) or freed
+        return freed
+
+    def carry_over(self, other: Floors) -> None:
+        """Continue ``other`` (a state rebuilt for a new platform keeps what may be stored)."""
+        for key, holds in other._updates.items():
+            self._updates.setdefault(key, {}).update(holds)
+            self.refloor(key)
+
+    def refloor(self, key: AppKey) -> bool:
+        """Count ``key`` at ``max(observed + held increases, floor)``, per resource: put the
+        difference (the top-up) into its namespace's usage. Whether the top-up went down."""
+        before = self._topups.get(key, {})
+        after: dict[str, Decimal] = {}
+        if key in self._updates:
+            observed, held = self._observed(key), self._held(key)
+            for resource, value in self.floor(key).items():
+                gap = value - observed.get(resource, Decimal(0)) - held.get(resource, Decimal(0))
+                if gap > 0:
+                    after[resource] = gap
+        if after == before:
+            return False
+        if after:
+            self._topups[key] = after
+        else:
+            self._topups.pop(key, None)
+        self._tree.add_usage(key[1], rl.subtract(after, before))
+        return any(after.get(k, Decimal(0)) < v for k, v in before.items())
+
+
+def _past(until: str, now: str) -> bool:
+    """Whether an expiry written as ``until`` is past ``now`` (a malformed one is)."""
+    return len(until) != len(now) or until <= now
