@@ -1,0 +1,219 @@
+"""Fair admission on the event loop: each review waits its turn by tenant before costly work.
+
+A review's body is read (reading costs little CPU and holds no seat, so a slow body delays only
+itself), then its tenant and size are read without decoding it (:func:`peek`), and it waits in
+its tenant's flow of :class:`~webhook.core.admission.fair_queue.FairQueue` for the one seat:
+decoding, parsing and deciding happen only once seated. The seat is given back as soon as the
+decision first waits on something (the ledger's write, a key re-read), so a decision waiting
+on I/O never holds the loop from others; the CPU the decision took, measured around each of
+its steps with :func:`time.thread_time` (another task's steps are not counted), is charged to
+its flow when it ends.
+
+A flow holding its queue length of waiting requests, or a request that waited longer than the
+wait limit (a quarter of the webhook's timeout, as APF waits at most a quarter of the request
+timeout), is denied with code 429, the reason and when to retry: a denial, never an allow, and
+only that flow's. Each refusal is logged (rate-limited) and counted under its tenant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Callable, Coroutine, Generator
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
+
+from webhook.core.admission.fair_queue import (
+    DEFAULT_FAIR_LIMITS,
+    FairLimits,
+    FairQueue,
+    Ticket,
+    estimate_seconds,
+    flow_of,
+)
+
+__all__ = ["PEEK_BYTES", "FairAdmission", "Peeked", "Throttled", "peek"]
+
+T = TypeVar("T")
+
+# How far into a body its request's uid and namespace are looked for. The API server writes the
+# AdmissionRequest's fields in its struct's order: uid, kind, resource, requestKind,
+# requestResource, name (at most 253 characters), namespace, then userInfo and the objects; so
+# both are in the first kilobyte of every review it sends, before anything a tenant wrote.
+PEEK_BYTES: Final = 4096
+# A key, not text inside a string: a quote inside a JSON string is always escaped, so an
+# unescaped ``"namespace"`` followed by ``:`` is a key of the document.
+_NAMESPACE: Final = re.compile(rb'"namespace"\s*:\s*"([^"\\]{0,253})"')
+_UID: Final = re.compile(rb'"uid"\s*:\s*"([^"\\]{1,128})"')
+
+
+@dataclass(frozen=True, slots=True)
+class Peeked:
+    """What the first bytes of a body say before it is decoded: its flow and its uid."""
+
+    flow: str
+    uid: str
+
+
+def peek(raw: bytes) -> Peeked:
+    """The flow and uid of a review from its first :data:`PEEK_BYTES` bytes, by a bounded
+    scan; a namespace not found there queues the review in a flow of its own kind
+    (``(unread)``), never in another tenant's."""
+    head = raw[:PEEK_BYTES]
+    namespace = _NAMESPACE.search(head)
+    uid = _UID.search(head)
+    flow = flow_of(namespace.group(1).decode("ascii", "replace")) if namespace else "(unread)"
+    return Peeked(flow, uid.group(1).decode("ascii", "replace") if uid else "")
+
+
+class Throttled(Exception):
+    """The review was refused its turn: its flow's queue is full, or it waited too long."""
+
+    def __init__(self, flow: str, reason: str, retry_after: int, message: str) -> None:
+        super().__init__(message)
+        self.flow = flow
+        self.reason = reason  # queue-full | wait
+        self.retry_after = retry_after
+        self.message = message
+
+
+class FairAdmission:
+    """Runs each review's costly work in fair order by flow, one seat at a time."""
+
+    def __init__(
+        self,
+        *,
+        wait_seconds: float,
+        limits: FairLimits = DEFAULT_FAIR_LIMITS,
+        clock: Callable[[], float] = time.monotonic,
+        cpu: Callable[[], float] = time.thread_time,
+    ) -> None:
+        self.queue = FairQueue(limits)
+        self.wait_seconds = wait_seconds
+        self._clock = clock
+        self._cpu = cpu
+        self._seated: dict[Ticket, asyncio.Future[None]] = {}
+        # Called after each review with (flow, waited seconds, CPU seconds) and on each
+        # refusal with (flow, reason): the metrics and the log, set by the application.
+        self.on_done: Callable[[str, float, float], None] | None = None
+        self.on_refused: Callable[[Throttled], None] | None = None
+
+    async def run(self, flow: str, size: int, work: Coroutine[Any, Any, T]) -> tuple[T, float]:
+        """Run ``work`` once its flow's turn comes; returns its result and how long it waited.
+        Raises :class:`Throttled` (``work`` is then closed, never run) when the flow is past
+        its queue length or the wait limit."""
+        started = self._clock()
+        ticket = self.queue.arrive(flow, estimate_seconds(size), started)
+        if ticket is None:
+            work.close()
+            raise self._refuse(
+                flow,
+                "queue-full",
+                f"tenant reservations: too many requests from {flow} are waiting "
+                f"({self.queue.limits.queue_length}); denied to keep other tenants' "
+                "decisions on time",
+            )
+        try:
+            await self._seat(ticket)
+        except BaseException:
+            work.close()
+            raise
+        waited = self._clock() - started
+        metered = _Metered(work, self._cpu, on_suspend=lambda: self._free(ticket))
+        try:
+            result = await metered
+        finally:
+            self.queue.charge(ticket, metered.cpu)
+            self._dispatch()
+            if self.on_done is not None:
+                self.on_done(flow, waited, metered.cpu)
+        return result, waited
+
+    async def _seat(self, ticket: Ticket) -> None:
+        self._dispatch()
+        if ticket.state == "seated":
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._seated[ticket] = future
+        try:
+            async with asyncio.timeout(self.wait_seconds):
+                await future
+        except TimeoutError:
+            if self.queue.withdraw(ticket):
+                raise self._refuse(
+                    ticket.flow,
+                    "wait",
+                    f"tenant reservations: requests from {ticket.flow} waited over "
+                    f"{self.wait_seconds:g}s for their turn; denied to keep other tenants' "
+                    "decisions on time",
+                ) from None
+            # dispatched just as the wait ran out: it runs
+        except BaseException:  # cancelled (the client left): give the turn back
+            if not self.queue.withdraw(ticket):
+                self._free(ticket)
+                self._dispatch()
+            raise
+        finally:
+            self._seated.pop(ticket, None)
+
+    def _free(self, ticket: Ticket) -> None:
+        self.queue.release(ticket)
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        while (ticket := self.queue.dispatch()) is not None:
+            future = self._seated.get(ticket)
+            if future is not None and not future.done():
+                future.set_result(None)
+
+    def _refuse(self, flow: str, reason: str, message: str) -> Throttled:
+        retry = self.queue.retry_after(flow)
+        refusal = Throttled(flow, reason, retry, f"{message}; try again in {retry}s")
+        if self.on_refused is not None:
+            self.on_refused(refusal)
+        return refusal
+
+
+class _Metered:
+    """Awaits a coroutine, adding the CPU of each of its own steps to :attr:`cpu`, and calls
+    ``on_suspend`` the first time it waits on something."""
+
+    def __init__(
+        self,
+        coro: Coroutine[Any, Any, Any],
+        cpu: Callable[[], float],
+        *,
+        on_suspend: Callable[[], None],
+    ) -> None:
+        self._coro = coro
+        self._clock = cpu
+        self._on_suspend: Callable[[], None] | None = on_suspend
+        self.cpu = 0.0
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        step = self._coro.__await__()
+        sent: Any = None
+        thrown: BaseException | None = None
+        while True:
+            begun = self._clock()
+            try:
+                if thrown is not None:
+                    yielded = step.throw(thrown)
+                else:
+                    yielded = step.send(sent)
+            except StopIteration as stop:
+                self.cpu += self._clock() - begun
+                return stop.value
+            except BaseException:
+                self.cpu += self._clock() - begun
+                raise
+            self.cpu += self._clock() - begun
+            if self._on_suspend is not None:
+                suspended, self._on_suspend = self._on_suspend, None
+                suspended()
+            thrown = None
+            try:
+                sent = yield yielded
+            except BaseException as exc:
+                thrown = exc
