@@ -46,6 +46,10 @@ PEEK_BYTES: Final = 4096
 # unescaped ``"namespace"`` followed by ``:`` is a key of the document.
 _NAMESPACE: Final = re.compile(rb'"namespace"\s*:\s*"([^"\\]{0,253})"')
 _UID: Final = re.compile(rb'"uid"\s*:\s*"([^"\\]{1,128})"')
+# Loop rounds between a decision's end and the next dispatch: a review whose bytes came while
+# the last decision ran needs about five to reach the queue (the socket read and TLS record,
+# aiohttp's connection task waking, its request task starting, the body taken, the peek).
+_ARRIVAL_ROUNDS: Final = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +98,12 @@ class FairAdmission:
         self._clock = clock
         self._cpu = cpu
         self._seated: dict[Ticket, asyncio.Future[None]] = {}
+        # Whether a decision was seated since the loop last polled its sockets. Reviews whose
+        # bodies completed together are all ready in one round of the loop: the first is
+        # decided at once, the others queue, so that the order among them (and any review
+        # arriving meanwhile) is the fair one, not the order the loop happened to wake them.
+        self._ran_this_round = False
+        self._dispatching = False  # a dispatch is scheduled a few rounds ahead
         # Called after each review with (flow, waited seconds, CPU seconds) and on each
         # refusal with (flow, reason): the metrics and the log, set by the application.
         self.on_done: Callable[[str, float, float], None] | None = None
@@ -125,15 +135,17 @@ class FairAdmission:
             result = await metered
         finally:
             self.queue.charge(ticket, metered.cpu)
-            self._dispatch()
+            self._dispatch_soon()
             if self.on_done is not None:
                 self.on_done(flow, waited, metered.cpu)
         return result, waited
 
     async def _seat(self, ticket: Ticket) -> None:
-        self._dispatch()
-        if ticket.state == "seated":
-            return
+        if not self._ran_this_round and self.queue.waiting == 1:  # only this one waits
+            self._dispatch()
+            if ticket.state == "seated":
+                return
+        self._dispatch_soon()
         future = asyncio.get_running_loop().create_future()
         self._seated[ticket] = future
         try:
@@ -161,11 +173,32 @@ class FairAdmission:
         self.queue.release(ticket)
         self._dispatch()
 
+    def _dispatch_soon(self, rounds: int = 0) -> None:
+        """Dispatch once the loop has polled its sockets a few times: a review that arrived
+        while the last decision ran (its bytes read, its handler started, its body taken)
+        takes a few rounds to reach the queue, and would otherwise find the next of another
+        tenant's many already seated. A round with nothing to do costs microseconds."""
+        if rounds == 0:
+            if self._dispatching or not self.queue.waiting:
+                return  # one chain of rounds at a time; it dispatches whoever waits by then
+            self._dispatching = True
+        if rounds < _ARRIVAL_ROUNDS:
+            asyncio.get_running_loop().call_soon(self._dispatch_soon, rounds + 1)
+            return
+        self._dispatching = False
+        self._dispatch()
+
     def _dispatch(self) -> None:
         while (ticket := self.queue.dispatch()) is not None:
+            if not self._ran_this_round:
+                self._ran_this_round = True
+                asyncio.get_running_loop().call_soon(self._new_round)
             future = self._seated.get(ticket)
             if future is not None and not future.done():
                 future.set_result(None)
+
+    def _new_round(self) -> None:
+        self._ran_this_round = False
 
     def _refuse(self, flow: str, reason: str, message: str) -> Throttled:
         retry = self.queue.retry_after(flow)

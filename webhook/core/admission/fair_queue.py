@@ -7,8 +7,8 @@ kube-apiserver's API Priority and Fairness does per flow (KEP-1040, ``util/flowc
 request actually took, no banked credit), each request is queued in its **flow**, the tenant
 subtree it writes in (:func:`flow_of`), and the next request dispatched is the head of the
 flow whose virtual start is least. A flow's virtual start advances by the estimated cost of
-each request it sends (seconds of CPU, from the body's size) and is corrected by the CPU the
-decision really took; a flow idle for a while starts again at the current virtual time, never
+each request it sends (seconds of CPU, from the body's size) and by whatever more the decision
+really took (an estimate above it is not refunded); a flow idle for a while starts again at the current virtual time, never
 below it, so idleness banks nothing. A tenant with one cheap request waiting is therefore served
 before the next of another tenant's many, and no backlogged flow waits behind more than one
 request of each other flow.
@@ -50,6 +50,7 @@ _NAMESPACE: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 # order of requests not yet measured depends on it: each is corrected by what it really took.
 BASE_SECONDS: Final = 0.0003
 SECONDS_PER_BYTE: Final = 90e-9
+_LEAST: Final = 1e-6  # every request advances its flow: a free one would tie with newcomers
 
 
 def estimate_seconds(body_bytes: int) -> float:
@@ -131,7 +132,7 @@ class FairQueue:
             state.start = max(state.start, self.virtual_time)  # no banked credit
             self._backlogged[flow] = state
         self._seq += 1
-        ticket = Ticket(flow, max(estimate, 0.0), now, self._seq)
+        ticket = Ticket(flow, max(estimate, _LEAST), now, self._seq)
         state.waiting.append(ticket)
         self.waiting += 1
         return ticket
@@ -166,13 +167,15 @@ class FairQueue:
             state.seated -= 1
 
     def charge(self, ticket: Ticket, spent: float) -> None:
-        """Correct the flow's virtual time by what the request took beyond its estimate (or
-        below it): the next requests of a flow whose decisions cost more start later."""
+        """Charge the flow what the request took beyond its estimate: the next requests of a
+        flow whose decisions cost more start later. An estimate above what was spent is not
+        refunded, so no flow banks credit: every waiting flow's virtual start stays at or
+        above the virtual time, which is what keeps a newcomer ahead of others' second."""
         self.release(ticket)
         state = self._flows.get(ticket.flow)
         if state is None:
             return
-        state.start += max(spent, 0.0) - ticket.estimate
+        state.start += max(spent - ticket.estimate, 0.0)
         self._forget_if_even(ticket.flow, state)
 
     def withdraw(self, ticket: Ticket) -> bool:
