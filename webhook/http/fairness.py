@@ -231,10 +231,7 @@ class _Metered:
         while True:
             begun = self._clock()
             try:
-                if thrown is not None:
-                    yielded = step.throw(thrown)
-                else:
-                    yielded = step.send(sent)
+                yielded = step.throw(thrown) if thrown is not None else step.send(sent)
             except StopIteration as stop:
                 self.cpu += self._clock() - begun
                 return stop.value

@@ -245,7 +245,7 @@ class Metrics:
         )
         self.tenant_cpu = Counter(
             "reservation_fair_cpu_seconds",
-            "CPU the event loop spent deciding each tenant's reviews, as the fair queue charges it.",
+            "CPU the event loop spent deciding each tenant's reviews (what the queue charges).",
             ["tenant"],
             registry=self.registry,
         )

@@ -104,10 +104,13 @@ def test_a_withdrawn_ticket_is_never_dispatched() -> None:
     seated = queue.arrive("tenant-a", 0.01, now=0.0)
     assert queue.dispatch() is seated
     waiting = queue.arrive("tenant-b", 0.01, now=0.0)
-    assert waiting is not None and queue.withdraw(waiting)
-    assert seated is not None and not queue.withdraw(seated)  # it runs: nothing to take back
+    assert waiting is not None
+    assert queue.withdraw(waiting)
+    assert seated is not None
+    assert not queue.withdraw(seated)
     queue.charge(seated, 0.01)
-    assert queue.dispatch() is None and queue.waiting == 0
+    assert queue.dispatch() is None
+    assert queue.waiting == 0
 
 
 def test_a_seat_given_back_before_the_charge_lets_the_next_run() -> None:
@@ -196,7 +199,8 @@ def test_idle_flows_remembered_stay_bounded(bound: int, flows: int) -> None:
     queue = FairQueue(FairLimits(remembered_flows=bound))
     for index in range(flows):
         ticket = queue.arrive(f"tenant-t{index}", 0.01, now=0.0)
-        assert ticket is not None and queue.dispatch() is ticket
+        assert ticket is not None
+        assert queue.dispatch() is ticket
         queue.charge(ticket, 0.5)  # each leaves owing
     assert len(queue._flows) <= bound
 

@@ -8,10 +8,10 @@ request actually took, no banked credit), each request is queued in its **flow**
 subtree it writes in (:func:`flow_of`), and the next request dispatched is the head of the
 flow whose virtual start is least. A flow's virtual start advances by the estimated cost of
 each request it sends (seconds of CPU, from the body's size) and by whatever more the decision
-really took (an estimate above it is not refunded); a flow idle for a while starts again at the current virtual time, never
-below it, so idleness banks nothing. A tenant with one cheap request waiting is therefore served
-before the next of another tenant's many, and no backlogged flow waits behind more than one
-request of each other flow.
+really took (an estimate above it is not refunded); a flow idle for a while starts again at the
+current virtual time, never below it, so idleness banks nothing. A tenant with one cheap
+request waiting is therefore served before the next of another tenant's many, and no
+backlogged flow waits behind more than one request of each other flow.
 
 A flow holding ``queue_length`` waiting requests is refused its next one (the others are
 untouched); the wait limit is the adapter's timer, which withdraws a ticket that waited too
