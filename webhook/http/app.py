@@ -236,9 +236,10 @@ async def _decided(
     queued: float,
 ) -> tuple[AdmissionRequest, Decision]:
     """The costly part, run in the flow's turn: decode, parse and decide (fail closed)."""
-    values = json_values_at_most(raw)
-    if values > MAX_REVIEW_VALUES:
-        raise _Oversized(values)
+    if len(raw) > MAX_REVIEW_VALUES:  # a shorter body cannot hold more values than bytes
+        values = json_values_at_most(raw)
+        if values > MAX_REVIEW_VALUES:
+            raise _Oversized(values)
     review = _parse_review(raw)
     try:  # the time waited for the turn is the decision's too (at most a quarter of it)
         async with asyncio.timeout(max(deadline - (time.monotonic() - queued), 0.1)):

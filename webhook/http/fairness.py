@@ -18,11 +18,10 @@ only that flow's. Each refusal is logged (rate-limited) and counted under its te
 from __future__ import annotations
 
 import asyncio
-import re
+import functools
 import time
 from collections.abc import Callable, Coroutine, Generator
-from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import Any, Final, NamedTuple, TypeVar
 
 from webhook.core.admission.fair_queue import (
     DEFAULT_FAIR_LIMITS,
@@ -44,16 +43,18 @@ T = TypeVar("T")
 PEEK_BYTES: Final = 4096
 # A key, not text inside a string: a quote inside a JSON string is always escaped, so an
 # unescaped ``"namespace"`` followed by ``:`` is a key of the document.
-_NAMESPACE: Final = re.compile(rb'"namespace"\s*:\s*"([^"\\]{0,253})"')
-_UID: Final = re.compile(rb'"uid"\s*:\s*"([^"\\]{1,128})"')
+_NAMESPACE_KEY: Final = b'"namespace"'
+_UID_KEY: Final = b'"uid"'
+_SPACE: Final = b" \t\r\n"
 # Loop rounds between a decision's end and the next dispatch: a review whose bytes came while
 # the last decision ran needs about five to reach the queue (the socket read and TLS record,
 # aiohttp's connection task waking, its request task starting, the body taken, the peek).
 _ARRIVAL_ROUNDS: Final = 8
+# A decision past this much CPU held the loop long enough for others to have arrived unseen.
+_COSTLY_SECONDS: Final = 0.002
 
 
-@dataclass(frozen=True, slots=True)
-class Peeked:
+class Peeked(NamedTuple):
     """What the first bytes of a body say before it is decoded: its flow and its uid."""
 
     flow: str
@@ -64,11 +65,38 @@ def peek(raw: bytes) -> Peeked:
     """The flow and uid of a review from its first :data:`PEEK_BYTES` bytes, by a bounded
     scan; a namespace not found there queues the review in a flow of its own kind
     (``(unread)``), never in another tenant's."""
-    head = raw[:PEEK_BYTES]
-    namespace = _NAMESPACE.search(head)
-    uid = _UID.search(head)
-    flow = flow_of(namespace.group(1).decode("ascii", "replace")) if namespace else "(unread)"
-    return Peeked(flow, uid.group(1).decode("ascii", "replace") if uid else "")
+    namespace = _string_of(raw, _NAMESPACE_KEY, 253)
+    uid = _string_of(raw, _UID_KEY, 128)
+    return Peeked(_flow(namespace) if namespace is not None else "(unread)", uid or "")
+
+
+@functools.lru_cache(maxsize=4096)  # namespaces are the cluster's: a few, asked every time
+def _flow(namespace: str) -> str:
+    return flow_of(namespace)
+
+
+def _string_of(raw: bytes, key: bytes, longest: int) -> str | None:
+    """The string value of the first ``key`` in the first :data:`PEEK_BYTES` of ``raw`` (a
+    JSON key: followed by ``:``), if it has one without escapes of at most ``longest``
+    characters; found with ``bytes.find``, nothing copied but the value."""
+    limit = min(len(raw), PEEK_BYTES)
+    start = raw.find(key, 0, limit)
+    while start >= 0:
+        at = start + len(key)
+        while at < limit and raw[at] in _SPACE:
+            at += 1
+        if at < limit and raw[at] == 0x3A:  # ":": a key
+            at += 1
+            while at < limit and raw[at] in _SPACE:
+                at += 1
+            if at >= limit or raw[at] != 0x22:  # not a string
+                return None
+            end = raw.find(b'"', at + 1, min(at + 2 + longest, limit))
+            if end < 0 or raw.find(b"\\", at + 1, end) >= 0:
+                return None
+            return raw[at + 1 : end].decode("ascii", "replace")
+        start = raw.find(key, at, limit)
+    return None
 
 
 class Throttled(Exception):
@@ -98,12 +126,11 @@ class FairAdmission:
         self._clock = clock
         self._cpu = cpu
         self._seated: dict[Ticket, asyncio.Future[None]] = {}
-        # Whether a decision was seated since the loop last polled its sockets. Reviews whose
-        # bodies completed together are all ready in one round of the loop: the first is
-        # decided at once, the others queue, so that the order among them (and any review
-        # arriving meanwhile) is the fair one, not the order the loop happened to wake them.
-        self._ran_this_round = False
-        self._dispatching = False  # a dispatch is scheduled a few rounds ahead
+        # A dispatch is scheduled a few rounds ahead (after a costly decision): until then
+        # every review queues, so that the order among those whose bodies completed together
+        # (all ready in one round of the loop) and any arriving meanwhile is the fair one, not
+        # the order the loop happened to wake them in.
+        self._dispatching = False
         # Called after each review with (flow, waited seconds, CPU seconds) and on each
         # refusal with (flow, reason): the metrics and the log, set by the application.
         self.on_done: Callable[[str, float, float], None] | None = None
@@ -135,17 +162,19 @@ class FairAdmission:
             result = await metered
         finally:
             self.queue.charge(ticket, metered.cpu)
-            self._dispatch_soon()
+            if metered.cpu >= _COSTLY_SECONDS:
+                self._dispatch_soon()
+            elif not self._dispatching:
+                self._dispatch()
             if self.on_done is not None:
                 self.on_done(flow, waited, metered.cpu)
         return result, waited
 
     async def _seat(self, ticket: Ticket) -> None:
-        if not self._ran_this_round and self.queue.waiting == 1:  # only this one waits
+        if not self._dispatching:
             self._dispatch()
             if ticket.state == "seated":
                 return
-        self._dispatch_soon()
         future = asyncio.get_running_loop().create_future()
         self._seated[ticket] = future
         try:
@@ -174,12 +203,15 @@ class FairAdmission:
         self._dispatch()
 
     def _dispatch_soon(self, rounds: int = 0) -> None:
-        """Dispatch once the loop has polled its sockets a few times: a review that arrived
-        while the last decision ran (its bytes read, its handler started, its body taken)
-        takes a few rounds to reach the queue, and would otherwise find the next of another
-        tenant's many already seated. A round with nothing to do costs microseconds."""
+        """After a costly decision, dispatch once the loop has polled its sockets a few times:
+        a review that arrived while it ran (its bytes read, its handler started, its body
+        taken) takes a few rounds to reach the queue, and would otherwise find the next of
+        another tenant's many already seated; so would the reviews whose bodies completed in
+        the same round as the one just decided. Until then nobody takes the seat directly.
+        A round with nothing to do costs microseconds; after a cheap decision the next is
+        dispatched at once."""
         if rounds == 0:
-            if self._dispatching or not self.queue.waiting:
+            if self._dispatching:
                 return  # one chain of rounds at a time; it dispatches whoever waits by then
             self._dispatching = True
         if rounds < _ARRIVAL_ROUNDS:
@@ -190,15 +222,9 @@ class FairAdmission:
 
     def _dispatch(self) -> None:
         while (ticket := self.queue.dispatch()) is not None:
-            if not self._ran_this_round:
-                self._ran_this_round = True
-                asyncio.get_running_loop().call_soon(self._new_round)
             future = self._seated.get(ticket)
             if future is not None and not future.done():
                 future.set_result(None)
-
-    def _new_round(self) -> None:
-        self._ran_this_round = False
 
     def _refuse(self, flow: str, reason: str, message: str) -> Throttled:
         retry = self.queue.retry_after(flow)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,11 +23,12 @@ FLOWS = ("tenant-a", "tenant-b", "tenant-c", "tenant-d")
 requests = st.tuples(
     st.sampled_from(FLOWS), st.integers(min_value=0, max_value=200), st.integers(0, 400)
 )
+Step = tuple[str, int, int] | Literal["dispatch"]
 # A history: arrivals, and dispatches (each charged at once) interleaved.
 histories = st.lists(st.one_of(requests, st.just("dispatch")), max_size=60)
 
 
-def run(queue: FairQueue, history: list[object], spent: dict[Ticket, float]) -> list[Ticket]:
+def run(queue: FairQueue, history: list[Step], spent: dict[Ticket, float]) -> list[Ticket]:
     """Play a history; returns the tickets in the order they were dispatched."""
     order = []
     for step in history:
@@ -35,11 +38,17 @@ def run(queue: FairQueue, history: list[object], spent: dict[Ticket, float]) -> 
                 order.append(ticket)
                 queue.charge(ticket, spent[ticket])
         else:
-            flow, estimate, took = step  # type: ignore[misc]
+            flow, estimate, took = step
             ticket = queue.arrive(flow, estimate / 1000, now=0.0)
             if ticket is not None:
                 spent[ticket] = took / 1000
     return order
+
+
+def seated(queue: FairQueue) -> Ticket:
+    ticket = queue.dispatch()
+    assert ticket is not None
+    return ticket
 
 
 def drain(queue: FairQueue, spent: dict[Ticket, float]) -> list[Ticket]:
@@ -74,7 +83,7 @@ def test_a_larger_body_is_expected_to_cost_more() -> None:
 def test_a_newcomer_goes_before_the_second_of_a_flow_with_many_waiting() -> None:
     queue = FairQueue()
     heavy = [queue.arrive("tenant-acme", 0.065, now=0.0) for _ in range(12)]
-    first = queue.dispatch()
+    first = seated(queue)
     assert first is heavy[0]
     victim = queue.arrive("tenant-beta", 0.0003, now=0.0)
     queue.charge(first, 0.065)
@@ -85,7 +94,7 @@ def test_a_flow_charged_more_than_estimated_starts_later() -> None:
     queue = FairQueue()
     a1, a2 = (queue.arrive("tenant-a", 0.001, now=0.0) for _ in range(2))
     b1, b2 = (queue.arrive("tenant-b", 0.001, now=0.0) for _ in range(2))
-    ticket = queue.dispatch()
+    ticket = seated(queue)
     assert ticket is a1
     queue.charge(ticket, 0.010)  # took ten times its estimate
     assert drain(queue, {}) == [b1, b2, a2]
@@ -128,7 +137,7 @@ def test_a_seat_given_back_before_the_charge_lets_the_next_run() -> None:
 @settings(max_examples=300, deadline=None)
 @given(histories, st.sampled_from(FLOWS), st.integers(0, 5))
 def test_a_flow_with_one_request_waiting_goes_before_any_other_flows_second(
-    history: list[object], newcomer: str, estimate_ms: int
+    history: list[Step], newcomer: str, estimate_ms: int
 ) -> None:
     queue = FairQueue(FairLimits(queue_length=1000))
     spent: dict[Ticket, float] = {}
@@ -137,6 +146,7 @@ def test_a_flow_with_one_request_waiting_goes_before_any_other_flows_second(
         return  # the property is about a flow owing nothing, waiting for nothing
     waiting_before = {flow: queue.waiting_in(flow) for flow in FLOWS}
     mine = queue.arrive(newcomer, estimate_ms / 1000, now=0.0)
+    assert mine is not None
     order = drain(queue, spent)
     before_mine = order[: order.index(mine)]
     for flow in FLOWS:
@@ -146,7 +156,7 @@ def test_a_flow_with_one_request_waiting_goes_before_any_other_flows_second(
 
 @settings(max_examples=300, deadline=None)
 @given(histories)
-def test_no_flow_starves_and_each_flow_is_served_in_order(history: list[object]) -> None:
+def test_no_flow_starves_and_each_flow_is_served_in_order(history: list[Step]) -> None:
     queue = FairQueue(FairLimits(queue_length=1000))
     spent: dict[Ticket, float] = {}
     order = run(queue, history, spent)
@@ -177,7 +187,7 @@ def test_flows_of_equal_requests_take_turns(arrivals: list[str], length: int) ->
 
 @settings(max_examples=200, deadline=None)
 @given(histories, st.integers(1, 5))
-def test_the_queue_length_refuses_only_the_flow_past_it(history: list[object], length: int) -> None:
+def test_the_queue_length_refuses_only_the_flow_past_it(history: list[Step], length: int) -> None:
     queue = FairQueue(FairLimits(queue_length=length))
     for step in history:
         if step == "dispatch":
@@ -185,7 +195,7 @@ def test_the_queue_length_refuses_only_the_flow_past_it(history: list[object], l
             if ticket is not None:
                 queue.charge(ticket, 0.0)
             continue
-        flow, estimate, _ = step  # type: ignore[misc]
+        flow, estimate, _ = step
         full = queue.waiting_in(flow) >= length
         others = {f: queue.waiting_in(f) for f in FLOWS if f != flow}
         ticket = queue.arrive(flow, estimate / 1000, now=0.0)
@@ -207,9 +217,8 @@ def test_idle_flows_remembered_stay_bounded(bound: int, flows: int) -> None:
 
 def test_a_flow_idle_for_a_while_banks_no_credit() -> None:
     queue = FairQueue()
-    early = queue.arrive("tenant-a", 0.001, now=0.0)
-    assert queue.dispatch() is early
-    queue.charge(early, 0.005)  # owes a little, and is remembered
+    queue.arrive("tenant-a", 0.001, now=0.0)
+    queue.charge(seated(queue), 0.005)  # owes a little, and is remembered
     for _ in range(20):  # meanwhile another tenant is served for a long time
         queue.arrive("tenant-b", 0.01, now=0.0)
     for _ in range(10):

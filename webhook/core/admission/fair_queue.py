@@ -141,9 +141,12 @@ class FairQueue:
         """The next request to run, seated, when a seat is free and a request waits."""
         if self._free <= 0 or not self._backlogged:
             return None
-        name, state = min(
-            self._backlogged.items(), key=lambda item: (item[1].start, item[1].waiting[0].seq)
-        )
+        if len(self._backlogged) == 1:  # the common case: one flow waits, nothing to choose
+            name, state = next(iter(self._backlogged.items()))
+        else:
+            name, state = min(
+                self._backlogged.items(), key=lambda item: (item[1].start, item[1].waiting[0].seq)
+            )
         ticket = state.waiting.popleft()
         self.waiting -= 1
         if not state.waiting:
