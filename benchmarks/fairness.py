@@ -27,7 +27,6 @@ import json
 import multiprocessing
 import ssl
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -35,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.server import BIN, LOCALHOST, ROOT, cpu_seconds, running, webhook_command
+from benchmarks.server import BIN, ROOT, cpu_seconds, generate_certs, running, webhook_command
 from tests.builders import free_port
 
 CONNECTIONS = 12
@@ -179,12 +178,7 @@ def main() -> None:
     phases[f"flood {ALLOWED_KEYS} keys"] = ALLOWED_KEYS
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
-        certs = work / "certs"
-        subprocess.run(
-            [str(BIN / "webhook"), "certs", "generate", "--out", str(certs), *LOCALHOST],
-            check=True,
-            capture_output=True,
-        )
+        certs = generate_certs(work)
         (work / "beta").mkdir()
         (work / "beta" / "tenant.yaml").write_text(BETA)
         cafile = str(certs / "ca.crt")

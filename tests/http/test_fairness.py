@@ -260,3 +260,37 @@ async def test_a_body_of_seven_mib_of_empty_lists_is_denied_before_it_is_decoded
     assert result["status"]["code"] == 413
     assert "more than 200000 JSON values" in result["status"]["message"]
     assert admission.order == []  # never decoded, never decided
+
+
+class Suspending(Recording):
+    """An admission whose decision first waits on I/O (as a key re-read or the ledger does),
+    noting when it goes on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = asyncio.Event()
+        self.proceed = asyncio.Event()
+        self.resumed = asyncio.Event()
+
+    async def validate(self, request: AdmissionRequest) -> Decision:
+        self.waiting.set()
+        await self.proceed.wait()  # waits on something: gives its turn back
+        self.resumed.set()
+        return await super().validate(request)
+
+
+async def test_a_decision_that_waited_on_io_goes_on_only_in_its_turn(
+    aiohttp_client: MakeClient,
+) -> None:
+    admission = Suspending()
+    client = await aiohttp_client(create_app(admission, Settings()))
+    fair = client.app[fairness_key]
+    sent = asyncio.create_task(answer(client, victim("first", "tenant-acme")))
+    await until(admission.waiting.is_set)  # its first step ran; it waits: the seat is free
+    give_back = hold_the_seat(fair)  # another tenant's costly decision takes the seat
+    admission.proceed.set()  # what it waited for is there
+    await asyncio.sleep(0.05)
+    assert not admission.resumed.is_set()  # it goes on only once the seat is given back
+    give_back()
+    assert (await sent)["allowed"]
+    assert admission.resumed.is_set()

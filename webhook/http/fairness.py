@@ -24,6 +24,7 @@ from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Final, NamedTuple, TypeVar
 
 from webhook.core.admission.fair_queue import (
+    BASE_SECONDS,
     DEFAULT_FAIR_LIMITS,
     FairLimits,
     FairQueue,
@@ -157,11 +158,26 @@ class FairAdmission:
             work.close()
             raise
         waited = self._clock() - started
-        metered = _Metered(work, self._cpu, on_suspend=lambda: self._free(ticket))
+        held = [ticket]  # the turn it holds now: its first, then one per resumption
+
+        async def resume() -> None:
+            """Wait for a turn again before the decision goes on after waiting on I/O, so no
+            step of it runs out of fair order (one carrying a record of an unknown key waits
+            for the key re-read, then decides in full)."""
+            again = self.queue.arrive(flow, BASE_SECONDS, self._clock(), resumed=True)
+            if again is not None:  # always: a resumption is never refused, it is under way
+                held.append(again)
+                await self._seat(again, limit=None)
+
+        metered = _Metered(
+            work, self._cpu, on_suspend=lambda: self._free(held[-1]), on_resume=resume
+        )
         try:
             result = await metered
         finally:
-            self.queue.charge(ticket, metered.cpu)
+            self.queue.charge(ticket, metered.cpu)  # all it took, on its first turn
+            for later in held[1:]:
+                self.queue.charge(later, 0.0)
             if metered.cpu >= _COSTLY_SECONDS:
                 self._dispatch_soon()
             elif not self._dispatching:
@@ -170,7 +186,9 @@ class FairAdmission:
                 self.on_done(flow, waited, metered.cpu)
         return result, waited
 
-    async def _seat(self, ticket: Ticket) -> None:
+    async def _seat(self, ticket: Ticket, *, limit: float | None = -1.0) -> None:
+        """Wait until ``ticket`` holds the seat, at most ``limit`` seconds (the wait limit by
+        default; ``None``: as long as it takes, for a decision under way)."""
         if not self._dispatching:
             self._dispatch()
             if ticket.state == "seated":
@@ -178,7 +196,7 @@ class FairAdmission:
         future = asyncio.get_running_loop().create_future()
         self._seated[ticket] = future
         try:
-            async with asyncio.timeout(self.wait_seconds):
+            async with asyncio.timeout(self.wait_seconds if limit == -1.0 else limit):
                 await future
         except TimeoutError:
             if self.queue.withdraw(ticket):
@@ -235,8 +253,9 @@ class FairAdmission:
 
 
 class _Metered:
-    """Awaits a coroutine, adding the CPU of each of its own steps to :attr:`cpu`, and calls
-    ``on_suspend`` the first time it waits on something."""
+    """Awaits a coroutine, adding the CPU of each of its own steps to :attr:`cpu`; calls
+    ``on_suspend`` each time it waits on something, and awaits ``on_resume`` before each
+    step after one."""
 
     def __init__(
         self,
@@ -244,17 +263,25 @@ class _Metered:
         cpu: Callable[[], float],
         *,
         on_suspend: Callable[[], None],
+        on_resume: Callable[[], Coroutine[Any, Any, None]] | None = None,
     ) -> None:
         self._coro = coro
         self._clock = cpu
-        self._on_suspend: Callable[[], None] | None = on_suspend
+        self._on_suspend = on_suspend
+        self._on_resume = on_resume
         self.cpu = 0.0
 
     def __await__(self) -> Generator[Any, Any, Any]:
         step = self._coro.__await__()
         sent: Any = None
         thrown: BaseException | None = None
+        suspended = False
         while True:
+            if suspended and thrown is None and self._on_resume is not None:
+                try:  # its turn again before it goes on (an exception goes in at once)
+                    yield from self._on_resume().__await__()
+                except BaseException as exc:
+                    thrown = exc
             begun = self._clock()
             try:
                 yielded = step.throw(thrown) if thrown is not None else step.send(sent)
@@ -265,9 +292,8 @@ class _Metered:
                 self.cpu += self._clock() - begun
                 raise
             self.cpu += self._clock() - begun
-            if self._on_suspend is not None:
-                suspended, self._on_suspend = self._on_suspend, None
-                suspended()
+            self._on_suspend()
+            suspended = True
             thrown = None
             try:
                 sent = yield yielded

@@ -29,6 +29,7 @@ from typing import Final
 from webhook.core.tenancy.tenants import ROOT_NAMESPACE, ancestors, is_tenant_namespace
 
 __all__ = [
+    "BASE_SECONDS",
     "CLUSTER_FLOW",
     "DEFAULT_FAIR_LIMITS",
     "UNREAD_FLOW",
@@ -119,14 +120,17 @@ class FairQueue:
         self._seq = 0
         self.waiting = 0
 
-    def arrive(self, flow: str, estimate: float, now: float) -> Ticket | None:
+    def arrive(
+        self, flow: str, estimate: float, now: float, *, resumed: bool = False
+    ) -> Ticket | None:
         """Queue a request of ``flow``; ``None`` when the flow already holds ``queue_length``
-        waiting requests (that flow alone is refused; nothing else changes)."""
+        waiting requests (that flow alone is refused; nothing else changes). A ``resumed``
+        request (one under way, waiting for its turn again) is never refused."""
         state = self._flows.get(flow)
         if state is None:
             self._forget_beyond_bound()
             state = self._flows[flow] = _Flow(start=self.virtual_time)
-        elif len(state.waiting) >= self.limits.queue_length:
+        elif len(state.waiting) >= self.limits.queue_length and not resumed:
             return None
         if not state.waiting:
             state.start = max(state.start, self.virtual_time)  # no banked credit
