@@ -27,7 +27,6 @@ from typing import Final
 from aiohttp import web
 
 from webhook.admission.admit import Admission, internal_error
-from webhook.core.admission.answers import throttled
 from webhook.core.admission.decisions import Decision, errored
 from webhook.core.admission.fair_queue import FairLimits
 from webhook.core.admission.reviews import (
@@ -38,8 +37,9 @@ from webhook.core.admission.reviews import (
 )
 from webhook.core.base.json_codec import decode_json, encode_json, json_values_at_most
 from webhook.http.edges import EdgeLog
+from webhook.http.fair_metrics import tenant_label
 from webhook.http.fairness import FairAdmission, Throttled, peek
-from webhook.http.metrics import Metrics, tenant_label
+from webhook.http.metrics import Metrics
 from webhook.settings import MAX_REQUEST_BYTES, Settings
 
 __all__ = [
@@ -61,8 +61,9 @@ UNKNOWN_KIND_LABEL = "other"
 _LOGGED_CHARS = 253  # a Kubernetes name at most; a longer value is hostile and cut
 # JSON values one review may hold, counted before decoding: an object and its old version, each
 # with values up to their bound (20,000 entries) and managedFields listing as many paths, come
-# to some 100,000; decoding 200,000 takes some 15 ms, where 7 MiB of empty lists took 1.7 s.
-MAX_REVIEW_VALUES: Final = 200_000
+# to some 80,000 (real ones: a few thousand); decoding 120,000 empty lists takes some 25 ms,
+# where 7 MiB of them took 1.7 s.
+MAX_REVIEW_VALUES: Final = 120_000
 # What ``web.json_response`` sent: the answer is encoded once, to bytes, and sent as it is.
 _JSON_HEADERS = {"Content-Type": "application/json; charset=utf-8"}
 
@@ -111,15 +112,15 @@ def _fairness(
     )
 
     def done(flow: str, waited: float, cpu: float) -> None:
-        metrics.observe_turn(tenant_label(admission.state, flow), waited, cpu)
+        metrics.fair.observe_turn(tenant_label(admission.state, flow), waited, cpu)
 
     def refused(refusal: Throttled) -> None:
-        metrics.count_throttled(tenant_label(admission.state, refusal.flow), refusal.reason)
+        metrics.fair.count_throttled(tenant_label(admission.state, refusal.flow), refusal.reason)
         edges.rejected("fairness", refusal.flow, f"429 {refusal.flow}: {refusal.reason}")
 
     fair.on_done = done
     fair.on_refused = refused
-    metrics.watch_queue(lambda: float(fair.queue.waiting))
+    metrics.fair.watch_queue(lambda: float(fair.queue.waiting))
     return fair
 
 
@@ -293,8 +294,11 @@ def _throttled(
         raise web.HTTPTooManyRequests(
             text=refusal.message + "\n", headers={"Retry-After": str(refusal.retry_after)}
         )
-    decision = throttled(refusal.reason, refusal.message, refusal.retry_after)
-    body = encode_json(review_response(uid, decision.response()))
+    # A denial, never an allow: the review was never decided (fail closed).
+    decision = errored(429, "TooManyRequests", f"throttled-{refusal.reason}", refusal.message)
+    answer = decision.response()
+    answer["status"]["details"] = {"retryAfterSeconds": refusal.retry_after}
+    body = encode_json(review_response(uid, answer))
     return web.Response(body=body, headers=_JSON_HEADERS)
 
 

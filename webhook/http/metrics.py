@@ -21,12 +21,9 @@ from webhook.core.admission.state import ReservationState
 from webhook.core.capacity.guard import QuotaBook, guard_room, namespace_need
 from webhook.core.pricing.metric_keys import fold, known_keys, label, quota_keys
 from webhook.core.pricing.platform import Platform
+from webhook.http.fair_metrics import FairMetrics
 
-__all__ = ["OTHER_TENANT", "Metrics", "tenant_label"]
-
-OTHER_TENANT = "other"
-# Tenants named in the fair queue's series at most; past it, the rest are summed under ``other``.
-MAX_TENANT_LABELS = 256
+__all__ = ["Metrics"]
 
 _ZERO = Decimal(0)
 
@@ -183,14 +180,6 @@ class _GuardCollector(Collector):
         yield unknown_family
 
 
-def tenant_label(state: ReservationState, flow: str) -> str:
-    """The tenant a fair-queue series is labelled with: the flow when a Tenant the state holds
-    owns it (tenants, like pools, are what the platform declares, so no request adds one);
-    anything else (a namespace no Tenant owns, an unread one) is ``other``."""
-    node = state.tree.get(flow)
-    return flow if node is not None and node.declared else OTHER_TENANT
-
-
 class Metrics:
     def __init__(self, state: Callable[[], ReservationState]) -> None:
         self.registry = CollectorRegistry()
@@ -230,33 +219,7 @@ class Metrics:
         # these hold no more entries than the metrics hold series.
         self._latency: dict[tuple[str, str], Histogram] = {}
         self._decisions: dict[tuple[str, str, str, str], Counter] = {}
-        self.turn_wait = Histogram(
-            "reservation_fair_queue_wait_seconds",
-            "Time a review that waited for its tenant's turn (past a millisecond) waited.",
-            buckets=_BUCKETS,
-            registry=self.registry,
-        )
-        self.tenant_queued = Counter(
-            "reservation_fair_queued",
-            "Reviews that waited for their turn behind another review, by tenant (a top-level "
-            "tenant's subtree; other: the rest).",
-            ["tenant"],
-            registry=self.registry,
-        )
-        self.tenant_cpu = Counter(
-            "reservation_fair_cpu_seconds",
-            "CPU the event loop spent deciding each tenant's reviews (what the queue charges).",
-            ["tenant"],
-            registry=self.registry,
-        )
-        self.tenant_throttled = Counter(
-            "reservation_fair_throttled",
-            "Reviews denied with 429 before being decided: their tenant's queue was full "
-            "(queue-full) or they waited past the limit (wait).",
-            ["tenant", "reason"],
-            registry=self.registry,
-        )
-        self._tenants: dict[str, tuple[Counter, Counter]] = {}  # label -> (queued, cpu)
+        self.fair = FairMetrics(self.registry)
 
     def observe_latency(self, endpoint: str, decision: str, seconds: float) -> None:
         """``latency.labels(endpoint, decision).observe(seconds)``, the child looked up once."""
@@ -273,40 +236,6 @@ class Metrics:
         if child is None:
             child = self._decisions[key] = self.decisions.labels(kind, decision, reason, mode)
         child.inc()
-
-    def _tenant(self, label: str) -> tuple[str, tuple[Counter, Counter]]:
-        """The label a tenant's series use (at most :data:`MAX_TENANT_LABELS`, then ``other``)
-        and its two children, looked up once."""
-        children = self._tenants.get(label)
-        if children is None:
-            if len(self._tenants) >= MAX_TENANT_LABELS:
-                label = OTHER_TENANT
-            children = self._tenants.get(label)
-            if children is None:
-                children = (self.tenant_queued.labels(label), self.tenant_cpu.labels(label))
-                self._tenants[label] = children
-        return label, children
-
-    def observe_turn(self, tenant: str, waited: float, cpu: float) -> None:
-        """One review's turn: how long it waited (counted as queued past a millisecond) and
-        the CPU its decision took, under ``tenant`` (from :func:`tenant_label`)."""
-        _, (queued, spent) = self._tenant(tenant)
-        if waited > 0.001:  # most reviews wait for nothing: their answer's latency says it all
-            self.turn_wait.observe(waited)
-            queued.inc()
-        spent.inc(cpu)
-
-    def count_throttled(self, tenant: str, reason: str) -> None:
-        label, _ = self._tenant(tenant)
-        self.tenant_throttled.labels(label, reason).inc()
-
-    def watch_queue(self, waiting: Callable[[], float]) -> None:
-        """Expose how many reviews wait for their turn now."""
-        Gauge(
-            "reservation_fair_queue_waiting",
-            "Reviews waiting for their tenant's turn now.",
-            registry=self.registry,
-        ).set_function(waiting)
 
     def watch_live(
         self,

@@ -46,7 +46,6 @@ __all__ = [
     "quota_denied",
     "set_annotation",
     "skipped",
-    "throttled",
 ]
 
 # The API server truncates warnings over 256 characters and drops them past 4096 in total
@@ -122,7 +121,6 @@ class Decision:
     # what the stored object will show once observed (its charge; a Tenant's budget).
     charged_pools: Mapping[str, Mapping[str, Decimal]] = field(default_factory=dict)
     expected: Mapping[str, Decimal] | None = None
-    retry_after: int = 0  # seconds a refused client should wait (Status retryAfterSeconds)
 
     @property
     def admitted(self) -> Application | None:
@@ -146,8 +144,6 @@ class Decision:
                         for f, m in self.causes
                     ]
                 }
-            if self.retry_after:
-                body["status"]["details"] = {"retryAfterSeconds": self.retry_after}
         if self.warnings:
             body["warnings"] = list(self.warnings)
         if self.audit:
@@ -313,21 +309,6 @@ def errored(code: int, status_reason: str, reason: str, message: str) -> Decisio
         code=code,
         status_reason=status_reason,
         message=message,
-    )
-
-
-def throttled(reason: str, message: str, retry_after: int) -> Decision:
-    """Refused as 429 TooManyRequests: the tenant's turn did not come (its queue is full, or
-    it waited past the limit); ``retry_after`` seconds is when to try again. Fail closed: a
-    request that was never decided is never allowed."""
-    return Decision(
-        allowed=False,
-        outcome="denied",
-        reason=f"throttled-{reason}",
-        code=429,
-        status_reason="TooManyRequests",
-        message=message,
-        retry_after=retry_after,
     )
 
 
