@@ -26,6 +26,7 @@ from typing import Any, Final, NamedTuple, TypeVar
 from webhook.core.admission.fair_queue import (
     BASE_SECONDS,
     DEFAULT_FAIR_LIMITS,
+    UNREAD_FLOW,
     FairLimits,
     FairQueue,
     Ticket,
@@ -68,7 +69,7 @@ def peek(raw: bytes) -> Peeked:
     (``(unread)``), never in another tenant's."""
     namespace = _string_of(raw, _NAMESPACE_KEY, 253)
     uid = _string_of(raw, _UID_KEY, 128)
-    return Peeked(_flow(namespace) if namespace is not None else "(unread)", uid or "")
+    return Peeked(_flow(namespace) if namespace is not None else UNREAD_FLOW, uid or "")
 
 
 @functools.lru_cache(maxsize=4096)  # namespaces are the cluster's: a few, asked every time
