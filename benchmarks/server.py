@@ -199,6 +199,17 @@ _ERRORS = re.compile(r"Non-2xx or 3xx responses: (\d+)|Socket errors: (.*)")
 _UNIT = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 
 
+def generate_certs(work: Path) -> Path:
+    """A CA and a serving pair for 127.0.0.1 in ``work/certs``, made by ``webhook certs``."""
+    certs = work / "certs"
+    subprocess.run(
+        [str(BIN / "webhook"), "certs", "generate", "--out", str(certs), *LOCALHOST],
+        check=True,
+        capture_output=True,
+    )
+    return certs
+
+
 def webhook_command(program: Path, certs: Path, port: int) -> list[str]:
     """``webhook serve`` on the fixtures with its default settings, TLS on ``port``."""
     states = ["--state", "fixtures/cozystack", "--state", "fixtures/tenants"]
@@ -245,12 +256,7 @@ def main() -> None:
     wrk = ensure_wrk()
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
-        certs = work / "certs"
-        subprocess.run(
-            [str(BIN / "webhook"), "certs", "generate", "--out", str(certs), *LOCALHOST],
-            check=True,
-            capture_output=True,
-        )
+        certs = generate_certs(work)
         context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
         scripts = {
             "vm": work / "vm.lua",

@@ -159,7 +159,9 @@ def one_round(
     decisions: list[Decision] = [decide(r, state, policy) for r in requests]
 
     def observe(i: int) -> None:
-        http_app._observe(metrics, "validate", requests[i], decisions[i], 0.001, known=True)
+        http_app._observe(
+            metrics, "validate", requests[i], decisions[i], 0.001, known=True, flow="t", waited=0.0
+        )
 
     def evaluate(i: int) -> object:
         return found.charge_defaulted(prepared[i].defaulted, platform.catalog, namespace="")

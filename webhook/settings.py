@@ -75,6 +75,9 @@ class Settings:
     watch_resync_seconds: float = 300.0
     # The share of a pool's ledger (MAX_ENTRIES entries) one tenant's unsettled holds may take.
     ledger_namespace_share: float = 0.1
+    # Reviews one tenant (a top-level tenant's subtree) may have waiting for their turn; the
+    # next is denied with 429 (as API Priority and Fairness queues hold 50 by default).
+    fair_queue_length: int = 50
 
     @property
     def grace_seconds(self) -> float:
@@ -92,6 +95,12 @@ class Settings:
     def deadline_seconds(self) -> float:
         """A second below the webhook timeout, so the API server never times out on us."""
         return max(self.timeout_seconds - 1.0, 0.5)
+
+    @property
+    def fair_wait_seconds(self) -> float:
+        """How long a review waits for its tenant's turn before a 429: a quarter of the
+        decision's deadline, as API Priority and Fairness waits a quarter of the request's."""
+        return self.deadline_seconds / 4
 
     @property
     def metrics_host(self) -> str:
@@ -132,6 +141,7 @@ _SPELLINGS: Final = {
     "watch_read_timeout": ("WEBHOOK_WATCH_READ_TIMEOUT", "watchReadTimeout"),
     "watch_resync_seconds": ("WEBHOOK_WATCH_RESYNC_SECONDS", "watchResyncSeconds"),
     "ledger_namespace_share": ("WEBHOOK_LEDGER_NAMESPACE_SHARE", "ledgerNamespaceShare"),
+    "fair_queue_length": ("WEBHOOK_FAIR_QUEUE_LENGTH", "fairQueueLength"),
 }
 
 
@@ -226,6 +236,11 @@ def _build(raw: Mapping[str, Any]) -> Settings:
         if not 0 < share <= 1:
             raise SettingsError("ledger-namespace-share: must be above 0 and at most 1")
         values["ledger_namespace_share"] = share
+    if "fair_queue_length" in raw:
+        length = _number("fair-queue-length", raw["fair_queue_length"], integer=True)
+        if not 1 <= length <= 10_000:
+            raise SettingsError("fair-queue-length: must be between 1 and 10000")
+        values["fair_queue_length"] = int(length)
     if "mode" in raw:
         values["mode"] = _mode("mode", raw["mode"])
     if "mode_for" in raw:

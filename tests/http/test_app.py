@@ -327,8 +327,10 @@ async def test_a_probe_is_answered_while_huge_requests_are_refused_before_evalua
     )
     assert status == 200
     assert answered["response"]["allowed"], answered
-    for body in refused:
-        assert "more than 50000 entries" in body["response"]["status"]["message"]
+    for body in refused:  # refused on its size, or (its tenant's turn too long in coming) 429
+        status_of = body["response"]["status"]
+        assert not body["response"]["allowed"]
+        assert "more than" in status_of["message"] or status_of["code"] == 429, status_of
 
 
 async def test_a_body_trickled_past_the_deadline_gets_408(aiohttp_client: MakeClient) -> None:

@@ -68,6 +68,12 @@ def add_parser(commands: argparse._SubParsersAction[Any]) -> None:
         help="share of a pool's ledger one tenant's unsettled admissions may take "
         "(0-1, default 0.1: 100 of 1,000 entries)",
     )
+    serve.add_argument(
+        "--fair-queue-length",
+        type=int,
+        metavar="N",
+        help="reviews one tenant may have waiting for its turn before a 429 (default 50)",
+    )
     serve.add_argument("--mode", choices=MODES, help="default: enforce")
     add_overcommit(serve)
     serve.add_argument(
@@ -109,6 +115,7 @@ def _serve(args: argparse.Namespace) -> int:
         "record_key_file": args.record_key_file,
         "timeout_seconds": args.timeout_seconds,
         "ledger_namespace_share": args.ledger_namespace_share,
+        "fair_queue_length": args.fair_queue_length,
         "mode": args.mode,
         "mode_for": args.mode_for,
         **overcommit_flags(args),

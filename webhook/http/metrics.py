@@ -21,6 +21,7 @@ from webhook.core.admission.state import ReservationState
 from webhook.core.capacity.guard import QuotaBook, guard_room, namespace_need
 from webhook.core.pricing.metric_keys import fold, known_keys, label, quota_keys
 from webhook.core.pricing.platform import Platform
+from webhook.http.fair_metrics import FairMetrics
 
 __all__ = ["Metrics"]
 
@@ -218,6 +219,7 @@ class Metrics:
         # these hold no more entries than the metrics hold series.
         self._latency: dict[tuple[str, str], Histogram] = {}
         self._decisions: dict[tuple[str, str, str, str], Counter] = {}
+        self.fair = FairMetrics(self.registry)
 
     def observe_latency(self, endpoint: str, decision: str, seconds: float) -> None:
         """``latency.labels(endpoint, decision).observe(seconds)``, the child looked up once."""

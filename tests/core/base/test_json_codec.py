@@ -19,7 +19,12 @@ from tests.builders import review, state
 from webhook.admission.admit import Admission
 from webhook.core.admission.decisions import Policy
 from webhook.core.base import json_codec as codec
-from webhook.core.base.json_codec import decode_json, encode_json, may_hold_long_integers
+from webhook.core.base.json_codec import (
+    decode_json,
+    encode_json,
+    json_values_at_most,
+    may_hold_long_integers,
+)
 from webhook.core.tenancy.applications import CHARGE_ANNOTATION
 from webhook.core.tenancy.records import parse_recorded_charge
 from webhook.http.app import admission_key, create_app
@@ -246,3 +251,19 @@ def test_a_long_integer_beside_an_object_nested_1000_levels_decodes_exactly(dept
     for _ in range(depth):
         value = value["x"]
     assert value == 1
+
+
+def _values_in(value: object) -> int:
+    if isinstance(value, dict):
+        return 1 + sum(_values_in(child) for child in value.values())
+    if isinstance(value, list):
+        return 1 + sum(_values_in(child) for child in value)
+    return 1
+
+
+@given(JSON_VALUES, st.sampled_from([None, 1, 2]))
+def test_the_values_counted_before_decoding_are_never_fewer_than_decoded(
+    value: object, indent: int | None
+) -> None:
+    raw = json.dumps(value, indent=indent).encode()
+    assert json_values_at_most(raw) >= _values_in(decode_json(raw))

@@ -38,7 +38,7 @@ def test_a_spec_with_250k_node_groups_is_refused_before_defaulting(
     defaulted: list[object] = []
     monkeypatch.setattr(type(kind.defaulter), "apply", lambda self, v: defaulted.append(v))
     spec: dict[str, Any] = {"nodeGroups": {f"g{i}": {} for i in range(250_000)}}
-    with pytest.raises(EvaluationError, match="more than 50000 entries"):
+    with pytest.raises(EvaluationError, match="more than 20000 entries"):
         platform().charge("Kubernetes", spec, namespace="tenant-x")
     assert defaulted == []
 

@@ -70,6 +70,16 @@ def test_the_fast_canonical_json_is_the_old_text_byte_for_byte(value: object) ->
     assert outcome(canonical_json, value) == outcome(old_bytes, value)
 
 
+@settings(max_examples=500, deadline=None)
+@given(json_values)
+def test_a_long_text_is_checked_by_its_types_and_is_the_old_text_byte_for_byte(
+    value: object,
+) -> None:
+    """Past 64 KiB of text floats are found by a walk over the types, not a scan: the same."""
+    padded = {"padding": "a" * 70_000, "value": value}
+    assert outcome(canonical_json, padded) == outcome(old_bytes, padded)
+
+
 odd_keys = st.dictionaries(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=3),
     st.integers(max_value=3),
@@ -97,6 +107,9 @@ def test_keys_that_are_not_strings_are_written_or_refused_as_before(value: objec
         pytest.param({"": [], "a": {}, "b": [[], {}]}, id="empty"),
         pytest.param(None, id="null-document"),
         pytest.param(1.5, id="top-level-float"),
+        pytest.param({"pad": ":" * 70_000, "x": [1.5]}, id="a-long-text-with-a-float"),
+        pytest.param({"pad": ":" * 70_000, "x": [math.nan]}, id="a-long-text-with-a-nan"),
+        pytest.param({"pad": "1.5" * 30_000, "x": None}, id="a-long-text-of-float-lookalikes"),
     ],
 )
 def test_values_yaml_and_json_make_are_written_as_before(value: object) -> None:

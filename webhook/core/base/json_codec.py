@@ -29,7 +29,7 @@ from typing import Any, Final
 
 import orjson
 
-__all__ = ["decode_json", "encode_json", "may_hold_long_integers"]
+__all__ = ["decode_json", "encode_json", "json_values_at_most", "may_hold_long_integers"]
 
 # Digits become "0", the three characters a number may follow become ":", anything else "x";
 # whitespace and minus signs are dropped, so ":" then 19 zeros is a long integer token, or a
@@ -48,6 +48,15 @@ def may_hold_long_integers(raw: bytes) -> bool:
     """Whether ``raw`` may hold an integer of 19 digits or more (never false when it does)."""
     shape = raw.translate(_SHAPE, _DROPPED)
     return _LONG in shape or shape.startswith(_LONG[1:])  # a number the whole body is
+
+
+def json_values_at_most(raw: bytes) -> int:
+    """At most how many values (maps, lists and scalars) ``raw`` decodes to, counted without
+    decoding it: every value but a container's first follows a comma, every first one opens a
+    container or is the whole text. A comma inside a string counts too (never fewer). Decoding
+    costs per value made (some 60 ns each, a seven-MiB body of empty lists past 100 ms), so a
+    body is bounded by this before it is decoded; the count itself is three passes in C."""
+    return raw.count(b",") + raw.count(b"[") + raw.count(b"{") + 1
 
 
 def decode_json(raw: bytes) -> Any:

@@ -24,7 +24,7 @@ __all__ = ["DEFAULT_VALUES_LIMITS", "ValuesLimits", "check_values", "non_string_
 class ValuesLimits:
     """How large and how deep one application's values may be."""
 
-    max_nodes: int = 50_000  # maps, lists and scalars together
+    max_nodes: int = 20_000  # maps, lists and scalars together
     max_depth: int = 64  # nesting of maps and lists
 
 

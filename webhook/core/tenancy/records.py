@@ -73,24 +73,28 @@ MAX_ANNOTATION_CHARS: Final = 262144
 MAC_PREFIX: Final = "hmac-sha256:"
 VERSION: Final = "v2"  # v1 records carried no key id, uid, volume marks or dry-run flag
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
-# orjson writes the same text as _CANONICAL for str-keyed maps, lists, ASCII strings, booleans
-# and 64-bit integers, several times faster; it writes floats (``1e-7`` for ``1e-07``, ``null``
-# for NaN), DEL and non-ASCII characters otherwise, and types _CANONICAL turns into ``str()``
-# not at all. Its text is used only when it holds none of those (a float token, DEL, a byte
-# past ASCII: a string that merely looks like one costs the slow path, never a different
-# text; a ``null`` counts only once the text reads back as the value, so is no NaN); anything
-# else is written by _CANONICAL, as records have always been.
+# orjson writes the same text as _CANONICAL for str-keyed maps, lists, ASCII strings, booleans,
+# ``None`` and 64-bit integers, several times faster; it writes floats (``1e-7`` for ``1e-07``,
+# ``null`` for NaN), DEL and non-ASCII characters otherwise, and types _CANONICAL turns into
+# ``str()`` not at all. Its text is used only when it holds no float (a scan of a short text; a
+# walk over the values' types for a long one, as a scan costs per byte: six million colons
+# made it take half a second), no DEL and no byte past ASCII; anything else is written by
+# _CANONICAL, as records have always been.
 _FAST_OPTIONS: Final = (
     orjson.OPT_SORT_KEYS
     | orjson.OPT_PASSTHROUGH_DATETIME
     | orjson.OPT_PASSTHROUGH_DATACLASS
     | orjson.OPT_PASSTHROUGH_SUBCLASS
 )
+_PLAIN_SCALARS: Final = frozenset({str, int, bool, type(None)})
+_PLAIN: Final = _PLAIN_SCALARS | {dict, list}
 # A number token with a fraction or an exponent after what a value follows in compact JSON
 # (or a text that is one number): where a float is written. A string that looks like one
-# matches too, and merely costs the slow path.
+# matches too, and merely costs the slow path. Scanned only in texts up to _SCANNED_BYTES: its
+# cost is per byte and up to some 70 ns a byte (a string of colons), 4.5 ms at the most.
 _FLOAT: Final = re.compile(rb"[:,\[]-?[0-9]+[.eE]")
 _NUMBER_START: Final = frozenset(b"-0123456789")  # a text that is one number, maybe a float
+_SCANNED_BYTES: Final = 64 * 1024
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
 _EMPTY: Mapping[str, Decimal] = MappingProxyType({})
 
@@ -164,16 +168,40 @@ def canonical_json(value: object) -> bytes:
     except TypeError:  # not plain JSON, an integer past 64 bits, nested past orjson's limit
         pass
     else:
-        if (
-            text.isascii()
-            and b"\x7f" not in text
-            and _FLOAT.search(text) is None
-            and not (text[0] in _NUMBER_START and (b"." in text or b"e" in text))
-            # ``null`` is None, or a NaN or an infinity: only the first reads back as it was
-            and (b"null" not in text or orjson.loads(text) == value)
-        ):
+        if text.isascii() and b"\x7f" not in text and _no_float(value, text):
             return text
     return _CANONICAL.encode(value).encode("utf-8", "surrogatepass")
+
+
+def _no_float(value: object, text: bytes) -> bool:
+    """Whether orjson's ``text`` of ``value`` holds no float (so no NaN either): a scan of a
+    short text (fast for the values most writes carry), a walk over the types of a long one."""
+    if len(text) > _SCANNED_BYTES:
+        return _plain(value)
+    return (
+        _FLOAT.search(text) is None
+        and not (text[0] in _NUMBER_START and (b"." in text or b"e" in text))
+        # ``null`` is None, or a NaN or an infinity: only the first reads back as it was
+        and (b"null" not in text or orjson.loads(text) == value)
+    )
+
+
+def _plain(value: object) -> bool:
+    """Whether ``value`` holds only maps, lists, strings, integers, booleans and ``None`` (no
+    float, so every ``null`` is a None, and no subclass): one look at each container's
+    children's types, in C (``map(type, ...)``), so the cost is per container and per entry."""
+    if type(value) not in _PLAIN:
+        return False
+    stack = [value] if type(value) is dict or type(value) is list else []
+    while stack:
+        current = stack.pop()
+        children = current.values() if type(current) is dict else current
+        kinds = set(map(type, children))
+        if not kinds <= _PLAIN:
+            return False
+        if dict in kinds or list in kinds:
+            stack.extend(child for child in children if type(child) is dict or type(child) is list)
+    return True
 
 
 def _message_json(value: object) -> bytes:
