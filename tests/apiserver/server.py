@@ -1504,9 +1504,8 @@ class EmulatedAPIServer:
                     wakeups = [t for t in candidates if t is not None]
                     if wakeups:
                         wait = max(0.0, min(wakeups) - loop.time())
-                try:
-                    item = await asyncio.wait_for(watcher.queue.get(), wait)
-                except TimeoutError:
+                item = await _next_item(watcher.queue, wait)
+                if item is None:
                     now = loop.time()
                     if watcher.silenced or not self._running.is_set():
                         continue  # paused or silenced while waiting: say nothing
@@ -1662,6 +1661,23 @@ def _method_not_allowed() -> APIError:
     return APIError(
         405, "the server does not allow this method on the requested resource", details={}
     )
+
+
+async def _next_item(
+    queue: asyncio.Queue[tuple[str, Obj] | _Signal], wait: float | None
+) -> tuple[str, Obj] | _Signal | None:
+    """The watcher's next queued item, waiting at most ``wait`` seconds; None only when the
+    wait ran out with nothing queued. A bookmark or the timeout close follows a None, and a
+    bookmark carries the current revision: sent while a change was still queued, it would
+    move a watch resumed from it past that change (kube-apiserver queues its bookmarks behind
+    the watcher's events). ``wait_for`` can time out with an item queued (a wait of 0, or an
+    item put as the wait ran out), so the queue is read first and again after."""
+    if not queue.empty():
+        return queue.get_nowait()
+    try:
+        return await asyncio.wait_for(queue.get(), wait)
+    except TimeoutError:
+        return None if queue.empty() else queue.get_nowait()
 
 
 def _encode_event(kind: str, obj: Obj) -> bytes:

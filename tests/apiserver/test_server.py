@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,11 +18,13 @@ from typing import Any, cast
 
 import aiohttp
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes import watch as k8s_watch
 
-from tests.apiserver.server import APIError, EmulatedAPIServer
+from tests.apiserver.server import APIError, EmulatedAPIServer, _next_item, _Signal
 
 GROUP = "apps.cozystack.io"
 VERSION = "v1alpha1"
@@ -83,6 +86,15 @@ class Watch:
     async def types_and_names(self, count: int) -> list[tuple[str, str]]:
         events = [await self.next() for _ in range(count)]
         return [(e["type"], e["object"]["metadata"].get("name", "")) for e in events]
+
+    async def versions_until_cut(self) -> list[str]:
+        """The resourceVersion of each event read until the connection is cut mid-body."""
+        versions: list[str] = []
+        try:
+            while True:
+                versions.append((await self.next())["object"]["metadata"]["resourceVersion"])
+        except aiohttp.ClientPayloadError:
+            return versions
 
     async def ended(self) -> bool:
         return await self.response.content.readline() == b""
@@ -464,6 +476,46 @@ async def test_drop_watches_cuts_every_stream_mid_body(
             server.drop_watches()
             with pytest.raises(aiohttp.ClientPayloadError):
                 await stream.next()
+
+
+async def test_a_bookmark_due_while_a_change_is_queued_never_carries_the_watch_past_it(
+    server: EmulatedAPIServer, http: aiohttp.ClientSession
+) -> None:
+    """kube-apiserver queues a bookmark behind the watcher's events, so a watch resumed from
+    the last resourceVersion it read misses nothing, even when it broke right after."""
+    async with asyncio.timeout(LIMIT):
+        start = server.resource_version
+        async with watching(http, resourceVersion=start, allowWatchBookmarks="true") as stream:
+            seen = [(await stream.next())["object"]["metadata"]["resourceVersion"]]
+            time.sleep(2 * server.bookmark_interval)  # the next bookmark falls due, unsent
+            server.resume()  # wakes the watch while the bookmark is due
+            server.drop_watches()
+            server.create(tenant("missed"))
+            seen += await stream.versions_until_cut()
+        assert seen[-1] == start  # nothing read past the change the cut kept from the stream
+        async with watching(http, resourceVersion=seen[-1]) as resumed:
+            replayed = await resumed.types_and_names(1)
+    assert replayed == [("ADDED", "missed")]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    queued=st.lists(st.integers(0, 9), max_size=6),
+    waits=st.lists(st.sampled_from([0.0, 0.0001]), min_size=7, max_size=7),
+)
+def test_a_watch_reads_every_queued_event_before_its_wait_can_run_out(
+    queued: list[int], waits: list[float]
+) -> None:
+    """The wait's end sends a bookmark at the current revision: it comes only once nothing is
+    queued, whatever the wait (0 when a bookmark is overdue)."""
+
+    async def read() -> list[object]:
+        queue: asyncio.Queue[tuple[str, dict[str, Any]] | _Signal] = asyncio.Queue()
+        for n in queued:
+            queue.put_nowait(("ADDED", {"n": n}))
+        return [await _next_item(queue, wait) for wait in waits[: len(queued) + 1]]
+
+    assert asyncio.run(read()) == [("ADDED", {"n": n}) for n in queued] + [None]
 
 
 async def test_silenced_watches_stay_open_but_send_nothing_while_new_ones_work(
