@@ -18,3 +18,14 @@ def test_the_package_version_has_a_changelog_section_and_one_spelling() -> None:
     releases = re.findall(r"^## \[(\d+\.\d+\.\d+)\] - \d{4}-\d{2}-\d{2}$", changelog, flags=re.M)
     assert releases[0] == __version__
     assert changelog.index("## [Unreleased]") < changelog.index(f"## [{__version__}]")
+
+
+def test_the_shipped_image_tag_is_the_package_version() -> None:
+    tags = {
+        path.relative_to(ROOT).as_posix(): re.findall(r"^\s*newTag:\s*(\S+)\s*$", text, re.M)
+        for path in sorted((ROOT / "deploy").rglob("kustomization.yaml"))
+        if (text := path.read_text(encoding="utf-8"))
+    }
+    named = {path: found for path, found in tags.items() if found}
+    assert named, "no kustomization in deploy/ names the image's tag"
+    assert all(found == [__version__] for found in named.values()), named

@@ -1,3 +1,3 @@
 """Cozystack tenant quotas as reservation limits: an admission webhook."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
