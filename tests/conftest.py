@@ -1,11 +1,16 @@
-"""Command-line options of the test suite, and what each test leaves behind for the next."""
+"""Command-line options of the test suite, how its tests are spread over parallel workers, and
+what each test leaves behind for the next."""
 
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Iterator
 
 import pytest
+
+# Tests that start real servers (etcd, kube-apiserver, cozystack-api) from ../shared.
+REAL_SERVERS = ("kube", "cozystack_api")
 
 
 @pytest.fixture(autouse=True)
@@ -37,3 +42,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="the first seed the simulation explores (default 0; env SIMULATION_SEED_START)",
     )
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: one worker more than the cores. Much of the suite waits on servers in other
+    processes (API servers starting, replicas answering), so a core would otherwise sit idle
+    while its worker waits. ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still decides when set."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    return len(os.sched_getaffinity(0)) + 1
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A module of real-server tests runs whole on one worker (``--dist loadgroup``): its tests
+    may share servers started once for the module, which each worker would otherwise start
+    again. Other modules' tests are spread one by one."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None and any(
+            item.get_closest_marker(name) for name in REAL_SERVERS
+        ):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))

@@ -14,7 +14,9 @@ from tests.simulation.reverted import reverted_settle_rule
 from tests.simulation.simulator import explore, replay_command, run
 
 CI_SEEDS = 5000
-CHUNK = 1000  # seeds per test: a failure in one chunk leaves the others reported
+# Seeds per test: a failure in one chunk leaves the others reported, and chunks of a few
+# seconds each spread evenly over the parallel workers.
+CHUNK = 250
 # The reverted rule must be found within this many seeds.
 REVERTED_SEEDS = 1000
 
