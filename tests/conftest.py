@@ -6,11 +6,9 @@ from __future__ import annotations
 import gc
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
-
-# Tests that start real servers (etcd, kube-apiserver, cozystack-api) from ../shared.
-REAL_SERVERS = ("kube", "cozystack_api")
 
 
 @pytest.fixture(autouse=True)
@@ -54,12 +52,16 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
 
 
 @pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``-n`` with the default distribution: :class:`tests.parallel.SharedServerScheduling`."""
+    if config.getvalue("dist") != "load":
+        return None
+    from tests.parallel import SharedServerScheduling
+
+    return SharedServerScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A module of real-server tests runs whole on one worker (``--dist loadgroup``): its tests
-    may share servers started once for the module, which each worker would otherwise start
-    again. Other modules' tests are spread one by one."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None and any(
-            item.get_closest_marker(name) for name in REAL_SERVERS
-        ):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    """The tests marked ``slow`` first (the order is otherwise kept): started early on a
+    parallel run, none of them is left alone at its end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -40,6 +40,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("seeds", chunks, ids=[f"{c.start}-{c.stop - 1}" for c in chunks])
 
 
+@pytest.mark.slow
 def test_no_schedule_pushes_a_pool_past_its_budget_or_leaves_the_replicas_apart(
     seeds: range,
 ) -> None:
