@@ -24,7 +24,7 @@ SHARED_SERVERS: Final = (
 SHARED_SERVERS_UNIT: Final = "real servers shared by a module's tests"
 
 
-class SharedServerScheduling(LoadScopeScheduling):
+class SharedServerScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist is untyped
     """xdist's load distribution, with the shared-server modules kept in one unit of work."""
 
     def _split_scope(self, nodeid: str) -> str:
