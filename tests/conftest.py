@@ -1,9 +1,12 @@
-"""Command-line options of the test suite, and what each test leaves behind for the next."""
+"""Command-line options of the test suite, how its tests are spread over parallel workers, and
+what each test leaves behind for the next."""
 
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -37,3 +40,28 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="the first seed the simulation explores (default 0; env SIMULATION_SEED_START)",
     )
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: one worker more than the cores. Much of the suite waits on servers in other
+    processes (API servers starting, replicas answering), so a core would otherwise sit idle
+    while its worker waits. ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still decides when set."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    return len(os.sched_getaffinity(0)) + 1
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``-n`` with the default distribution: :class:`tests.parallel.SharedServerScheduling`."""
+    if config.getvalue("dist") != "load":
+        return None
+    from tests.parallel import SharedServerScheduling
+
+    return SharedServerScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tests marked ``slow`` first (the order is otherwise kept): started early on a
+    parallel run, none of them is left alone at its end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -41,6 +41,9 @@ def real_apiserver(workdir: Path) -> Iterator[Path]:
                 "KAPI_FRESH": "1",
                 "KAPI_PORT": str(free_port()),
                 "KAPI_ETCD_PORT": str(etcd_port()),
+                # Unused unless KAPI_KCM=1 is inherited; never its default, which another
+                # worker's server would take too.
+                "KAPI_KCM_PORT": str(free_port()),
                 "KAPI_TIMEOUT": "120",
             }
             started = subprocess.run(

@@ -24,7 +24,7 @@ def run(tool: str, *args: str) -> subprocess.CompletedProcess[str]:
     [
         pytest.param(("ruff", "check", "."), id="ruff-lint"),
         pytest.param(("ruff", "format", "--check", "."), id="ruff-format"),
-        pytest.param(("mypy",), id="mypy-strict-on-the-core"),
+        pytest.param(("mypy",), id="mypy-strict-on-the-core", marks=pytest.mark.slow),
         pytest.param(("lint-imports", "--no-cache"), id="import-layers"),
     ],
 )

@@ -4,6 +4,7 @@ writer on a real kube-apiserver with the published OpenReports CRD installed."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import subprocess
@@ -43,22 +44,56 @@ async def test_the_leader_writes_reports_and_a_lowered_budget_fails_in_the_next_
             assert services is not None
             assert services.reports is not None
             services.report_seconds = 0.2
+            # The duties look every reconcile_seconds whether a round of reports is due.
+            services.ledger.settings = dataclasses.replace(
+                services.ledger.settings, reconcile_seconds=0.2
+            )
 
             def report() -> dict[str, Any] | None:
                 return server.get(GROUP, PLURAL, "tenant-acme", REPORT_NAME)
 
+            writer = services.reports
             await eventually(lambda: report() is not None and results(report()) == {"vm": "pass"})
-            written = services.reports.written
+            # The round that stored it may still be writing another namespace's report, and
+            # counts its writes in `written` only at its end: wait for a round that completed
+            # after the report was seen, so that every write of it is counted in the baseline.
+            seen = writer.rounds
+            await eventually(lambda: writer.rounds > seen)
+            written, rounds = writer.written, writer.rounds
             version = report()["metadata"]["resourceVersion"]  # type: ignore[index]
-            await asyncio.sleep(1.0)  # several rounds with nothing changed: nothing written
+            # Several completed rounds with nothing changed: nothing written.
+            await eventually(lambda: writer.rounds >= rounds + 3)
             assert report()["metadata"]["resourceVersion"] == version  # type: ignore[index]
-            assert services.reports.written == written
+            assert writer.written == written
             lowered = server.get("apps.cozystack.io", "tenants", "tenant-root", "acme")
             assert lowered is not None
             lowered["spec"]["resourceQuotas"] = {"memory": "512Mi"}
             server.update(lowered)
             await eventually(lambda: results(report()) == {"vm": "fail"})
             assert report()["summary"]["fail"] == 1  # type: ignore[index]
+
+
+async def test_a_round_is_counted_complete_only_once_every_write_of_it_is_counted(
+    tmp_path: Path,
+) -> None:
+    """``rounds`` grows only at a round's end, after its writes are added to ``written``: a
+    reader that saw it grow reads every write of that round, never a part of one."""
+    current = state({"tenant-acme": {"memory": "1Gi"}, "tenant-beta": {"memory": "1Gi"}})
+    reports = build_reports(current)
+    async with cluster(tmp_path, load=False) as (_, kubeconfig), kube_client(kubeconfig) as client:
+        writer = ReportWriter(client)
+        during: list[tuple[int, int]] = []
+
+        async def handed() -> Any:
+            for namespace, built in reports.items():
+                during.append((writer.rounds, writer.written))
+                yield namespace, built
+
+        assert await writer.reconcile(handed()) == len(reports) == 3
+        assert during == [(0, 0)] * 3  # nothing counted while the round was under way
+        assert (writer.rounds, writer.written) == (1, 3)
+        assert await writer.reconcile(build_reports(current).items()) == 0
+        assert (writer.rounds, writer.written) == (2, 3)  # a round that wrote nothing counts
 
 
 async def test_a_tenant_editing_its_report_sees_it_restored(

@@ -21,7 +21,7 @@ def test_readme_opens_with_a_run_command_and_a_test_command() -> None:
     run, test = opening_commands()
     assert run.startswith("python3 -m venv .venv && ")
     assert test.startswith("python3 -m venv .venv && ")
-    assert test.endswith(".venv/bin/pytest")
+    assert test.endswith(".venv/bin/pytest -n auto")  # the suite spread over parallel workers
 
 
 def test_ci_runs_the_readme_test_command() -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -175,18 +175,17 @@ def test_a_vm_short_of_memory_and_cpu_among_mixed_vms_gets_its_answer_in_bounded
 ) -> None:
     # 8 nodes x 70 mixed VMs, --max-moves 5: this searched for minutes before every candidate
     # weighed was counted; now the default bound answers in seconds, saying what it searched.
+    # The time limit is set far off: on a busy machine it, not the bound, would end the search.
     snapshot = hostile_snapshot_file(tmp_path)
     argv = ["--snapshot", snapshot, "--for", "tenant-evil/pending", "--max-moves", "5"]
-    started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "webhook", "plan", *argv, "-o", "json"],
+        [sys.executable, "-m", "webhook", "plan", *argv, "--plan-seconds", "3600", "-o", "json"],
         capture_output=True,
         text=True,
-        timeout=90,
+        timeout=600,
         check=False,
     )
     assert done.returncode == 1, done.stderr
-    assert time.monotonic() - started < 60
     plan = json.loads(done.stdout)
     assert plan["feasible"] is False
     assert plan["reason"].startswith(
@@ -200,13 +199,15 @@ def test_plan_seconds_ends_the_search_in_time(
 ) -> None:
     snapshot = hostile_snapshot_file(tmp_path)
     argv = ["--snapshot", snapshot, "--for", "tenant-evil/pending", "--max-moves", "5"]
-    started = time.monotonic()
     status, out, _ = run(
         capsys, "plan", *argv, "--max-candidates", "1000000000", "--plan-seconds", "0.5"
     )
     assert status == 1
-    assert time.monotonic() - started < 10
-    assert "no plan: no plan within the bound: stopped at the time limit after considering" in out
+    # Far short of the billion candidates allowed: the time limit ended the search.
+    considered = re.search(r"stopped at the time limit after considering ([\d,]+) candidates", out)
+    assert considered is not None, out
+    assert int(considered[1].replace(",", "")) < 1_000_000_000
+    assert "no plan: no plan within the bound:" in out
     status, _, err = run(capsys, "plan", *argv, "--max-candidates", "0")
     assert status == 2
     assert "--max-candidates must be at least 1" in err

@@ -156,6 +156,7 @@ class CozystackAPI:
             **os.environ,
             "KAPI_PORT": str(self.kapi_port),
             "KAPI_ETCD_PORT": str(self.etcd_port),
+            "KAPI_KCM_PORT": str(free_port()),  # never up.sh's default, shared by every worker
             "COZY_PORT": str(self.cozy_port),
             "COZY_FRESH": "1",
         }
@@ -434,7 +435,9 @@ def vm(name: str, namespace: str, instance_type: str = "u1.micro") -> dict[str, 
 
 
 def request_name(factory: pytest.TempPathFactory) -> str:
-    return factory.mktemp("cozystack-api").name
+    """A name for a module's kept directory: each parallel worker numbers its own temporary
+    directories from 0, so the worker's name keeps two workers' apart."""
+    return f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-{factory.mktemp('cozystack-api').name}"
 
 
 @pytest.fixture(scope="module")

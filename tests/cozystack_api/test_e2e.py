@@ -330,7 +330,9 @@ def test_the_live_state_reads_applications_through_the_aggregated_api(env: Cozys
         )
     )
     assert served
-    time.sleep(1.5)  # the replicas' watches through the aggregation layer
+    # Every replica counts pre's 1Gi in the pool (its watch through the aggregation layer
+    # delivered it), not merely once cozystack-api serves it.
+    env.wait_pool(namespace, 60, reserved={"memory": "1Gi"})
     denied = create(env, alice, vm("after", namespace))
     assert DENIED in denied.stderr, "pre's 1Gi is counted, read through the aggregated API"
     assert "used: memory=1Gi" in denied.stderr

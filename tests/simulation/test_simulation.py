@@ -16,7 +16,9 @@ from tests.simulation.reverted import reverted_settle_rule, reverted_stale_write
 from tests.simulation.simulator import Outcome, explore, replay_command, run
 
 CI_SEEDS = 5000
-CHUNK = 1000  # seeds per test: a failure in one chunk leaves the others reported
+# Seeds per test: a failure in one chunk leaves the others reported, and chunks of a few
+# seconds each spread evenly over the parallel workers.
+CHUNK = 250
 # The reverted rule must be found within this many seeds.
 REVERTED_SEEDS = 1000
 
@@ -40,6 +42,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("seeds", chunks, ids=[f"{c.start}-{c.stop - 1}" for c in chunks])
 
 
+@pytest.mark.slow
 def test_no_schedule_pushes_a_pool_past_its_budget_or_leaves_the_replicas_apart(
     seeds: range,
 ) -> None:

@@ -17,6 +17,7 @@ from tests.waiting import eventually
 from webhook.core.pricing.catalog import InstanceType, StaticCatalog
 from webhook.core.pricing.metric_keys import OTHER, fold, known_keys, quota_keys
 from webhook.core.pricing.platform import Platform
+from webhook.server import WebhookServer
 
 MADE_UP = 2000
 
@@ -31,6 +32,20 @@ def series(text: str) -> dict[str, set[tuple[tuple[str, str], ...]]]:
 
 def resource_labels(found: dict[str, set[tuple[tuple[str, str], ...]]], name: str) -> set[str]:
     return {dict(labels)["resource"] for labels in found.get(name, set())}
+
+
+async def observed(
+    caller: Caller, webhook: WebhookServer, pool: str, room: str
+) -> dict[str, set[tuple[tuple[str, str], ...]]]:
+    """The series of /metrics once they show ``pool``'s budget and ``room``'s guard room."""
+    for _ in range(200):
+        found = series(await metrics(caller, webhook))
+        pools = {dict(x)["pool"] for x in found.get("reservation_pool_budget", set())}
+        rooms = {dict(x)["namespace"] for x in found.get("reservation_guard_room", set())}
+        if pool in pools and room in rooms:
+            return found
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"/metrics never showed pool {pool} and the room of {room}")
 
 
 def quota(namespace: str, hard: dict[str, str]) -> dict[str, object]:
@@ -54,7 +69,9 @@ async def test_made_up_budget_and_quota_keys_add_no_series(
             await wait_ready(caller, webhook.port)
             live = live_of(webhook)
             await eventually(lambda: "tenant-acme" in str(live.state.tree.pools()))
-            before = series(await metrics(caller, webhook))
+            # The baseline once /metrics shows every object above (both pools, acme's quota),
+            # not the first pool alone: a series that came later would be counted as added.
+            before = await observed(caller, webhook, "tenant-acme-calm", "tenant-acme")
             # A sub-Tenant with 2,000 made-up budget keys, stored as the API server stores what
             # was admitted (in warn, in off, or before the webhook ran), and a tenant's own
             # ResourceQuota with 2,000 extended-resource keys.
@@ -64,16 +81,7 @@ async def test_made_up_budget_and_quota_keys_add_no_series(
             server.create(quota("tenant-acme-evil", extended))
             server.create(quota("tenant-acme-calm", {"requests.memory": "1Gi"}))
 
-            found = before
-            for _ in range(200):
-                found = series(await metrics(caller, webhook))
-                pools = {dict(x)["pool"] for x in found.get("reservation_pool_budget", set())}
-                rooms = {dict(x)["namespace"] for x in found.get("reservation_guard_room", set())}
-                if "tenant-acme-evil" in pools and "tenant-acme-evil" in rooms:
-                    break
-                await asyncio.sleep(0.05)
-            else:
-                raise AssertionError("the hostile objects were never observed")
+            found = await observed(caller, webhook, "tenant-acme-evil", "tenant-acme-evil")
             added = sum(len(s) for s in found.values()) - sum(len(s) for s in before.values())
             # Two new pools and two new namespaces with a quota, a handful of series each; before
             # keys were folded the Tenant added about 10,005 and the quota 2,000 room series.

@@ -49,6 +49,9 @@ class ReportWriter:
         self.client = client
         self.clock = clock
         self.written = 0  # reports created or replaced, since start
+        # Rounds that went through every namespace, counted after their writes are in
+        # ``written``: a reader that sees it grow knows the round's writes are all counted.
+        self.rounds = 0
         self.absent = ""  # why reports cannot be written now ("" when they can)
         self._retry_at = 0.0
 
@@ -98,6 +101,7 @@ class ReportWriter:
                 continue
             written += 1
         self.written += written
+        self.rounds += 1
         return written
 
     async def _stored(self) -> dict[str, tuple[str, str]]:

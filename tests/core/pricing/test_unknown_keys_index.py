@@ -114,6 +114,7 @@ def both(values: object, kind: str, max_nodes: int, max_findings: int) -> tuple[
     return raw, indexed
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.sampled_from(KINDS),
@@ -274,6 +275,7 @@ def _schema_nodes(schema: object) -> int:
     return total
 
 
+@pytest.mark.slow
 @settings(
     max_examples=40,
     deadline=None,
