@@ -48,7 +48,7 @@ def _keys(count: int, width: int = 5) -> dict[str, Any]:
 def cases() -> dict[str, Callable[[int], bytes]]:
     vm = {"instanceType": "u1.micro"}
     return {
-        "45,000 made-up keys (the issue's flood)": lambda i: _review(
+        "45,000 made-up keys (the heavy-values flood)": lambda i: _review(
             {**vm, "m": i, **_keys(45_000)}
         ),
         "19,990 made-up keys": lambda i: _review({**vm, "m": i, **_keys(19_990)}),

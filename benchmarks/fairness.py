@@ -7,7 +7,7 @@ tenant ``beta``, sends u1.micro VMInstance CREATEs one at a time (10 ms apart) o
 of its own. Both are separate processes (the load generator spends nothing of the webhook's
 interpreter) talking TLS to ``webhook serve`` on the fixtures with its default settings.
 
-Each round runs the victim alone, then beside the flood of the issue's bodies (45,000 keys,
+Each round runs the victim alone, then beside the heavy-values flood's bodies (45,000 keys,
 743 KB: past the values bound now, so refused after decoding) and beside a flood of the
 costliest bodies still decided in full (19,990 keys, just under the bound), for ``--seconds``
 each; rounds are interleaved, and with ``--before DIR`` another checkout's webhook is driven the
