@@ -7,7 +7,10 @@ largest charge any of its held updates expects, each until an observation only i
 settles it (the object shown newer than its admission, at its charge, and no other held update
 of it expecting that charge), or else until its grace period ends, when it has been stored or
 never will be: an observation showing a charge two updates expect cannot tell which of them was
-stored, and the other may still land. What is counted is ``max(observed + held increases,
+stored, and the other may still land. Nor can one that changed nothing the state reads (Flux
+writing the release's status, anyone's label): it settles entries, never a floor
+(``rewritten`` in :meth:`~webhook.core.admission.pending.PendingCharges.settle`), so a label
+patch's floor lasts until its expiry. What is counted is ``max(observed + held increases,
 floor)`` per resource; the difference, the *top-up*, goes into the application's namespace, so
 it reaches every pool above it as the observed charge does. A CREATE leaves no floor (a create
 of a stored name fails), a delete ends it (an update of a deleted object fails), and a Tenant
