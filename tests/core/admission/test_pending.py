@@ -392,3 +392,12 @@ def test_a_label_patch_listed_after_a_status_write_keeps_its_floor() -> None:
     assert counted(current) == 4 * GI
     assert current.pending.expire_floors(LATER)
     assert counted(current) == GI
+
+
+def test_a_state_rebuilt_after_a_status_write_keeps_a_label_patch_under_its_floor() -> None:
+    # A rebuilt state (a new platform) first sees x at the status write's version: that is no
+    # write of x's values, and the label patch listed then may still land after the shrink.
+    current = builders_state({POOL: {"memory": "4Gi"}}, stored(4, 7))
+    current.pending.track(POOL, [update("label", gib=4, after=6)], version=8)
+    current.observe(stored(1, 9))
+    assert counted(current) == 4 * GI

@@ -217,7 +217,7 @@ class ReservationState:
             record.version = app.version
         previous = self._apps.pop(key, None)
         if record is not None:
-            record.written = previous.written if _same_values(previous, record) else app.version
+            record.written = _written_at(previous, record, app.version)
         known_before = self._unknown.pop(key, None) is not None or previous is not None
         if record is None:
             self._unknown[key] = problem
@@ -659,16 +659,20 @@ class ReservationState:
         return sorted(found)
 
 
-def _same_values(previous: AppRecord | None, record: AppRecord) -> bool:
-    """Whether ``record`` is what ``previous`` was, as priced (a write of nothing it reads;
-    values that changed but price and digest alike are taken for unchanged: their floors wait
-    for their expiry, which only ever counts more)."""
-    return (
-        previous is not None
-        and previous.digest == record.digest
+def _written_at(previous: AppRecord | None, record: AppRecord, version: int) -> int:
+    """The version ``record``'s values were last written at, observed at ``version``: then,
+    if they differ from ``previous``'s as priced; else when ``previous``'s were (values that
+    changed but price and digest alike are taken for unchanged, and an application seen for
+    the first time, by a list or a rebuilt state, for written at no known version: their
+    floors then wait for their expiry, which only ever counts more)."""
+    if previous is None:
+        return 0
+    same = (
+        previous.digest == record.digest
         and previous.current_digest == record.current_digest
         and previous.resources == record.resources
     )
+    return previous.written if same else version
 
 
 def recount(state: ReservationState) -> dict[tuple[str, str], tuple[Decimal, Decimal]]:
