@@ -43,14 +43,9 @@ def reverted_settle_rule(enabled: bool = True) -> Iterator[None]:
     shows = getattr(ReservationState, "_shows")  # noqa: B009
 
     def settle_on_any_copy(
-        self: PendingCharges,
-        key: AppKey,
-        charge: Mapping[str, Decimal] | None,
-        version: int,
-        *,
-        rewritten: bool = True,
+        self: PendingCharges, key: AppKey, charge: Mapping[str, Decimal] | None, version: int
     ) -> Any:
-        return settle(self, key, charge, sys.maxsize, rewritten=rewritten)
+        return settle(self, key, charge, sys.maxsize)
 
     def shows_on_any_copy(self: ReservationState, hold: Hold) -> Any:
         return shows(self, dataclasses.replace(hold, after=-1))

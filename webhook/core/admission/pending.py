@@ -90,17 +90,14 @@ class PendingCharges:
         *,
         shows: Callable[[Hold], bool] | None = None,
         observed: Callable[[AppKey], Mapping[str, Decimal]] | None = None,
-        written: Callable[[AppKey], int] | None = None,
+        written: Callable[[AppKey], int] = lambda _: 0,  # see Floors
     ) -> None:
         self._tree = tree
         # Whether the state already shows a hold's object, newer than its admission.
         self._shows: Callable[[Hold], bool] = shows or (lambda _: False)
         # Floors need what the state observes of an application; without it (charges followed
         # alone, as in a test of the ledger's arithmetic) none are kept.
-        self._floors = Floors(tree, observed, self._held) if observed is not None else None
-        # The version an application's values were last written at (0: not known): only a
-        # write of them can be an update's own, a status or label write anyone may make.
-        self._written: Callable[[AppKey], int] = written or (lambda _: 0)
+        self._floors = Floors(tree, observed, self._held, written) if observed else None
         self._entries: dict[str, dict[str, Hold]] = {}  # pool -> id -> entry, as listed now
         self._counted: dict[_Slot, Hold] = {}  # what is in usage: listed or departed
         self._departed: dict[_Slot, int] = {}  # slot -> revision of the version it left
@@ -220,17 +217,8 @@ class PendingCharges:
             self._entries.pop(pool, None)
         self._forget_resolved()
 
-    def settle(
-        self,
-        key: AppKey,
-        charge: Mapping[str, Decimal] | None,
-        version: int,
-        *,
-        rewritten: bool = True,
-    ) -> None:
-        """The application was observed at ``version`` with ``charge`` (``None``: deleted);
-        ``rewritten`` when that version wrote its values: one that changed nothing they read
-        (a status or label write of anyone's) settles entries, never an update's floor."""
+    def settle(self, key: AppKey, charge: Mapping[str, Decimal] | None, version: int) -> None:
+        """The application was observed at ``version`` with ``charge`` (``None``: deleted)."""
         settled = []
         for slot in sorted(self._by_key.get(key, ())):
             hold = self._counted[slot]
@@ -243,8 +231,7 @@ class PendingCharges:
         for slot in settled:
             hold = self._counted[slot]
             floors = self._floors
-            alone = floors is not None and floors.alone(hold, version, len(ids))
-            if charge is not None and rewritten and alone and floors is not None:
+            if charge is not None and floors is not None and floors.alone(hold, version, len(ids)):
                 floors.drop(key, hold.id)  # its own write: it can land no more
             self._uncount(slot)
             self._departed.pop(slot, None)
@@ -359,10 +346,7 @@ class PendingCharges:
         """``hold`` arrives already shown by the state: under its floor unless only its own
         write can explain what the state shows."""
         floors = self._floors
-        if not self._raise_floor(hold) or floors is None:
-            return
-        # Shown by a write of its values after the admission, not a status or label write.
-        if self._written(hold.key) > hold.after and floors.alone(hold, sys.maxsize, 1):
+        if self._raise_floor(hold) and floors is not None and floors.alone(hold, sys.maxsize, 1):
             floors.drop(hold.key, hold.id)
 
     def _known(self, hold: Hold) -> bool:

@@ -236,8 +236,7 @@ class ReservationState:
         self._add_discount(namespace, record, 1)
         if self.pending and (record is not None or budget is not None):
             observed = budget if budget is not None else record.resources if record else {}
-            rewritten = record is None or record.written == app.version
-            self.pending.settle(key, observed, app.version, rewritten=rewritten)
+            self.pending.settle(key, observed, app.version)
         self.pending.refloor(key)  # a shrink counts no lower than its writes may still store
 
     def restamp(self, key: AppKey, version: int) -> bool:
@@ -260,7 +259,7 @@ class ReservationState:
             if observed is None:
                 observed = record.resources
         if self.pending and observed is not None:
-            self.pending.settle(key, observed, version, rewritten=False)
+            self.pending.settle(key, observed, version)
         return True
 
     def forget(self, key: AppKey, *, version: int = 0) -> None:
