@@ -357,3 +357,47 @@ def test_an_application_is_never_counted_below_a_version_that_may_still_be_store
         observed = observed_gib(current)
         needed = max([observed, *(g * GI for g in in_flight.values())])
         assert counted(current) >= needed
+
+
+def test_a_status_write_at_the_old_size_never_settles_a_label_patch_still_in_flight() -> None:
+    # Flux writes the release's status, cozystack-api serves it as a new version of x with
+    # nothing the reservation reads changed: no held update explains it, so the label patch
+    # that read 4Gi may still land after the shrink, and the room is not there to give away.
+    current = builders_state({POOL: {"memory": "4Gi"}}, stored(4, 5))
+    current.pending.track(
+        POOL, [update("label", gib=4, after=6), update("shrink", gib=1, after=6)], version=6
+    )
+    current.observe(stored(4, 7))  # a status write, not the label patch
+    current.observe(stored(1, 8))  # the shrink
+    assert counted(current) == 4 * GI
+
+
+def test_a_restamp_at_the_old_size_never_settles_a_label_patch_still_in_flight() -> None:
+    current = builders_state({POOL: {"memory": "4Gi"}}, stored(4, 5))
+    current.pending.track(
+        POOL, [update("label", gib=4, after=6), update("shrink", gib=1, after=6)], version=6
+    )
+    assert current.restamp(("Thing", POOL, "x"), 7)  # a status write, restamped
+    current.observe(stored(1, 8))
+    assert counted(current) == 4 * GI
+
+
+def test_a_label_patch_listed_after_a_status_write_keeps_its_floor() -> None:
+    # The ledger lists the label patch only once the state shows x newer, at 4Gi: a status
+    # write shows that as well as the patch would, so its floor stays until it expires.
+    current = builders_state({POOL: {"memory": "4Gi"}}, stored(4, 5))
+    current.observe(stored(4, 7))  # a status write
+    current.pending.track(POOL, [update("label", gib=4, after=6)], version=8)
+    current.observe(stored(1, 9))  # a shrink admitted elsewhere, observed
+    assert counted(current) == 4 * GI
+    assert current.pending.expire_floors(LATER)
+    assert counted(current) == GI
+
+
+def test_a_state_rebuilt_after_a_status_write_keeps_a_label_patch_under_its_floor() -> None:
+    # A rebuilt state (a new platform) first sees x at the status write's version: that is no
+    # write of x's values, and the label patch listed then may still land after the shrink.
+    current = builders_state({POOL: {"memory": "4Gi"}}, stored(4, 7))
+    current.pending.track(POOL, [update("label", gib=4, after=6)], version=8)
+    current.observe(stored(1, 9))
+    assert counted(current) == 4 * GI

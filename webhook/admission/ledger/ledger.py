@@ -128,7 +128,9 @@ class Ledger:
             return await self._caps.admit_capped(request, policy, decision)
         if not decision.allowed and decision.reason == "exceeded":
             decision = explain_cap(decision, state)
-            decision = explain_floors(decision, state, self.settings.grace_seconds)
+            decision = explain_floors(
+                decision, state, self.settings.grace_seconds, request.namespace
+            )
         if not decision.allowed or not decision.charged_pools:
             return decision
         node = state.tree.get(request.namespace)

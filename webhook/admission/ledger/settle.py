@@ -29,25 +29,37 @@ from webhook.kube.client import ApiError
 __all__ = ["Settle", "explain_floors"]
 
 
-def explain_floors(decision: Decision, state: ReservationState, grace: float) -> Decision:
+def explain_floors(
+    decision: Decision, state: ReservationState, grace: float, namespace: str = ""
+) -> Decision:
     """Say so when what the refusing pool counts includes an application held at a size an
     update admitted moments ago may still write back (:mod:`webhook.core.admission.floors`):
-    the room its shrink seems to free is not there yet."""
+    the room its shrink seems to free is not there yet. Only the requester's own applications
+    (in ``namespace`` or beneath it) are named; another tenant's are only counted."""
     pool = decision.pool
-    held = sorted(
-        key for key, _ in state.pending.topups() if key[1] == pool or key[1].startswith(pool + "-")
-    )
+    held = sorted(key for key, _ in state.pending.topups() if _within(key[1], pool))
     if not pool or not held:
         return decision
-    kind, namespace, name = held[0]
-    more = f" (and {len(held) - 1} more)" if len(held) > 1 else ""
+    own = [key for key in held if _within(key[1], namespace)] if namespace else []
+    others = len(held) - len(own)
+    if own:
+        kind, where, name = own[0]
+        more = len(own) - 1 + others
+        named = f"{kind} {where}/{name}" + (f" (and {more} more)" if more else "")
+    else:
+        named = f"{others} application{'s' if others > 1 else ''} of another tenant"
     message = (
-        f"{decision.message}; it counts {kind} {namespace}/{name}{more} at the size an update "
+        f"{decision.message}; it counts {named} at the size an update "
         "admitted moments ago may still write back (the API server stores updates without a "
         f"precondition), until that update is seen stored or {grace:g}s have passed: try again "
         "shortly"
     )
     return replace(decision, message=message, audit={**decision.audit, "message": message})
+
+
+def _within(namespace: str, top: str) -> bool:
+    """Whether ``namespace`` is ``top`` or a tenant namespace beneath it."""
+    return bool(top) and (namespace == top or namespace.startswith(top + "-"))
 
 
 class Settle:

@@ -7,7 +7,9 @@ largest charge any of its held updates expects, each until an observation only i
 settles it (the object shown newer than its admission, at its charge, and no other held update
 of it expecting that charge), or else until its grace period ends, when it has been stored or
 never will be: an observation showing a charge two updates expect cannot tell which of them was
-stored, and the other may still land. What is counted is ``max(observed + held increases,
+stored, and the other may still land. Nor can one that changed nothing the state reads (Flux
+writing the release's status, anyone's label): it settles entries, never a floor, so a
+label patch's floor lasts until its expiry. What is counted is ``max(observed + held increases,
 floor)`` per resource; the difference, the *top-up*, goes into the application's namespace, so
 it reaches every pool above it as the observed charge does. A CREATE leaves no floor (a create
 of a stored name fails), a delete ends it (an update of a deleted object fails), and a Tenant
@@ -44,10 +46,14 @@ class Floors:
         tree: TenantTree,
         observed: Callable[[AppKey], Mapping[str, Decimal]],
         held: Callable[[AppKey], Mapping[str, Decimal]],
+        written: Callable[[AppKey], int],
     ) -> None:
         self._tree = tree
         self._observed = observed  # what the state counts for the application as stored
         self._held = held  # the increases its counted entries add
+        # The version the application's values were last written at (0: not known); only a
+        # write of them may be an update's own: a status or a label anyone may write.
+        self._written = written
         self._updates: dict[AppKey, dict[str, Hold]] = {}  # key -> id -> update
         self._topups: dict[AppKey, dict[str, Decimal]] = {}  # in usage, at the key's namespace
 
@@ -87,9 +93,10 @@ class Floors:
 
     def alone(self, hold: Hold, version: int, matching: int) -> bool:
         """Whether an observation of ``hold``'s application at ``version`` showing its charge
-        can only be ``hold``'s write: ``matching`` counted entries expect it, and no other
+        can only be ``hold``'s write: its values were written since the admission (a status
+        or label write explains nothing), ``matching`` counted entries expect it, and no other
         update under the floor, admitted before that version, does."""
-        if matching != 1:
+        if matching != 1 or self._written(hold.key) <= hold.after:
             return False
         return not any(
             other.id != hold.id and other.after < version and other.charge == hold.charge

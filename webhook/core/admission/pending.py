@@ -90,13 +90,14 @@ class PendingCharges:
         *,
         shows: Callable[[Hold], bool] | None = None,
         observed: Callable[[AppKey], Mapping[str, Decimal]] | None = None,
+        written: Callable[[AppKey], int] = lambda _: 0,  # see Floors
     ) -> None:
         self._tree = tree
         # Whether the state already shows a hold's object, newer than its admission.
         self._shows: Callable[[Hold], bool] = shows or (lambda _: False)
         # Floors need what the state observes of an application; without it (charges followed
         # alone, as in a test of the ledger's arithmetic) none are kept.
-        self._floors = Floors(tree, observed, self._held) if observed is not None else None
+        self._floors = Floors(tree, observed, self._held, written) if observed else None
         self._entries: dict[str, dict[str, Hold]] = {}  # pool -> id -> entry, as listed now
         self._counted: dict[_Slot, Hold] = {}  # what is in usage: listed or departed
         self._departed: dict[_Slot, int] = {}  # slot -> revision of the version it left

@@ -78,6 +78,9 @@ class AppRecord:
     factors: dict[str, Decimal] | None = None  # the factor applied, when there is one
     factor_source: str = ""  # "application", or the namespace of the tenant that set it
     version: int = 0  # the stored object's resourceVersion, when the source has one
+    # The version its values were last written at: a write that changes nothing the state
+    # reads (a label, a status) moves ``version`` on, never this (see admission.floors).
+    written: int = 0
     marks: dict[str, Decimal] | None = None  # its persistent volumes' high marks, when any
 
     @property
@@ -115,7 +118,9 @@ class ReservationState:
         # its own (records from elsewhere are then evaluated as they stand).
         self._keys = keys if keys is not None else RecordKeys.generate()
         self.tree = TenantTree()
-        self.pending = PendingCharges(self.tree, shows=self._shows, observed=self._observed)
+        self.pending = PendingCharges(
+            self.tree, shows=self._shows, observed=self._observed, written=self._written
+        )
         self._synced = synced
         self._readiness = readiness  # a live source's own check, asked on every read
         self._unavailable = unavailable  # a live source: why one kind cannot be decided now
@@ -211,6 +216,8 @@ class ReservationState:
         if record is not None:
             record.version = app.version
         previous = self._apps.pop(key, None)
+        if record is not None:
+            record.written = _written_at(previous, record, app.version)
         known_before = self._unknown.pop(key, None) is not None or previous is not None
         if record is None:
             self._unknown[key] = problem
@@ -522,6 +529,10 @@ class ReservationState:
         record = self._apps.get(key)
         return record.resources if record is not None else {}
 
+    def _written(self, key: AppKey) -> int:
+        record = self._apps.get(key)
+        return record.written if record is not None else 0
+
     def _shows(self, hold: Hold) -> bool:
         """Whether the state shows ``hold``'s application as admitted, newer than the admission
         (a copy that only matches the figures may predate it, and settles nothing)."""
@@ -645,6 +656,22 @@ class ReservationState:
             if bounder is not None and bounder.namespace == pool_namespace:
                 found.append(app_key)
         return sorted(found)
+
+
+def _written_at(previous: AppRecord | None, record: AppRecord, version: int) -> int:
+    """The version ``record``'s values were last written at, observed at ``version``: then,
+    if they differ from ``previous``'s as priced; else when ``previous``'s were (values that
+    changed but price and digest alike are taken for unchanged, and an application seen for
+    the first time, by a list or a rebuilt state, for written at no known version: their
+    floors then wait for their expiry, which only ever counts more)."""
+    if previous is None:
+        return 0
+    same = (
+        previous.digest == record.digest
+        and previous.current_digest == record.current_digest
+        and previous.resources == record.resources
+    )
+    return previous.written if same else version
 
 
 def recount(state: ReservationState) -> dict[tuple[str, str], tuple[Decimal, Decimal]]:
