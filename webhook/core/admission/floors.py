@@ -109,12 +109,19 @@ class Floors:
         if self._updates.pop(key, None) is not None:
             self.refloor(key)
 
-    def expire(self, now: str) -> bool:
+    def expire(self, now: str, counted: Callable[[Hold], bool] = lambda _: False) -> bool:
         """Drop the updates whose grace period has passed by ``now`` (as entries' expiries are
-        written): each has been stored or never will be. Whether room may have been freed."""
+        written): each has been stored or never will be. One whose entry is still ``counted``
+        stays: the state may not have seen its write yet (a lagging watch), and only the entry,
+        dropped from the ledger by a write made after its expiry and released once the state
+        has reached that write, says it has. Whether room may have been freed."""
         freed = False
         for key, holds in list(self._updates.items()):
-            gone = [hold_id for hold_id, hold in holds.items() if _past(hold.until, now)]
+            gone = [
+                hold_id
+                for hold_id, hold in holds.items()
+                if _past(hold.until, now) and not counted(hold)
+            ]
             if not gone:
                 continue
             for hold_id in gone:
