@@ -45,6 +45,10 @@ application is the larger of its observed charge plus the increases still held a
 only once no write that could overwrite it may still land. A dry run may be held too (an API
 server that ignores dry runs stores it): its hold is a *preview*, which the next admitted write
 of the same object replaces rather than adds to (see :mod:`webhook.admission.ledger`).
+
+Over 400 lines, and kept whole: the rules above interlock on one set of counted entries (a
+floor ends only once its entry no longer counts, and is settled alone only from a copy of the
+ledger as new as the observation), so they are kept where each can see the others.
 """
 
 from __future__ import annotations
