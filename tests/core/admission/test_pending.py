@@ -324,6 +324,19 @@ def test_two_updates_expecting_one_charge_both_keep_their_floor_when_one_is_obse
     assert counted(current) == 4 * GI
 
 
+def test_a_burst_of_label_patches_folded_together_holds_past_expiry_while_any_is_listed() -> None:
+    current = builders_state({POOL: {"memory": "4Gi"}}, stored(4, 5))
+    burst = [update(f"l{index}", gib=4, after=6) for index in range(65)]  # folded past 64
+    current.pending.track(POOL, burst, version=6)
+    current.observe(stored(1, 7))
+    assert not current.pending.expire_floors(LATER)
+    assert counted(current) == 4 * GI
+    current.pending.track(POOL, [], version=9, released={"Thing": 65})
+    current.pending.catch_up(watched_up_to(9))
+    current.pending.expire_floors(LATER)
+    assert counted(current) == GI
+
+
 def test_an_observation_newer_than_the_ledger_copy_settles_no_floor_alone() -> None:
     # The copy of the ledger (6) lists one label patch; a second, admitted at 7, is not in it
     # yet. The 4Gi observed at 8 may be either's write: neither floor can go on it.

@@ -31,12 +31,12 @@ from webhook.core.tenancy.applications import AppKey
 if TYPE_CHECKING:  # the entries' type, defined with the pending charges that hold them
     from webhook.core.admission.pending import Hold
 
-__all__ = ["Floors"]
+__all__ = ["FOLDED", "Floors"]
 
 # Updates of one application kept apart before they are folded into one figure (a tenant
 # writing one object in bursts keeps at most this many; folded, each is held longer, never less).
 _PER_APPLICATION = 64
-_FOLDED = "(folded)"
+FOLDED = "(folded)"  # the id of updates folded together: it stands for each of them
 
 
 class Floors:
@@ -78,14 +78,14 @@ class Floors:
         holds = self._updates.setdefault(hold.key, {})
         holds[hold.id] = hold
         if len(holds) > _PER_APPLICATION:
-            folded = dataclasses.replace(hold, id=_FOLDED, after=0, increase={}, charge={})
+            folded = dataclasses.replace(hold, id=FOLDED, after=0, increase={}, charge={})
             for each in holds.values():
                 folded = dataclasses.replace(
                     folded,
                     charge=rl.maximum(folded.charge, each.charge),
                     until=max(folded.until, each.until),
                 )
-            self._updates[hold.key] = {_FOLDED: folded}
+            self._updates[hold.key] = {FOLDED: folded}
         self.refloor(hold.key)
 
     def alone(self, hold: Hold, version: int, matching: int) -> bool:

@@ -57,7 +57,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
-from webhook.core.admission.floors import Floors
+from webhook.core.admission.floors import FOLDED, Floors
 from webhook.core.admission.pools import TenantTree
 from webhook.core.base import resources as rl
 from webhook.core.tenancy.applications import AppKey
@@ -381,8 +381,9 @@ class PendingCharges:
 
     def _still_counted(self, hold: Hold) -> bool:
         """Whether ``hold``'s entry is counted in some pool (listed, or departed and not yet
-        caught up with)."""
-        return any(slot[1] == hold.id for slot in self._by_key.get(hold.key, ()))
+        caught up with); for updates folded together, whether any entry of theirs may be."""
+        slots = self._by_key.get(hold.key, ())
+        return bool(slots) if hold.id == FOLDED else any(slot[1] == hold.id for slot in slots)
 
     def _held(self, key: AppKey) -> Mapping[str, Decimal]:
         """What the entries counted for ``key`` add to its pools."""
