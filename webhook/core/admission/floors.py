@@ -5,16 +5,18 @@ stored last whatever it read: a ``kubectl label`` that read a VM before a shrink
 size back after it. A pool therefore counts an application at no less than its *floor*, the
 largest charge any of its held updates expects, each until an observation only it can explain
 settles it (the object shown newer than its admission, at its charge, and no other held update
-of it expecting that charge, and the ledger copy listing every update admitted before the
-observation), or else until its grace period ends, when it has been stored or never will be,
-and its entry no longer counts (the state has seen past the ledger write that dropped it: a
-lagging watch may not show yet what was stored just before the expiry): an observation
-showing a charge two updates expect cannot tell which of them was stored, and the other may
-still land. What is counted is ``max(observed + held increases,
+of it expecting that charge), or else until its grace period ends, when it has been stored or
+never will be: an observation showing a charge two updates expect cannot tell which of them was
+stored, and the other may still land. What is counted is ``max(observed + held increases,
 floor)`` per resource; the difference, the *top-up*, goes into the application's namespace, so
 it reaches every pool above it as the observed charge does. A CREATE leaves no floor (a create
 of a stored name fails), a delete ends it (an update of a deleted object fails), and a Tenant
 keeps none (its charge is its quota, counted as ``max(quota, usage)``).
+
+Settled alone only from a copy of the ledger listing every update admitted before the
+observation; expired only once its entry no longer counts, i.e. the state has seen past the
+ledger write that dropped it (a lagging watch may not show yet what was stored just before the
+expiry).
 """
 
 from __future__ import annotations
