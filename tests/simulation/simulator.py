@@ -96,6 +96,10 @@ class Admitted:
     told: int = 0  # the newest Tenant version the deciding replica had been sent
     answered: float = 0.0  # when the webhook allowed it
     version: int = 0  # the resourceVersion it was stored at
+    # What was stored when it was sent: an unconditioned update that writes back the stored
+    # spec it read adds nothing, so it may land above a lowered budget up to the pools then.
+    read_spec: Obj | None = None
+    read_pools: Figures = field(default_factory=dict)
 
     @property
     def namespace(self) -> str:
@@ -680,6 +684,10 @@ class Simulation:
             sent=self.loop.time(),
             told=self.api.told.get((replica, "tenants"), 0),
         )
+        if operation == "UPDATE" and self.unconditioned:
+            current = self.api.get(change.plural, namespace, name)
+            change.read_spec = copy.deepcopy(current["spec"]) if current else None
+            change.read_pools = self._pools()
         task.add_done_callback(lambda t: self._decided(change, t))
         return uid
 
@@ -774,6 +782,14 @@ class Simulation:
             # Decided before the replica could know of a lowered budget: allowed, the lowering
             # went below what was (about to be) used. Once told, nothing new may land there.
             found = {k: v for k, v in found.items() if self.lowered.get(k, 0) <= landing.told}
+            if landing.read_spec is not None and landing.obj.get("spec") == landing.read_spec:
+                # Stored last with no precondition, it writes back the spec stored when it was
+                # sent: it restores a pool no larger than it was then (overcommitted only by a
+                # lowered budget), and nothing it carries was admitted as growth.
+                then = landing.read_pools
+                found = {
+                    k: v for k, v in found.items() if k not in then or after[k][0] > then[k][0]
+                }
         if found:
             raise Violation("pool over budget: " + "; ".join(found.values()))
         if self.errors:

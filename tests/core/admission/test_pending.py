@@ -282,7 +282,27 @@ def test_a_floor_goes_when_its_write_can_no_longer_be_stored() -> None:
     current.observe(stored(1, 7))
     assert not current.pending.expire_floors(EARLY)
     assert counted(current) == 4 * GI
+    current.pending.track(POOL, [], version=9, released={"Thing": 1})  # dropped, expired
+    current.pending.catch_up(watched_up_to(9))
     assert current.pending.expire_floors(LATER)  # its grace period is over: room is freed
+    assert counted(current) == GI
+
+
+def test_an_expired_floor_holds_while_the_watch_has_not_reached_the_ledger_dropping_it() -> None:
+    # The label patch was stored (at 8) before its grace period ended, but this replica's
+    # watch still shows the shrink (7): until the state has reached the ledger write that
+    # dropped the expired entry (9), that write may be what is stored.
+    current = builders_state({POOL: {"memory": "4Gi"}}, stored(4, 5))
+    current.pending.track(POOL, [update("label", gib=4, after=6)], version=6)
+    current.observe(stored(1, 7))
+    assert not current.pending.expire_floors(LATER)  # still listed: the state may lag
+    assert counted(current) == 4 * GI
+    current.pending.track(POOL, [], version=9, released={"Thing": 1})
+    current.pending.catch_up(watched_up_to(8))
+    assert not current.pending.expire_floors(LATER)
+    assert counted(current) == 4 * GI
+    current.pending.catch_up(watched_up_to(9))
+    current.pending.expire_floors(LATER)
     assert counted(current) == GI
 
 
@@ -301,6 +321,42 @@ def test_two_updates_expecting_one_charge_both_keep_their_floor_when_one_is_obse
     current.pending.track(POOL, labels, version=6)
     current.observe(stored(4, 7))
     current.observe(stored(1, 8))
+    assert counted(current) == 4 * GI
+
+
+def test_a_burst_of_label_patches_folded_together_holds_past_expiry_while_any_is_listed() -> None:
+    current = builders_state({POOL: {"memory": "4Gi"}}, stored(4, 5))
+    burst = [update(f"l{index}", gib=4, after=6) for index in range(65)]  # folded past 64
+    current.pending.track(POOL, burst, version=6)
+    current.observe(stored(1, 7))
+    assert not current.pending.expire_floors(LATER)
+    assert counted(current) == 4 * GI
+    current.pending.track(POOL, [], version=9, released={"Thing": 65})
+    current.pending.catch_up(watched_up_to(9))
+    current.pending.expire_floors(LATER)
+    assert counted(current) == GI
+
+
+def test_an_observation_newer_than_the_ledger_copy_settles_no_floor_alone() -> None:
+    # The copy of the ledger (6) lists one label patch; a second, admitted at 7, is not in it
+    # yet. The 4Gi observed at 8 may be either's write: neither floor can go on it.
+    current = builders_state({POOL: {"memory": "4Gi"}}, stored(4, 5))
+    current.pending.track(POOL, [update("l1", gib=4, after=6)], version=6)
+    current.observe(stored(4, 8))
+    current.observe(stored(1, 9))  # a shrink
+    assert counted(current) == 4 * GI
+
+
+def test_two_label_patches_shown_before_their_entries_arrive_both_keep_their_floor() -> None:
+    # The state shows 4Gi (8) before this replica reads the ledger listing the label patches,
+    # one copy at a time: the first copy cannot say the second patch was not the one stored.
+    current = builders_state({POOL: {"memory": "4Gi"}}, stored(4, 5))
+    current.observe(stored(4, 8))
+    current.pending.track(POOL, [update("l1", gib=4, after=6)], version=6)
+    current.pending.track(
+        POOL, [update("l1", gib=4, after=6), update("l2", gib=4, after=7)], version=7
+    )
+    current.observe(stored(1, 9))  # a shrink
     assert counted(current) == 4 * GI
 
 

@@ -85,6 +85,26 @@ def test_each_key_is_checked_against_its_nearest_bounded_tenant() -> None:
     assert allowed.pool == "tenant-a-b"
 
 
+def test_a_sub_tenants_label_patch_is_held_in_the_parent_pool_that_bounds_its_memory() -> None:
+    # tenant-a-b bounds only cpu: a decision in tenant-a, the pool its memory counts in, rereads
+    # tenant-a's ledger, so the label patch (which may write the old size back) is written there.
+    current = state(
+        {"tenant-a": {"memory": "8Gi"}, "tenant-a-b": {"cpu": "1"}},
+        thing("tenant-a-b", memory="4Gi"),
+    )
+    body = request(
+        "Thing",
+        "tenant-a-b",
+        "x",
+        {"memory": "4Gi"},
+        operation="UPDATE",
+        old_spec={"memory": "4Gi"},
+    )
+    decision = staged(body, current)
+    assert decision.allowed, decision.message
+    assert decision.charged_pools == {"tenant-a": {}}
+
+
 def test_a_namespace_with_no_quota_above_it_is_unlimited() -> None:
     allowed = check(
         "tenant-free", {"memory": 100 * GI}, state({"tenant-free": None}), facts(), enforce

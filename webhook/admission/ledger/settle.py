@@ -92,7 +92,9 @@ class Settle:
                 return True
             if not book.current().pending.departed(pool):
                 return False
-            return await self.wait_departed(pool)
+            await self.wait_departed(pool)
+            book.current().pending.expire_floors(book.now())  # those whose entries went
+            return True
         async with book.locked([pool]):
             current = book.objects.get(pool)
             state = book.current()
@@ -102,7 +104,9 @@ class Settle:
                     status = self.status.build(pool, current, state, kept)
                     with contextlib.suppress(Conflict, ApiError):
                         await book.write(pool, current, status)
-        return await self.wait_departed(pool)
+        await self.wait_departed(pool)
+        book.current().pending.expire_floors(book.now())  # those whose entries were released
+        return True
 
     async def wait_departed(self, pool: str) -> bool:
         """Wait (bounded) until no entry that left ``pool``'s ledger is still counted."""

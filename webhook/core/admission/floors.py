@@ -14,6 +14,11 @@ floor)`` per resource; the difference, the *top-up*, goes into the application's
 it reaches every pool above it as the observed charge does. A CREATE leaves no floor (a create
 of a stored name fails), a delete ends it (an update of a deleted object fails), and a Tenant
 keeps none (its charge is its quota, counted as ``max(quota, usage)``).
+
+Settled alone only from a copy of the ledger listing every update admitted before the
+observation; expired only once its entry no longer counts, i.e. the state has seen past the
+ledger write that dropped it (a lagging watch may not show yet what was stored just before the
+expiry).
 """
 
 from __future__ import annotations
@@ -30,12 +35,12 @@ from webhook.core.tenancy.applications import AppKey
 if TYPE_CHECKING:  # the entries' type, defined with the pending charges that hold them
     from webhook.core.admission.pending import Hold
 
-__all__ = ["Floors"]
+__all__ = ["FOLDED", "Floors"]
 
 # Updates of one application kept apart before they are folded into one figure (a tenant
 # writing one object in bursts keeps at most this many; folded, each is held longer, never less).
 _PER_APPLICATION = 64
-_FOLDED = "(folded)"
+FOLDED = "(folded)"  # the id of updates folded together: it stands for each of them
 
 
 class Floors:
@@ -81,14 +86,14 @@ class Floors:
         holds = self._updates.setdefault(hold.key, {})
         holds[hold.id] = hold
         if len(holds) > _PER_APPLICATION:
-            folded = dataclasses.replace(hold, id=_FOLDED, after=0, increase={}, charge={})
+            folded = dataclasses.replace(hold, id=FOLDED, after=0, increase={}, charge={})
             for each in holds.values():
                 folded = dataclasses.replace(
                     folded,
                     charge=rl.maximum(folded.charge, each.charge),
                     until=max(folded.until, each.until),
                 )
-            self._updates[hold.key] = {_FOLDED: folded}
+            self._updates[hold.key] = {FOLDED: folded}
         self.refloor(hold.key)
 
     def alone(self, hold: Hold, version: int, matching: int) -> bool:
@@ -116,12 +121,19 @@ class Floors:
         if self._updates.pop(key, None) is not None:
             self.refloor(key)
 
-    def expire(self, now: str) -> bool:
+    def expire(self, now: str, counted: Callable[[Hold], bool] = lambda _: False) -> bool:
         """Drop the updates whose grace period has passed by ``now`` (as entries' expiries are
-        written): each has been stored or never will be. Whether room may have been freed."""
+        written): each has been stored or never will be. One whose entry is still ``counted``
+        stays: the state may not have seen its write yet (a lagging watch), and only the entry,
+        dropped from the ledger by a write made after its expiry and released once the state
+        has reached that write, says it has. Whether room may have been freed."""
         freed = False
         for key, holds in list(self._updates.items()):
-            gone = [hold_id for hold_id, hold in holds.items() if _past(hold.until, now)]
+            gone = [
+                hold_id
+                for hold_id, hold in holds.items()
+                if _past(hold.until, now) and not counted(hold)
+            ]
             if not gone:
                 continue
             for hold_id in gone:

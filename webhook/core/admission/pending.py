@@ -45,16 +45,19 @@ application is the larger of its observed charge plus the increases still held a
 only once no write that could overwrite it may still land. A dry run may be held too (an API
 server that ignores dry runs stores it): its hold is a *preview*, which the next admitted write
 of the same object replaces rather than adds to (see :mod:`webhook.admission.ledger`).
+
+Over 400 lines, and kept whole: the rules above interlock on one set of counted entries (a
+floor ends only once its entry no longer counts, and is settled alone only from a copy of the
+ledger as new as the observation), so they are kept where each can see the others.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
-from webhook.core.admission.floors import Floors
+from webhook.core.admission.floors import FOLDED, Floors
 from webhook.core.admission.pools import TenantTree
 from webhook.core.base import resources as rl
 from webhook.core.tenancy.applications import AppKey
@@ -106,6 +109,7 @@ class PendingCharges:
         self._resolved_floor = 0  # how many were still listed at the last pruning
         self._released: dict[str, dict[str, int]] = {}  # pool -> kind -> removed, as last read
         self._fences: dict[tuple[str, str], int] = {}  # (pool, kind) -> revision to reach
+        self._versions: dict[str, int] = {}  # pool -> newest ledger version tracked (etcd's)
         self._figures: dict[str, dict[str, Decimal]] = {}  # pool -> counted usage
         self._adjusted: dict[str, dict[str, Decimal]] = {}  # pool -> decided, being written
 
@@ -138,8 +142,11 @@ class PendingCharges:
         return self._floors.topups() if self._floors is not None else []
 
     def expire_floors(self, now: str) -> bool:
-        """Drop the floors past their grace period by ``now``; whether room may be freed."""
-        return self._floors.expire(now) if self._floors is not None else False
+        """Drop the floors past their grace period by ``now`` whose entries no longer count
+        (:meth:`.Floors.expire`); whether room may be freed."""
+        if self._floors is None:
+            return False
+        return self._floors.expire(now, self._still_counted)
 
     def forget_floor(self, key: AppKey) -> None:
         """The application was deleted: no update of it can be stored any more."""
@@ -197,6 +204,7 @@ class PendingCharges:
                 self._departed.pop(slot, None)
             elif slot in self._counted:
                 self._departed.setdefault(slot, version)
+        shown: list[Hold] = []
         for hold_id, entry in listed.items():
             slot = (pool, hold_id)
             self._departed.pop(slot, None)
@@ -207,10 +215,12 @@ class PendingCharges:
                 self._uncount(slot)
             if hold_id in self._resolved or self._shows(entry):
                 if hold_id not in self._resolved:
-                    self._shown(entry)
+                    shown.append(entry)
                 self._resolved.add(hold_id)
                 continue
             self._count(slot, entry)
+        self._shown(shown)
+        self._versions[pool] = max(self._versions.get(pool, 0), version)
         if listed:
             self._entries[pool] = listed
         else:
@@ -231,7 +241,12 @@ class PendingCharges:
         for slot in settled:
             hold = self._counted[slot]
             floors = self._floors
-            if charge is not None and floors is not None and floors.alone(hold, version, len(ids)):
+            if (
+                charge is not None
+                and floors is not None
+                and self._knows_updates_before(hold.namespace, version)
+                and floors.alone(hold, version, len(ids))
+            ):
                 floors.drop(key, hold.id)  # its own write: it can land no more
             self._uncount(slot)
             self._departed.pop(slot, None)
@@ -299,6 +314,7 @@ class PendingCharges:
         self._resolved = set(other._resolved)
         self._released = {pool: dict(counts) for pool, counts in other._released.items()}
         self._fences = dict(other._fences)
+        self._versions = dict(other._versions)
         if self._floors is not None and other._floors is not None:
             self._floors.carry_over(other._floors)
 
@@ -342,12 +358,13 @@ class PendingCharges:
         floors.add(hold)
         return True
 
-    def _shown(self, hold: Hold) -> None:
-        """``hold`` arrives already shown by the state: under its floor unless only its own
-        write can explain what the state shows."""
-        floors = self._floors
-        if self._raise_floor(hold) and floors is not None and floors.alone(hold, sys.maxsize, 1):
-            floors.drop(hold.key, hold.id)
+    def _shown(self, holds: list[Hold]) -> None:
+        """``holds`` arrive already shown by the state: each is under its floor until it
+        expires. What the state shows may be newer than this copy of the ledger, so an update
+        admitted in between, expecting the same charge, may be the one stored: none of them
+        can be told to be alone."""
+        for hold in holds:
+            self._raise_floor(hold)
 
     def _known(self, hold: Hold) -> bool:
         """Whether ``hold``'s application is counted here besides this update: observed, held
@@ -356,6 +373,18 @@ class PendingCharges:
         if self._floors is not None and (key in self._floors or self._floors.observed(key)):
             return True
         return any(self._counted[slot].id != hold.id for slot in self._by_key.get(key, ()))
+
+    def _knows_updates_before(self, pool: str, version: int) -> bool:
+        """Whether this copy of ``pool``'s ledger lists every update admitted before
+        ``version`` (one etcd counter: an update stored at ``version`` was admitted at a
+        revision below it), so an observation there can be told to be one update's alone."""
+        return self._versions.get(pool, 0) >= version - 1
+
+    def _still_counted(self, hold: Hold) -> bool:
+        """Whether ``hold``'s entry is counted in some pool (listed, or departed and not yet
+        caught up with); for updates folded together, whether any entry of theirs may be."""
+        slots = self._by_key.get(hold.key, ())
+        return bool(slots) if hold.id == FOLDED else any(slot[1] == hold.id for slot in slots)
 
     def _held(self, key: AppKey) -> Mapping[str, Decimal]:
         """What the entries counted for ``key`` add to its pools."""

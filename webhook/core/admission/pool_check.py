@@ -83,7 +83,10 @@ def check_pools(
         # Held with nothing to add, at its charge: a shrink or a label may still be stored
         # after a later write (no resourceVersion precondition behind cozystack-api), so the
         # pool keeps counting what it would store until it is observed or expires.
-        decision = replace(decision, charged_pools={decision.pool: {}})
+        # It is written into the nearest pool bounding each key of its charge (where its floor
+        # is counted, and whose ledger a decision there rereads), not just the nearest pool.
+        holders = _bounding(request.namespace, known.charge, state) or {decision.pool}
+        decision = replace(decision, charged_pools={pool: {} for pool in sorted(holders)})
     refused_for_pool = decision.reason in ("exceeded", "unknown-usage")
     if factored.changed and not decision.allowed and refused_for_pool:
         # The platform changed a factor: never refused for the pool, reported overcommitted.
@@ -126,6 +129,16 @@ def quota_facts(subject: Subject, priced: Priced, factored: Factored) -> Facts:
     )
     known.warnings.extend(priced.warnings)
     return known
+
+
+def _bounding(namespace: str, charge: Mapping[str, Decimal], state: ReservationState) -> set[str]:
+    """The nearest pool above ``namespace`` that bounds each key of ``charge``."""
+    found: dict[str, str] = {}
+    for node in state.tree.chain(namespace):
+        for key in node.budget:
+            if key in charge:
+                found.setdefault(key, node.namespace)
+    return set(found.values())
 
 
 def check(
