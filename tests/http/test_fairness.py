@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.builders import review, state
 from webhook.admission.admit import Admission
@@ -294,3 +296,28 @@ async def test_a_decision_that_waited_on_io_goes_on_only_in_its_turn(
     give_back()
     assert (await sent)["allowed"]
     assert admission.resumed.is_set()
+
+
+def test_a_create_named_past_the_first_bytes_is_still_queued_in_its_tenants_flow() -> None:
+    # A mutating webhook sees a create's name before the API server validates it, so a tenant
+    # can push the request's namespace (written after the name) past any fixed prefix: the
+    # review must still wait in its own tenant's flow, not in one shared with other tenants.
+    request = {
+        "uid": "u",
+        "kind": {"group": "apps.cozystack.io", "version": "v1alpha1", "kind": "Postgres"},
+        "resource": {"group": "apps.cozystack.io", "version": "v1alpha1", "resource": "postgreses"},
+        "name": "a" * 8000,
+        "namespace": "tenant-acme-dev",
+        "operation": "CREATE",
+        "userInfo": {"username": "alice"},
+        "object": {"metadata": {"name": "a" * 8000, "namespace": "tenant-acme-dev"}},
+    }
+    body = json.dumps({"kind": "AdmissionReview", "request": request}).encode()
+    assert peek(body) == ("tenant-acme", "u")
+
+
+@given(name=st.text(max_size=6000) | st.text(alphabet='"\\:n amespc', max_size=6000))
+def test_whatever_a_create_is_named_its_review_waits_in_its_namespaces_flow(name: str) -> None:
+    request = {"uid": "u", "name": name, "namespace": "tenant-beta-x", "operation": "CREATE"}
+    body = json.dumps({"request": request, "object": {"namespace": "tenant-acme"}}).encode()
+    assert peek(body).flow == "tenant-beta"

@@ -47,6 +47,7 @@ PEEK_BYTES: Final = 4096
 # unescaped ``"namespace"`` followed by ``:`` is a key of the document.
 _NAMESPACE_KEY: Final = b'"namespace"'
 _UID_KEY: Final = b'"uid"'
+_NAME_KEY: Final = b'"name"'
 _SPACE: Final = b" \t\r\n"
 # Loop rounds between a decision's end and the next dispatch: a review whose bytes came while
 # the last decision ran needs about five to reach the queue (the socket read and TLS record,
@@ -66,8 +67,13 @@ class Peeked(NamedTuple):
 def peek(raw: bytes) -> Peeked:
     """The flow and uid of a review from its first :data:`PEEK_BYTES` bytes, by a bounded
     scan; a namespace not found there queues the review in a flow of its own kind
-    (``(unread)``), never in another tenant's."""
+    (``(unread)``), never in another tenant's. A mutating webhook sees a create's name before
+    the API server validates its length, so past a long name the namespace written right after
+    it is looked for in the :data:`PEEK_BYTES` that follow it: a tenant cannot leave its flow by
+    naming its object long."""
     namespace = _string_of(raw, _NAMESPACE_KEY, 253)
+    if namespace is None and (after := _after_string(raw, _NAME_KEY)) >= 0:
+        namespace = _string_of(raw, _NAMESPACE_KEY, 253, after)
     uid = _string_of(raw, _UID_KEY, 128)
     return Peeked(_flow(namespace) if namespace is not None else UNREAD_FLOW, uid or "")
 
@@ -77,12 +83,42 @@ def _flow(namespace: str) -> str:
     return flow_of(namespace)
 
 
-def _string_of(raw: bytes, key: bytes, longest: int) -> str | None:
-    """The string value of the first ``key`` in the first :data:`PEEK_BYTES` of ``raw`` (a
-    JSON key: followed by ``:``), if it has one without escapes of at most ``longest``
-    characters; found with ``bytes.find``, nothing copied but the value."""
-    limit = min(len(raw), PEEK_BYTES)
-    start = raw.find(key, 0, limit)
+def _after_string(raw: bytes, key: bytes) -> int:
+    """Where the string value of the first ``key`` in the first :data:`PEEK_BYTES` of ``raw``
+    ends (the index past its closing quote, however long it is), or -1; each quote is checked
+    for the backslashes right before it, so the scan stays linear in the value."""
+    start = raw.find(key, 0, min(len(raw), PEEK_BYTES))
+    if start < 0:
+        return -1
+    at = _past_space(raw, start + len(key))
+    if at >= len(raw) or raw[at] != 0x3A:  # ":": a key
+        return -1
+    at = _past_space(raw, at + 1)
+    if at >= len(raw) or raw[at] != 0x22:  # not a string
+        return -1
+    end = raw.find(b'"', at + 1)
+    while end >= 0:
+        escapes = 0
+        while raw[end - 1 - escapes] == 0x5C:
+            escapes += 1
+        if escapes % 2 == 0:
+            return end + 1
+        end = raw.find(b'"', end + 1)
+    return -1
+
+
+def _past_space(raw: bytes, at: int) -> int:
+    while at < len(raw) and raw[at] in _SPACE:
+        at += 1
+    return at
+
+
+def _string_of(raw: bytes, key: bytes, longest: int, begin: int = 0) -> str | None:
+    """The string value of the first ``key`` in the :data:`PEEK_BYTES` of ``raw`` from
+    ``begin`` (a JSON key: followed by ``:``), if it has one without escapes of at most
+    ``longest`` characters; found with ``bytes.find``, nothing copied but the value."""
+    limit = min(len(raw), begin + PEEK_BYTES)
+    start = raw.find(key, begin, limit)
     while start >= 0:
         at = start + len(key)
         while at < limit and raw[at] in _SPACE:
