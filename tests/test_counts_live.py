@@ -9,7 +9,6 @@ from pathlib import Path
 from tests.builders import free_port, review
 from tests.cluster import app, cluster, tenant
 from tests.test_live import (
-    BURST_READ_TIMEOUT,
     MICRO,
     Caller,
     caller,
@@ -120,7 +119,7 @@ async def test_two_hundred_concurrent_creates_at_a_counts_edge_admit_exactly_the
         server.create(tenant("tenant-root", "acme", {VMS: "20"}))
         for i in range(6):
             server.create(app("VMInstance", "tenant-acme", f"old{i}", MICRO))
-        async with replica(kubeconfig, certs, watch_read_timeout=BURST_READ_TIMEOUT) as webhook:
+        async with replica(kubeconfig, certs) as webhook:
             await wait_ready(caller, webhook.port)
             bodies = [
                 review("VMInstance", "tenant-acme", f"vm{i}", MICRO, uid=f"u{i}")
@@ -141,8 +140,7 @@ async def test_two_replicas_bursting_at_a_counts_edge_admit_exactly_the_remainde
         ports = [free_port(), free_port()]
         logs = [(tmp_path / f"replica-{i}.log").open("wb") for i in range(2)]
         processes = [
-            spawn(kubeconfig, certs, f"replica-{i}", p, logs[i], read_timeout=BURST_READ_TIMEOUT)
-            for i, p in enumerate(ports)
+            spawn(kubeconfig, certs, f"replica-{i}", p, logs[i]) for i, p in enumerate(ports)
         ]
         try:
             for port in ports:

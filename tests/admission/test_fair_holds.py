@@ -19,7 +19,7 @@ import pytest
 from tests.apiserver.server import EmulatedAPIServer
 from tests.builders import review
 from tests.cluster import app, cluster, tenant
-from tests.test_live import BURST_READ_TIMEOUT, Caller, certs, replica, wait_ready
+from tests.test_live import Caller, certs, replica, wait_ready
 from tests.waiting import eventually
 from webhook.server import WebhookServer
 
@@ -92,7 +92,6 @@ async def test_creates_of_an_existing_name_hold_nothing_and_never_deny_another_t
         {"storage": "1000Gi"},
         members,
         [disk],
-        watch_read_timeout=BURST_READ_TIMEOUT,  # 30 clients at once on the test's loop
     ) as (server, webhook):
         duplicates = [
             review("VMDisk", "tenant-acme-a", "data", {"storage": "999Gi"}, uid=f"dup{i}")

@@ -12,7 +12,7 @@ from typing import Any
 from tests.apiserver.server import EmulatedAPIServer
 from tests.builders import review
 from tests.cluster import app, cluster, tenant
-from tests.test_live import MICRO, Caller, replica, wait_ready
+from tests.test_live import MICRO, SILENT_READ_TIMEOUT, Caller, replica, wait_ready
 from tests.waiting import eventually
 from webhook.admission.report import build_report, render_report
 from webhook.server import WebhookServer
@@ -407,7 +407,10 @@ async def test_a_malformed_instance_type_keeps_its_last_good_size(
 async def test_readiness_body_names_what_is_not_synced(
     tmp_path: Path, certs: Path, caller: Caller
 ) -> None:
-    async with cluster(tmp_path) as (server, kubeconfig), replica(kubeconfig, certs) as webhook:
+    async with (
+        cluster(tmp_path) as (server, kubeconfig),
+        replica(kubeconfig, certs, watch_read_timeout=SILENT_READ_TIMEOUT) as webhook,
+    ):
         await wait_ready(caller, webhook.port)
         server.pause()
         try:
