@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.cluster_process import ask, start_cluster
+from benchmarks.server import cpu_seconds
 from benchmarks.sync import memory_limit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -147,11 +148,6 @@ def proc_status(pid: int) -> dict[str, int]:
         if key in ("VmRSS", "VmHWM"):
             found[key] = int(value.split()[0]) * 1024
     return found
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # -- the load generator -------------------------------------------------------------------
