@@ -1,19 +1,14 @@
-"""Builders for the reflector's tests: Things on the emulated API server, the view a consumer
-keeps of them, a reflector of them running (and synced) for the length of a block, and a
-client that lists one empty page, for fakes of the watch."""
+"""Builders for the reflector's tests: Things (served by the ``server`` fixture of this folder),
+the view a consumer keeps of them, a reflector of them running (and synced) for the length of a
+block, and a client that lists one empty page, for fakes of the watch."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.apiserver.server import EmulatedAPIServer
-from tests.cluster import kube_client
 from tests.waiting import eventually
 from webhook.kube.client import KubeClient, ResourceRef
 from webhook.kube.reflector import Reflector
@@ -46,20 +41,6 @@ class Mirror:
             self.items.pop(obj["metadata"]["name"], None)
         else:
             self.items[obj["metadata"]["name"]] = obj["spec"]["value"]
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[EmulatedAPIServer]:
-    emulated = EmulatedAPIServer(bookmark_interval=0.1)
-    emulated.resource("example.io", "v1", "things", "Thing")
-    async with emulated:
-        yield emulated
-
-
-@pytest.fixture
-async def client(server: EmulatedAPIServer, tmp_path: Path) -> AsyncIterator[KubeClient]:
-    async with kube_client(server.kubeconfig(tmp_path / "kubeconfig")) as kube:
-        yield kube
 
 
 def reflector(client: KubeClient, mirror: Mirror, **kwargs: Any) -> Reflector:

@@ -19,13 +19,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.apiserver.server import EmulatedAPIServer
-from tests.kube.reflecting import THINGS, client, running, server
+from tests.kube.reflecting import THINGS, running
 from tests.waiting import eventually
 from webhook.core.base.json_codec import decode_json, encode_json
 from webhook.kube.client import KubeClient
 from webhook.kube.reflector import Reflector
-
-__all__ = ["client", "server"]  # the fixtures, used by name
 
 scalars = (
     st.none()

@@ -13,19 +13,15 @@ from tests.kube.reflecting import (
     THINGS,
     EmptyList,
     Mirror,
-    client,
     following,
     reflector,
     run,
     running,
-    server,
     thing,
 )
 from tests.waiting import eventually
 from webhook.kube.client import KubeClient, ResourceRef, WatchTimeout
 from webhook.kube.reflector import Reflector
-
-__all__ = ["client", "server"]  # the fixtures, used by name
 
 
 async def test_lists_then_follows_changes(server: EmulatedAPIServer, client: KubeClient) -> None:

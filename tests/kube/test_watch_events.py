@@ -20,17 +20,7 @@ from hypothesis import strategies as st
 
 from tests.apiserver.server import EmulatedAPIServer
 from tests.cluster import kube_client
-from tests.kube.reflecting import (
-    THINGS,
-    EmptyList,
-    Mirror,
-    client,
-    following,
-    reflector,
-    running,
-    server,
-    thing,
-)
+from tests.kube.reflecting import THINGS, EmptyList, Mirror, following, reflector, running, thing
 from tests.waiting import eventually
 from webhook.kube.client import (
     ETCD_MAX_REQUEST_BYTES,
@@ -41,8 +31,6 @@ from webhook.kube.client import (
     bounded_lines,
 )
 from webhook.kube.reflector import STUCK_WATCHES
-
-__all__ = ["client", "server"]  # the fixtures, used by name
 
 CLOUD_INIT = 600_000  # one value, over aiohttp's 524,288-byte line limit, far under etcd's
 
