@@ -1,5 +1,6 @@
-"""The emulated API server serving Things, and a client of it: what the reflector's tests
-(:mod:`tests.kube.reflecting`) run against. A module serving something else defines its own."""
+"""The emulated API server serving Things (:data:`tests.kube.reflecting.THINGS`), and a client
+of it: what the client's lists and the reflector's tests run against. A module serving
+something else defines its own ``server``."""
 
 from __future__ import annotations
 
