@@ -44,6 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.cluster_process import ask, start_cluster
+from benchmarks.server import cpu_seconds
 from benchmarks.sync import memory_limit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,11 +150,6 @@ def proc_status(pid: int) -> dict[str, int]:
     return found
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 # -- the load generator -------------------------------------------------------------------
 
 
@@ -226,36 +223,24 @@ def run(attack: str, tree: Path, seconds: float) -> dict[str, Any]:
         # The API server is niced: in a cluster it runs elsewhere, and here its encoding of
         # the fat pages would otherwise compete with the replica for the same cores.
         command = [sys.executable, "-m", "benchmarks.heavy_objects", "--cluster", attack]
-        cluster = subprocess.Popen(
-            ["nice", "-n", "10", *command, directory],
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert cluster.stdin is not None
-        assert cluster.stdout is not None
-        kubeconfig = cluster.stdout.readline().strip()
+        cluster, kubeconfig = start_cluster(["nice", "-n", "10", *command, directory])
         port = free_port()
         replica = spawn_replica(kubeconfig, certs, port, tree)
         try:
             asyncio.run(ready(port, certs))
             synced = proc_status(replica.pid)
-            cluster.stdin.write("start\n")
-            cluster.stdin.flush()
-            assert cluster.stdout.readline().strip() == "ok"
+            assert ask(cluster, "start") == "ok"
             cpu = cpu_seconds(replica.pid)
             if attack in ("expiring", "fat-quiet"):  # holds expire after 25 s: watch past it
                 seconds = max(seconds, EXPIRING_SECONDS)
             latencies = asyncio.run(window(port, certs, seconds, expiring=attack == "expiring"))
             cpu = (cpu_seconds(replica.pid) - cpu) / seconds
             memory = proc_status(replica.pid)
-            cluster.stdin.write("stats\n")
-            cluster.stdin.flush()
-            stats = json.loads(cluster.stdout.readline())
+            stats = json.loads(ask(cluster, "stats"))
         finally:
             replica.terminate()
             replica.wait(timeout=60)
+            assert cluster.stdin is not None
             cluster.stdin.close()
             cluster.wait(timeout=120)
     ordered = sorted(latencies)

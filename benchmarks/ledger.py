@@ -44,6 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from benchmarks.cluster_process import ask, start_cluster
+
 ROOT = Path(__file__).resolve().parent.parent
 POOLS = 20
 SPEC = {"instanceType": "u1.micro"}  # 1 vCPU, 1Gi: the charge the stored object carries
@@ -195,11 +197,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def cluster_stats(cluster: subprocess.Popen[str]) -> dict[str, int]:
-    assert cluster.stdin is not None
-    assert cluster.stdout is not None
-    cluster.stdin.write("stats\n")
-    cluster.stdin.flush()
-    stats: dict[str, int] = json.loads(cluster.stdout.readline())
+    stats: dict[str, int] = json.loads(ask(cluster, "stats"))
     return stats
 
 
@@ -248,15 +246,9 @@ def start_stack(name: str, tree: Path, directory: Path, certs: Path, profiler: l
     venv = tree / ".venv" / "bin" / "python"
     python = str(venv) if tree != ROOT and venv.exists() else sys.executable
     directory.mkdir(parents=True, exist_ok=True)
-    cluster = subprocess.Popen(
-        [python, "-m", "benchmarks.ledger", "--cluster", str(directory)],
-        cwd=tree,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
+    cluster, kubeconfig = start_cluster(
+        [python, "-m", "benchmarks.ledger", "--cluster", str(directory)], cwd=tree
     )
-    assert cluster.stdout is not None
-    kubeconfig = cluster.stdout.readline().strip()
     port = free_port()
     log: IO[bytes]
     with (directory / "webhook.log").open("wb") as log:

@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.cluster_process import ask, start_cluster
+
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = (10_000, 50_000, 150_000)
 GOAL_APPLICATIONS = 150_000
@@ -77,23 +79,8 @@ async def measure(kubeconfig: str) -> dict[str, Any]:
 
 def run_size(size: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as directory:
-        server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "benchmarks.emulated_cluster",
-                str(size),
-                directory,
-                "--realistic",
-            ],
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert server.stdin is not None
-        assert server.stdout is not None
-        kubeconfig = server.stdout.readline().strip()
+        command = [sys.executable, "-m", "benchmarks.emulated_cluster", str(size), directory]
+        server, kubeconfig = start_cluster([*command, "--realistic"])
         try:
             measurer = subprocess.Popen(
                 [sys.executable, "-m", "benchmarks.sync", "--measure", kubeconfig],
@@ -103,13 +90,12 @@ def run_size(size: int) -> dict[str, Any]:
             )
             assert measurer.stdout is not None
             assert measurer.stdout.readline().strip() == "synced"
-            server.stdin.write("relist\n")
-            server.stdin.flush()
-            assert server.stdout.readline().strip() == "ok"
+            assert ask(server, "relist") == "ok"
             result: dict[str, Any] = json.loads(measurer.stdout.read())
             measurer.wait(timeout=120)
             return result
         finally:
+            assert server.stdin is not None
             server.stdin.close()
             server.wait(timeout=120)
 

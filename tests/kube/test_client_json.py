@@ -8,11 +8,10 @@ is read exactly, and never breaks the watch that carries it.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 from collections.abc import AsyncIterator
-from pathlib import Path
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -20,13 +19,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.apiserver.server import EmulatedAPIServer
-from tests.cluster import kube_client
+from tests.kube.reflecting import THINGS, running
 from tests.waiting import eventually
 from webhook.core.base.json_codec import decode_json, encode_json
-from webhook.kube.client import KubeClient, ResourceRef
+from webhook.kube.client import KubeClient
 from webhook.kube.reflector import Reflector
-
-THINGS = ResourceRef("example.io", "v1", "things")
 
 scalars = (
     st.none()
@@ -120,20 +117,6 @@ def test_a_body_orjson_refuses_is_written_by_the_standard_library() -> None:
 # -- through a watch: what a tenant may store in an object the webhook follows ----------------
 
 
-@pytest.fixture
-async def server() -> AsyncIterator[EmulatedAPIServer]:
-    emulated = EmulatedAPIServer(bookmark_interval=0.1)
-    emulated.resource("example.io", "v1", "things", "Thing")
-    async with emulated:
-        yield emulated
-
-
-@pytest.fixture
-async def client(server: EmulatedAPIServer, tmp_path: Path) -> AsyncIterator[KubeClient]:
-    async with kube_client(server.kubeconfig(tmp_path / "kubeconfig")) as kube:
-        yield kube
-
-
 def thing(name: str, spec: Any) -> dict[str, Any]:
     return {
         "apiVersion": "example.io/v1",
@@ -143,7 +126,11 @@ def thing(name: str, spec: Any) -> dict[str, Any]:
     }
 
 
-async def follow(client: KubeClient, seen: dict[str, Any]) -> tuple[Reflector, Any]:
+@asynccontextmanager
+async def follow(client: KubeClient, seen: dict[str, Any]) -> AsyncIterator[Reflector]:
+    """A reflector of Things keeping each one's spec in ``seen``, running and synced for the
+    block."""
+
     def replace(items: list[dict[str, Any]]) -> None:
         seen.clear()
         seen.update({i["metadata"]["name"]: i["spec"] for i in items})
@@ -160,10 +147,9 @@ async def follow(client: KubeClient, seen: dict[str, Any]) -> tuple[Reflector, A
         watch_timeout=2,
         backoff=(0.02, 0.1),
     )
-    stop = asyncio.Event()
-    task = asyncio.create_task(watcher.run(stop))
-    await eventually(lambda: watcher.synced)
-    return watcher, (stop, task)
+    async with running(watcher):
+        await eventually(lambda: watcher.synced)
+        yield watcher
 
 
 async def test_a_tenant_spec_with_a_thirty_digit_number_is_read_exactly(
@@ -173,13 +159,11 @@ async def test_a_tenant_spec_with_a_thirty_digit_number_is_read_exactly(
     huge = 123456789012345678901234567890
     server.create(thing("listed", {"replicas": huge}))
     seen: dict[str, Any] = {}
-    _, (stop, task) = await follow(client, seen)
-    server.create(thing("watched", {"replicas": -huge}))
-    await eventually(lambda: "watched" in seen)
-    assert _same(seen["listed"], {"replicas": huge})
-    assert _same(seen["watched"], {"replicas": -huge})
-    stop.set()
-    await task
+    async with follow(client, seen):
+        server.create(thing("watched", {"replicas": -huge}))
+        await eventually(lambda: "watched" in seen)
+        assert _same(seen["listed"], {"replicas": huge})
+        assert _same(seen["watched"], {"replicas": -huge})
 
 
 async def test_a_tenant_object_with_a_lone_surrogate_does_not_break_the_watch(
@@ -187,17 +171,15 @@ async def test_a_tenant_object_with_a_lone_surrogate_does_not_break_the_watch(
 ) -> None:
     """orjson refuses it: the watch would break, reopen, and break again on each event."""
     seen: dict[str, Any] = {}
-    watcher, (stop, task) = await follow(client, seen)
-    relists, errors = watcher.relists, watcher.last_error
-    server.create(thing("odd", {"note": "\ud800"}))
-    server.create(thing("after", {"note": "fine"}))
-    await eventually(lambda: "after" in seen)
-    assert seen["odd"] == {"note": "\ud800"}
-    assert watcher.synced
-    assert watcher.relists == relists
-    assert watcher.last_error == errors
-    stop.set()
-    await task
+    async with follow(client, seen) as watcher:
+        relists, errors = watcher.relists, watcher.last_error
+        server.create(thing("odd", {"note": "\ud800"}))
+        server.create(thing("after", {"note": "fine"}))
+        await eventually(lambda: "after" in seen)
+        assert seen["odd"] == {"note": "\ud800"}
+        assert watcher.synced
+        assert watcher.relists == relists
+        assert watcher.last_error == errors
 
 
 @settings(max_examples=1000)

@@ -8,21 +8,17 @@ with fewer objects, so no page read is much larger than the budget, whatever its
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.apiserver.server import EmulatedAPIServer
-from tests.cluster import kube_client
-from webhook.kube.client import KubeClient, ResourceRef
+from tests.kube.reflecting import THINGS
+from webhook.kube.client import KubeClient
 from webhook.kube.pages import PAGE_SIZE, PageSizes
 from webhook.kube.reflector import consistent_read
 
-THINGS = ResourceRef("example.io", "v1", "things")
 BUDGET = 64 * 1024  # a page's bytes in these tests (the shipped budget is 8 MiB)
 
 
@@ -33,14 +29,6 @@ def thing(name: str, note: int) -> dict[str, Any]:
         "metadata": {"name": name, "namespace": "ns", "annotations": {"fat": "x" * note}},
         "spec": {"value": 1},
     }
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[EmulatedAPIServer]:
-    emulated = EmulatedAPIServer()
-    emulated.resource("example.io", "v1", "things", "Thing")
-    async with emulated:
-        yield emulated
 
 
 class Recording:
@@ -70,14 +58,13 @@ async def read_all(client: KubeClient, pages: PageSizes) -> tuple[list[str], Rec
 
 
 async def test_fat_annotations_make_every_list_page_huge_no_longer(
-    server: EmulatedAPIServer, tmp_path: Path
+    server: EmulatedAPIServer, client: KubeClient
 ) -> None:
     names = [f"t{index:03d}" for index in range(60)]
     for name in names:
         server.create(thing(name, 20_000))  # 60 x 20 KB: one 500-object page of 1.2 MB
-    async with kube_client(server.kubeconfig(tmp_path / "kubeconfig")) as client:
-        pages = PageSizes(page_bytes=BUDGET)
-        listed, recording = await read_all(client, pages)
+    pages = PageSizes(page_bytes=BUDGET)
+    listed, recording = await read_all(client, pages)
     assert listed == names
     assert max(recording.sizes) <= 2 * BUDGET, recording.sizes
     assert pages.listed_bytes == sum(recording.sizes)
@@ -87,7 +74,7 @@ async def test_fat_annotations_make_every_list_page_huge_no_longer(
 
 
 async def test_small_objects_first_cannot_make_a_page_of_fat_ones_large(
-    server: EmulatedAPIServer, tmp_path: Path
+    server: EmulatedAPIServer, client: KubeClient
 ) -> None:
     # A tenant whose fat objects sort after others' small ones: the page after the small ones
     # asks for many objects, comes back fat, and is cut short rather than read whole.
@@ -95,22 +82,20 @@ async def test_small_objects_first_cannot_make_a_page_of_fat_ones_large(
         server.create(thing(f"a{index:03d}", 10))
     for index in range(40):
         server.create(thing(f"b{index:03d}", 20_000))
-    async with kube_client(server.kubeconfig(tmp_path / "kubeconfig")) as client:
-        pages = PageSizes(page_bytes=BUDGET, limit=40)
-        listed, recording = await read_all(client, pages)
+    pages = PageSizes(page_bytes=BUDGET, limit=40)
+    listed, recording = await read_all(client, pages)
     assert len(listed) == 80
     assert max(recording.sizes) <= 2 * BUDGET, recording.sizes
 
 
 async def test_sizes_are_kept_between_reads_of_one_resource(
-    server: EmulatedAPIServer, tmp_path: Path
+    server: EmulatedAPIServer, client: KubeClient
 ) -> None:
     for index in range(30):
         server.create(thing(f"t{index:03d}", 20_000))
-    async with kube_client(server.kubeconfig(tmp_path / "kubeconfig")) as client:
-        pages = PageSizes(page_bytes=BUDGET)
-        await read_all(client, pages)
-        _, again = await read_all(client, pages)
+    pages = PageSizes(page_bytes=BUDGET)
+    await read_all(client, pages)
+    _, again = await read_all(client, pages)
     assert again.limits[0] < PAGE_SIZE  # a resync starts at the size the last list ended with
     assert max(again.sizes) <= 2 * BUDGET
 

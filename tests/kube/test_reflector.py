@@ -7,137 +7,70 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.apiserver.server import EmulatedAPIServer
 from tests.cluster import kube_client
+from tests.kube.reflecting import (
+    THINGS,
+    EmptyList,
+    Mirror,
+    following,
+    reflector,
+    run,
+    running,
+    thing,
+)
 from tests.waiting import eventually
 from webhook.kube.client import KubeClient, ResourceRef, WatchTimeout
 from webhook.kube.reflector import Reflector
-
-THINGS = ResourceRef("example.io", "v1", "things")
-
-
-def thing(name: str, value: int = 0) -> dict[str, Any]:
-    return {
-        "apiVersion": "example.io/v1",
-        "kind": "Thing",
-        "metadata": {"name": name, "namespace": "ns"},
-        "spec": {"value": value},
-    }
-
-
-class Mirror:
-    """What a consumer sees: name -> spec.value."""
-
-    def __init__(self) -> None:
-        self.items: dict[str, int] = {}
-        self.replaces = 0
-
-    def replace(self, items: list[dict[str, Any]]) -> None:
-        self.replaces += 1
-        self.items = {i["metadata"]["name"]: i["spec"]["value"] for i in items}
-
-    def event(self, kind: str, obj: dict[str, Any]) -> None:
-        if kind == "DELETED":
-            self.items.pop(obj["metadata"]["name"], None)
-        else:
-            self.items[obj["metadata"]["name"]] = obj["spec"]["value"]
-
-
-@pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[EmulatedAPIServer]:
-    emulated = EmulatedAPIServer(bookmark_interval=0.1)
-    emulated.resource("example.io", "v1", "things", "Thing")
-    async with emulated:
-        yield emulated
-
-
-@pytest.fixture
-async def client(server: EmulatedAPIServer, tmp_path: Path) -> AsyncIterator[KubeClient]:
-    async with kube_client(server.kubeconfig(tmp_path / "kubeconfig")) as kube:
-        yield kube
-
-
-def reflector(client: KubeClient, mirror: Mirror, **kwargs: Any) -> Reflector:
-    options: dict[str, Any] = {"read_timeout": 0.5, "watch_timeout": 2, "backoff": (0.02, 0.1)}
-    return Reflector(
-        client, THINGS, on_replace=mirror.replace, on_event=mirror.event, **{**options, **kwargs}
-    )
-
-
-async def run(reflector: Reflector) -> tuple[asyncio.Event, asyncio.Task[None]]:
-    stop = asyncio.Event()
-    return stop, asyncio.create_task(reflector.run(stop))
 
 
 async def test_lists_then_follows_changes(server: EmulatedAPIServer, client: KubeClient) -> None:
     for index in range(1200):  # more than two pages
         server.create(thing(f"t{index:04d}", index))
-    mirror = Mirror()
-    watcher = reflector(client, mirror)
-    stop, task = await run(watcher)
-    await eventually(lambda: watcher.synced)
-    assert len(mirror.items) == 1200
-    server.update({**thing("t0001", 42), "metadata": {"name": "t0001", "namespace": "ns"}})
-    server.delete("example.io", "things", "ns", "t0002")
-    server.create(thing("new", 7))
-    await eventually(
-        lambda: (
-            mirror.items.get("t0001") == 42
-            and "t0002" not in mirror.items
-            and mirror.items.get("new") == 7
+    async with following(client) as (watcher, mirror):
+        assert len(mirror.items) == 1200
+        server.update({**thing("t0001", 42), "metadata": {"name": "t0001", "namespace": "ns"}})
+        server.delete("example.io", "things", "ns", "t0002")
+        server.create(thing("new", 7))
+        await eventually(
+            lambda: (
+                mirror.items.get("t0001") == 42
+                and "t0002" not in mirror.items
+                and mirror.items.get("new") == 7
+            )
         )
-    )
-    assert watcher.first_sync_seconds is not None
-    stop.set()
-    await task
+        assert watcher.first_sync_seconds is not None
 
 
 async def test_a_dropped_watch_resumes_without_losing_events(
     server: EmulatedAPIServer, client: KubeClient
 ) -> None:
-    mirror = Mirror()
-    watcher = reflector(client, mirror)
-    stop, task = await run(watcher)
-    await eventually(lambda: watcher.synced)
-    server.drop_watches()
-    server.create(thing("during", 1))
-    await eventually(lambda: mirror.items.get("during") == 1)
-    assert mirror.replaces == 1  # resumed from its resourceVersion, no relist
-    stop.set()
-    await task
+    async with following(client) as (_, mirror):
+        server.drop_watches()
+        server.create(thing("during", 1))
+        await eventually(lambda: mirror.items.get("during") == 1)
+        assert mirror.replaces == 1  # resumed from its resourceVersion, no relist
 
 
 async def test_410_on_resume_relists(server: EmulatedAPIServer, client: KubeClient) -> None:
     server.create(thing("old", 1))
-    mirror = Mirror()
-    watcher = reflector(client, mirror)
-    stop, task = await run(watcher)
-    await eventually(lambda: watcher.synced)
-    server.drop_watches()
-    server.create(thing("fresh", 2))
-    server.delete("example.io", "things", "ns", "old")
-    server.compact()
-    await eventually(lambda: mirror.items == {"fresh": 2})
-    assert watcher.relists >= 1 or mirror.replaces >= 2
-    stop.set()
-    await task
+    async with following(client) as (watcher, mirror):
+        server.drop_watches()
+        server.create(thing("fresh", 2))
+        server.delete("example.io", "things", "ns", "old")
+        server.compact()
+        await eventually(lambda: mirror.items == {"fresh": 2})
+        assert watcher.relists >= 1 or mirror.replaces >= 2
 
 
 async def test_a_silent_watch_is_dead_and_the_state_stale(
     server: EmulatedAPIServer, client: KubeClient
 ) -> None:
-    mirror = Mirror()
-    watcher = reflector(client, mirror)
-    stop, task = await run(watcher)
-    await eventually(lambda: watcher.synced)
-    server.pause()  # no bookmarks, no answers
-    await eventually(lambda: not watcher.synced, timeout=3)
-    server.resume()
-    await eventually(lambda: watcher.synced, timeout=5)
-    stop.set()
-    await task
+    async with following(client) as (watcher, _):
+        server.pause()  # no bookmarks, no answers
+        await eventually(lambda: not watcher.synced, timeout=3)
+        server.resume()
+        await eventually(lambda: watcher.synced, timeout=5)
 
 
 async def test_an_unreachable_server_at_start_is_never_synced(tmp_path: Path) -> None:
@@ -149,25 +82,18 @@ async def test_an_unreachable_server_at_start_is_never_synced(tmp_path: Path) ->
     async with kube_client(kubeconfig) as client:
         mirror = Mirror()
         watcher = reflector(client, mirror)
-        stop, task = await run(watcher)
-        await asyncio.sleep(0.5)
-        assert not watcher.synced
-        assert watcher.last_error
-        stop.set()
-        await task
+        async with running(watcher):
+            await asyncio.sleep(0.5)
+            assert not watcher.synced
+            assert watcher.last_error
 
 
 async def test_server_errors_back_off_and_recover(
     server: EmulatedAPIServer, client: KubeClient
 ) -> None:
     server.fail_next(3, 503, method="GET")
-    mirror = Mirror()
-    watcher = reflector(client, mirror)
-    stop, task = await run(watcher)
-    await eventually(lambda: watcher.synced)
-    assert "503" in watcher.last_error
-    stop.set()
-    await task
+    async with following(client) as (watcher, _):
+        assert "503" in watcher.last_error
 
 
 async def test_pages_are_reduced_as_they_arrive_and_replace_the_view_at_once(
@@ -191,14 +117,12 @@ async def test_pages_are_reduced_as_they_arrive_and_replace_the_view_at_once(
         reduce=reduce,
         read_timeout=0.5,
     )
-    stop, task = await run(watcher)
-    await eventually(lambda: watcher.synced)
-    assert len(reduced) == 1200
-    assert set(reduced) == {0}  # every object reduced before the one replace
-    assert len(replaced) == 1
-    assert replaced[0] == list(range(0, 1200, 2))
-    stop.set()
-    await task
+    async with running(watcher):
+        await eventually(lambda: watcher.synced)
+        assert len(reduced) == 1200
+        assert set(reduced) == {0}  # every object reduced before the one replace
+        assert len(replaced) == 1
+        assert replaced[0] == list(range(0, 1200, 2))
 
 
 async def test_a_list_that_is_not_served_is_reported_with_its_url_and_backs_off(
@@ -212,16 +136,14 @@ async def test_a_list_that_is_not_served_is_reported_with_its_url_and_backs_off(
         on_event=lambda kind, obj: None,
         backoff=(0.1, 10.0),
     )
-    stop, task = await run(watcher)
-    await asyncio.sleep(1.5)
-    lists = [r for r in server.requests if r.path.endswith("/widgets")]
-    assert not watcher.synced
-    assert "404" in watcher.list_error
-    assert f"{client.host}/apis/example.io/v1/widgets" in watcher.list_error
-    assert 2 <= len(lists) <= 6  # 0.1 s doubling with jitter: a handful, not hundreds
-    assert watcher.list_failures == len(lists)
-    stop.set()
-    await task
+    async with running(watcher):
+        await asyncio.sleep(1.5)
+        lists = [r for r in server.requests if r.path.endswith("/widgets")]
+        assert not watcher.synced
+        assert "404" in watcher.list_error
+        assert f"{client.host}/apis/example.io/v1/widgets" in watcher.list_error
+        assert 2 <= len(lists) <= 6  # 0.1 s doubling with jitter: a handful, not hundreds
+        assert watcher.list_failures == len(lists)
 
 
 async def test_one_event_the_consumer_cannot_take_does_not_stop_the_watch(
@@ -235,14 +157,12 @@ async def test_one_event_the_consumer_cannot_take_does_not_stop_the_watch(
         mirror.event(kind, obj)
 
     watcher = Reflector(client, THINGS, on_replace=mirror.replace, on_event=event, read_timeout=0.5)
-    stop, task = await run(watcher)
-    await eventually(lambda: watcher.synced)
-    server.create(thing("bad", 1))
-    server.create(thing("good", 2))
-    await eventually(lambda: mirror.items.get("good") == 2)
-    assert watcher.synced
-    stop.set()
-    await task
+    async with running(watcher):
+        await eventually(lambda: watcher.synced)
+        server.create(thing("bad", 1))
+        server.create(thing("good", 2))
+        await eventually(lambda: mirror.items.get("good") == 2)
+        assert watcher.synced
 
 
 async def test_a_kind_cozystack_api_lists_empty_is_still_followed(tmp_path: Path) -> None:
@@ -253,14 +173,10 @@ async def test_a_kind_cozystack_api_lists_empty_is_still_followed(tmp_path: Path
     async with emulated, kube_client(emulated.kubeconfig(tmp_path / "kubeconfig")) as client:
         mirror = Mirror()
         watching = reflector(client, mirror, read_timeout=5.0, watch_timeout=30)
-        stop, task = await run(watching)
-        try:
+        async with running(watching):
             await eventually(lambda: watching.synced)
             emulated.create(thing("first", 1))
             await eventually(lambda: mirror.items == {"first": 1})
-        finally:
-            stop.set()
-            await task
 
 
 async def test_a_watch_that_worked_before_it_broke_backs_off_from_the_start(
@@ -279,25 +195,20 @@ async def test_a_watch_that_worked_before_it_broke_backs_off_from_the_start(
         return delay(failures)
 
     watcher._delay = recorded  # type: ignore[method-assign]
-    stop, task = await run(watcher)
-    await eventually(lambda: watcher.synced)
-    for round_ in range(4):
-        server.silence_watches()
-        await eventually(lambda: not watcher.synced, timeout=5)
-        name = f"after{round_}"
-        server.create(thing(name, round_))
-        await eventually(lambda n=name, v=round_: mirror.items.get(n) == v)  # type: ignore[misc]
-    assert runs
-    assert max(runs) == 1, runs
-    stop.set()
-    await task
+    async with running(watcher):
+        await eventually(lambda: watcher.synced)
+        for round_ in range(4):
+            server.silence_watches()
+            await eventually(lambda: not watcher.synced, timeout=5)
+            name = f"after{round_}"
+            server.create(thing(name, round_))
+            await eventually(lambda n=name, v=round_: mirror.items.get(n) == v)  # type: ignore[misc]
+        assert runs
+        assert max(runs) == 1, runs
 
 
-class BrokenWatchClient:
+class BrokenWatchClient(EmptyList):
     """Lists one empty page; every watch breaks at once, before its first event."""
-
-    async def list_page(self, path: str, **_: Any) -> tuple[dict[str, Any], int]:
-        return {"metadata": {"resourceVersion": "5"}, "items": []}, 40
 
     async def watch(self, path: str, **_: Any) -> AsyncIterator[dict[str, Any]]:
         raise WatchTimeout(f"watch {path}: silent")
@@ -320,14 +231,8 @@ async def test_a_watch_broken_as_its_replica_stops_leaves_no_unretrieved_error()
     assert not unretrieved
 
 
-class ErrorEventClient:
+class ErrorEventClient(EmptyList):
     """Lists one empty page; every watch opens and sends one ERROR event (etcd unavailable)."""
-
-    def __init__(self) -> None:
-        self.watches = 0
-
-    async def list_page(self, path: str, **_: Any) -> tuple[dict[str, Any], int]:
-        return {"metadata": {"resourceVersion": "5"}, "items": []}, 40
 
     async def watch(self, path: str, **_: Any) -> AsyncIterator[dict[str, Any]]:
         self.watches += 1
@@ -349,10 +254,8 @@ async def test_a_watch_answering_every_open_with_an_error_event_backs_off() -> N
         return delay(failures)
 
     watcher._delay = recorded  # type: ignore[method-assign]
-    stop, task = await run(watcher)
-    await eventually(lambda: len(runs) >= 5)
-    stop.set()
-    await task
+    async with running(watcher):
+        await eventually(lambda: len(runs) >= 5)
     assert runs[:5] == [1, 2, 3, 4, 5], runs
 
 
@@ -372,27 +275,19 @@ async def test_a_page_the_consumer_cannot_reduce_is_a_failed_list_retried_not_a_
 
     server.create(thing("deep", 1))
     watcher = reflector(client, mirror, reduce=reduce)
-    stop, task = await run(watcher)
-    await eventually(lambda: watcher.list_failures >= 2)
-    assert not task.done()
-    assert "maximum recursion depth" in watcher.list_error
-    assert not watcher.synced
-    poisoned["on"] = False
-    await eventually(lambda: watcher.synced)
-    assert mirror.items == {"deep": 1}
-    stop.set()
-    await task
+    async with running(watcher) as task:
+        await eventually(lambda: watcher.list_failures >= 2)
+        assert not task.done()
+        assert "maximum recursion depth" in watcher.list_error
+        assert not watcher.synced
+        poisoned["on"] = False
+        await eventually(lambda: watcher.synced)
+        assert mirror.items == {"deep": 1}
 
 
-class EmptyWatchClient:
+class EmptyWatchClient(EmptyList):
     """Lists one empty page; every watch opens and ends normally at once, with nothing sent (a
     proxy or an aggregated API server closing the stream early)."""
-
-    def __init__(self) -> None:
-        self.watches = 0
-
-    async def list_page(self, path: str, **_: Any) -> tuple[dict[str, Any], int]:
-        return {"metadata": {"resourceVersion": "5"}, "items": []}, 40
 
     async def watch(self, path: str, **_: Any) -> AsyncIterator[dict[str, Any]]:
         self.watches += 1
@@ -406,9 +301,7 @@ async def test_a_watch_that_ends_at_once_every_time_is_not_reopened_in_a_tight_l
     # server and a busy event loop, while the kind still looked synced.
     client = EmptyWatchClient()
     watcher = reflector(client, Mirror(), backoff=(0.05, 0.2))  # type: ignore[arg-type]
-    stop, task = await run(watcher)
-    await asyncio.sleep(0.5)
-    stop.set()
-    await task
+    async with running(watcher):
+        await asyncio.sleep(0.5)
     assert 1 <= client.watches <= 12, client.watches
     assert "ended at once" in watcher.last_error

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from tests.apiserver.server import EmulatedAPIServer
 from tests.cluster import kube_client
-from tests.kube.test_reflector import THINGS, Mirror, client, reflector, run, server, thing
+from tests.kube.reflecting import THINGS, EmptyList, Mirror, following, reflector, running, thing
 from tests.waiting import eventually
 from webhook.kube.client import (
     ETCD_MAX_REQUEST_BYTES,
@@ -31,8 +31,6 @@ from webhook.kube.client import (
     bounded_lines,
 )
 from webhook.kube.reflector import STUCK_WATCHES
-
-__all__ = ["client", "server"]  # the fixtures, shared with the reflector's tests
 
 CLOUD_INIT = 600_000  # one value, over aiohttp's 524,288-byte line limit, far under etcd's
 
@@ -111,19 +109,14 @@ async def test_a_watch_event_over_aiohttps_line_limit_is_read_and_the_watch_stay
 ) -> None:
     # aiohttp's line iterator refused it ("Chunk too big"): the watch broke, was reopened from
     # before the event, met it again, and never was synced again.
-    mirror = Mirror()
-    watcher = reflector(client, mirror)
-    stop, task = await run(watcher)
-    await eventually(lambda: watcher.synced)
-    server.create(large("big", CLOUD_INIT))
-    server.create(thing("after", 2))
-    await eventually(lambda: mirror.items == {"big": 1, "after": 2})
-    assert watcher.synced, watcher.last_error
-    assert watcher.last_error == ""
-    assert watcher.relists == watcher.unreadable_relists == 0
-    assert client.unreadable_events == 0
-    stop.set()
-    await task
+    async with following(client) as (watcher, mirror):
+        server.create(large("big", CLOUD_INIT))
+        server.create(thing("after", 2))
+        await eventually(lambda: mirror.items == {"big": 1, "after": 2})
+        assert watcher.synced, watcher.last_error
+        assert watcher.last_error == ""
+        assert watcher.relists == watcher.unreadable_relists == 0
+        assert client.unreadable_events == 0
 
 
 async def test_an_event_the_watch_cannot_read_is_listed_past_never_met_again(
@@ -134,34 +127,24 @@ async def test_an_event_the_watch_cannot_read_is_listed_past_never_met_again(
     # and the watch goes on from the list's version.
     async with kube_client(server.kubeconfig(tmp_path / "small")) as small:
         small.max_event_bytes = 64 * 1024
-        mirror = Mirror()
-        watcher = reflector(small, mirror)
-        stop, task = await run(watcher)
-        await eventually(lambda: watcher.synced)
-        server.create(large("big", 100_000))
-        await eventually(lambda: watcher.unreadable_relists == 1)
-        server.create(thing("after", 2))
-        await eventually(lambda: mirror.items == {"big": 1, "after": 2} and watcher.synced)
-        assert small.unreadable_events == 1, "met once, then listed past"
-        assert "longer than 65536 bytes" in watcher.last_error
-        assert str(THINGS.path("")) in watcher.last_error
-        stop.set()
-        await task
+        async with following(small) as (watcher, mirror):
+            server.create(large("big", 100_000))
+            await eventually(lambda: watcher.unreadable_relists == 1)
+            server.create(thing("after", 2))
+            await eventually(lambda: mirror.items == {"big": 1, "after": 2} and watcher.synced)
+            assert small.unreadable_events == 1, "met once, then listed past"
+            assert "longer than 65536 bytes" in watcher.last_error
+            assert str(THINGS.path("")) in watcher.last_error
 
 
-class LinesClient:
+class LinesClient(EmptyList):
     """Lists one empty page at version 5; every watch sends ``lines`` through the real
     decoding of events, then breaks."""
 
     def __init__(self, lines: list[bytes]) -> None:
+        super().__init__()
         self.lines = lines
-        self.lists = 0
-        self.watches = 0
         self.unreadable_events = 0
-
-    async def list_page(self, path: str, **_: Any) -> tuple[dict[str, Any], int]:
-        self.lists += 1
-        return {"metadata": {"resourceVersion": "5"}, "items": []}, 48
 
     async def watch(self, path: str, **_: Any) -> AsyncIterator[dict[str, Any]]:
         self.watches += 1
@@ -187,12 +170,10 @@ class LinesClient:
 async def test_a_line_that_is_no_watch_event_is_listed_past_and_reported(line: bytes) -> None:
     client = LinesClient([line])
     watcher = reflector(client, Mirror(), backoff=(0.001, 0.01))  # type: ignore[arg-type]
-    stop, task = await run(watcher)
-    # The count grows when the event is met; the list it calls for follows after the backoff:
-    # wait for the lists themselves, not only for the count.
-    await eventually(lambda: watcher.unreadable_relists >= 2 and client.lists >= 3)
-    stop.set()
-    await task
+    async with running(watcher):
+        # The count grows when the event is met; the list it calls for follows after the
+        # backoff: wait for the lists themselves, not only for the count.
+        await eventually(lambda: watcher.unreadable_relists >= 2 and client.lists >= 3)
     assert client.watches <= client.lists, "each unreadable event: a list, never a resume"
     assert client.unreadable_events == watcher.unreadable_relists
     assert "watch event" in watcher.last_error or "not JSON" in watcher.last_error
@@ -204,10 +185,8 @@ async def test_watches_breaking_again_and_again_at_one_version_list_again() -> N
     # breaks in a row there, with nothing delivered, the reflector lists instead.
     client = LinesClient([])
     watcher = reflector(client, Mirror(), backoff=(0.001, 0.01))  # type: ignore[arg-type]
-    stop, task = await run(watcher)
-    await eventually(lambda: client.lists >= 3)
-    stop.set()
-    await task
+    async with running(watcher):
+        await eventually(lambda: client.lists >= 3)
     assert client.watches >= 2 * STUCK_WATCHES
     assert client.lists - 1 <= watcher.stuck_relists <= client.lists
     assert client.watches <= STUCK_WATCHES * client.lists, "never more in a row than the bound"
@@ -227,9 +206,7 @@ async def test_a_watch_that_delivers_between_breaks_is_never_taken_for_stuck() -
     mirror = Mirror()
     mirror.event = lambda kind, obj: None  # type: ignore[method-assign]
     watcher = reflector(client, mirror, backoff=(0.001, 0.01))  # type: ignore[arg-type]
-    stop, task = await run(watcher)
-    await eventually(lambda: client.watches >= 4 * STUCK_WATCHES)
-    stop.set()
-    await task
+    async with running(watcher):
+        await eventually(lambda: client.watches >= 4 * STUCK_WATCHES)
     assert client.lists == 1
     assert watcher.stuck_relists == 0

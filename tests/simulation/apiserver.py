@@ -1,13 +1,14 @@
 """An in-memory API server whose every answer and watch event is released by the simulator.
 
-The replicas talk to it through :class:`SimClient`, a :class:`KubeClient` that implements the
-calls the reflectors and the ledger make (list, get, create, replace, watch). Nothing is
-answered on its own for the resources under test (applications and TenantReservations): a call
-waits in :attr:`SimAPI.calls` until the simulator answers it (at the state of that moment) or
-fails it; a watch is a cursor into its resource's event log, and moves one event at a time when
-the simulator delivers, so events of one resource always arrive in order while the streams of
-different resources interleave freely. The simulator may also end a stream with ``410 Gone``,
-send a bookmark, or stay silent until the client's read timeout fires.
+The replicas talk to it through :class:`SimClient`, a :class:`KubeClient` whose one call (the
+lists, gets, creates and replaces the reflectors and the ledger make) and whose watches it answers
+in place of an API server's sockets. Nothing is answered on its own for the resources under test
+(applications and TenantReservations): a call waits in :attr:`SimAPI.calls` until the simulator
+answers it (at the state of that moment) or fails it; a watch is a cursor into its resource's event
+log, and moves one event at a time when the simulator delivers, so events of one resource always
+arrive in order while the streams of different resources interleave freely. The simulator may also
+end a stream with ``410 Gone``, send a bookmark, or stay silent until the client's read timeout
+fires.
 
 Platform resources (definitions, instance types, ConfigMaps) never change in a simulation; they
 are answered at once and their watches send a bookmark every 30 seconds, as a live API server
@@ -28,10 +29,10 @@ import json
 import pickle
 from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from tests.apiserver.server import metadata_only
-from webhook.kube.client import ApiError, KubeClient, WatchTimeout
+from webhook.kube.client import ApiError, KubeClient, RequestOptions, WatchTimeout
 
 Obj = dict[str, Any]
 Key = tuple[str, str, str]  # plural, namespace, name
@@ -301,19 +302,14 @@ class SimClient(KubeClient):
     async def close(self) -> None:
         return None
 
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: Mapping[str, str] | None = None,
-        body: object = None,
-        content_type: str = "application/json",
-        max_bytes: int | None = None,  # answers are objects in memory: nothing to bound
-        accept: str = "",
-    ) -> Obj:
+    async def _call(
+        self, method: str, path: str, **options: Unpack[RequestOptions]
+    ) -> tuple[Obj, int]:
+        """The call, answered by the simulator: objects in memory, with nothing to bound and no
+        bytes read (so list pages keep the size they start with)."""
         plural, namespace, name, subresource = _parse(path)
         future: asyncio.Future[Obj] = asyncio.get_running_loop().create_future()
+        body = options.get("body")
         payload = _copy(dict(body)) if isinstance(body, Mapping) else None
         call = Call(
             self.api._next_id(),
@@ -325,26 +321,13 @@ class SimClient(KubeClient):
             subresource,
             payload,
             future,
-            dict(params or {}),
+            dict(options.get("params") or {}),
         )
         self.api.submit(call)
         answer = await future
-        if "as=PartialObjectMetadataList" in accept and "items" in answer:
+        if "as=PartialObjectMetadataList" in options.get("accept", "") and "items" in answer:
             answer = {**answer, "items": [metadata_only(item) for item in answer["items"]]}
-        return answer
-
-    async def list_page(
-        self,
-        path: str,
-        *,
-        params: Mapping[str, str] | None = None,
-        max_bytes: int | None = None,
-        accept: str = "",
-    ) -> tuple[Obj, int]:
-        """A list page as :meth:`request` answers it; it is objects in memory, no bytes read
-        (so pages keep the size they start with)."""
-        page = await self.request("GET", path, params=params, max_bytes=max_bytes, accept=accept)
-        return page, 0
+        return answer, 0
 
     async def watch(
         self,

@@ -31,6 +31,7 @@ from webhook.core.admission.decisions import Decision, errored
 from webhook.core.admission.fair_queue import FairLimits
 from webhook.core.admission.reviews import (
     AdmissionRequest,
+    Response,
     ReviewError,
     parse_review,
     review_response,
@@ -226,8 +227,7 @@ async def _review(
         )
     except Exception:  # reporting must never change or lose an answer
         logging.getLogger(__name__).exception("recording a decision failed")
-    body = encode_json(review_response(review.uid, decision.response()))
-    return web.Response(body=body, headers=_JSON_HEADERS)
+    return _answer(review.uid, decision.response())
 
 
 async def _decided(
@@ -279,8 +279,7 @@ def _refused_unread(
             max_size=MAX_REQUEST_BYTES, actual_size=request.content_length or 0, text=f"{refusal}\n"
         )
     decision = errored(413, "RequestEntityTooLarge", "too-large", str(refusal))
-    body = encode_json(review_response(uid, decision.response()))
-    return web.Response(body=body, headers=_JSON_HEADERS)
+    return _answer(uid, decision.response())
 
 
 def _throttled(
@@ -298,8 +297,12 @@ def _throttled(
     decision = errored(429, "TooManyRequests", f"throttled-{refusal.reason}", refusal.message)
     answer = decision.response()
     answer["status"]["details"] = {"retryAfterSeconds": refusal.retry_after}
-    body = encode_json(review_response(uid, answer))
-    return web.Response(body=body, headers=_JSON_HEADERS)
+    return _answer(uid, answer)
+
+
+def _answer(uid: str, response: Response) -> web.Response:
+    """The AdmissionReview answering ``uid`` with ``response``, encoded once and sent as is."""
+    return web.Response(body=encode_json(review_response(uid, response)), headers=_JSON_HEADERS)
 
 
 async def _read_body(request: web.Request) -> bytes:

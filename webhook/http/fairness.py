@@ -92,10 +92,7 @@ def _compact_string_after(raw: bytes, key: bytes, longest: int, begin: int) -> s
     if start < 0:
         return None
     at = start + len(key) + 1
-    end = raw.find(b'"', at + 1, at + 2 + longest)
-    if end < 0 or raw.find(b"\\", at + 1, end) >= 0:
-        return None
-    return raw[at + 1 : end].decode("ascii", "replace")
+    return _string_at(raw, at, at + 2 + longest)
 
 
 def _string_of(raw: bytes, key: bytes, longest: int) -> str | None:
@@ -114,12 +111,18 @@ def _string_of(raw: bytes, key: bytes, longest: int) -> str | None:
                 at += 1
             if at >= limit or raw[at] != 0x22:  # not a string
                 return None
-            end = raw.find(b'"', at + 1, min(at + 2 + longest, limit))
-            if end < 0 or raw.find(b"\\", at + 1, end) >= 0:
-                return None
-            return raw[at + 1 : end].decode("ascii", "replace")
+            return _string_at(raw, at, min(at + 2 + longest, limit))
         start = raw.find(key, at, limit)
     return None
+
+
+def _string_at(raw: bytes, at: int, stop: int) -> str | None:
+    """The JSON string whose opening quote is ``raw[at]``, if it closes before ``stop`` and
+    holds no escape."""
+    end = raw.find(b'"', at + 1, stop)
+    if end < 0 or raw.find(b"\\", at + 1, end) >= 0:
+        return None
+    return raw[at + 1 : end].decode("ascii", "replace")
 
 
 class Throttled(Exception):

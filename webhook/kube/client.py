@@ -15,7 +15,7 @@ import ssl
 import time
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypedDict, Unpack
 from urllib.parse import quote
 
 import aiohttp
@@ -28,6 +28,8 @@ __all__ = [
     "METADATA_ONLY",
     "ApiError",
     "KubeClient",
+    "PageOptions",
+    "RequestOptions",
     "ResourceRef",
     "ResponseTooLarge",
     "WatchEventUnreadable",
@@ -109,6 +111,21 @@ class ResourceRef:
         return base
 
 
+class PageOptions(TypedDict, total=False):
+    """How a page of a list is asked for (:meth:`KubeClient.list_page`)."""
+
+    params: Mapping[str, str] | None  # the query
+    max_bytes: int | None  # an answer longer than this is not read whole: ResponseTooLarge
+    accept: str  # replaces the Accept header (METADATA_ONLY: a list of metadata)
+
+
+class RequestOptions(PageOptions, total=False):
+    """How an API call is made besides its method and path (:meth:`KubeClient.request`)."""
+
+    body: object  # sent as compact JSON
+    content_type: str  # the body's (application/json unless given)
+
+
 class KubeClient:
     """Requests and watches against one API server."""
 
@@ -175,43 +192,18 @@ class KubeClient:
             self._session = aiohttp.ClientSession(connector=connector)
         return self._session
 
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: Mapping[str, str] | None = None,
-        body: object = None,
-        content_type: str = "application/json",
-        max_bytes: int | None = None,
-        accept: str = "",
-    ) -> Obj:
+    async def request(self, method: str, path: str, **options: Unpack[RequestOptions]) -> Obj:
         """One API call; the decoded object, or :class:`ApiError`. With ``max_bytes``, an
         answer longer than that is never read whole: :class:`ResponseTooLarge` (a list of
         objects others write, such as a page of reports, is only as small as they make it).
         ``accept`` replaces the Accept header (:data:`METADATA_ONLY`: a list of metadata)."""
-        result, _ = await self._call(
-            method,
-            path,
-            params=params,
-            body=body,
-            content_type=content_type,
-            max_bytes=max_bytes,
-            accept=accept,
-        )
+        result, _ = await self._call(method, path, **options)
         return result
 
-    async def list_page(
-        self,
-        path: str,
-        *,
-        params: Mapping[str, str] | None = None,
-        max_bytes: int | None = None,
-        accept: str = "",
-    ) -> tuple[Obj, int]:
+    async def list_page(self, path: str, **options: Unpack[PageOptions]) -> tuple[Obj, int]:
         """One page of a list (a ``GET`` as :meth:`request` makes it) and how many bytes it
         came in: the next page is sized by them (:mod:`webhook.kube.pages`)."""
-        return await self._call("GET", path, params=params, max_bytes=max_bytes, accept=accept)
+        return await self._call("GET", path, **options)
 
     async def _call(
         self,
@@ -224,6 +216,8 @@ class KubeClient:
         max_bytes: int | None = None,
         accept: str = "",
     ) -> tuple[Obj, int]:
+        """The call :meth:`request` and :meth:`list_page` make: the decoded answer and its
+        length in bytes."""
         headers = self._headers()
         if accept:
             headers["Accept"] = accept

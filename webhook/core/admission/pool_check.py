@@ -133,12 +133,8 @@ def quota_facts(subject: Subject, priced: Priced, factored: Factored) -> Facts:
 
 def _bounding(namespace: str, charge: Mapping[str, Decimal], state: ReservationState) -> set[str]:
     """The nearest pool above ``namespace`` that bounds each key of ``charge``."""
-    found: dict[str, str] = {}
-    for node in state.tree.chain(namespace):
-        for key in node.budget:
-            if key in charge:
-                found.setdefault(key, node.namespace)
-    return set(found.values())
+    bounders = (state.tree.bounder(namespace, key) for key in charge)
+    return {node.namespace for node in bounders if node is not None}
 
 
 def check(
