@@ -12,16 +12,21 @@ from webhook.core.admission.decisions import Policy, decide
 from webhook.core.admission.pending import Hold
 from webhook.core.admission.reviews import parse_review
 from webhook.core.admission.state import ReservationState
+from webhook.core.tenancy.tenants import ROOT_NAMESPACE, owned_namespace
 
 POOL = "tenant-acme"
 GI = Decimal(1024**3)
 
 
-def pool_with_a_floor_in(namespace: str) -> ReservationState:
+def pool_with_a_floor_in(namespace: str, pool: str = POOL) -> ReservationState:
     """A 4Gi pool whose application ``secret-project`` in ``namespace`` shrank to 1Gi while a
     label patch that read 4Gi may still be stored: the pool counts it at 4Gi."""
     current = build_state(
-        {POOL: {"memory": "4Gi"}, f"{POOL}-a": None, f"{POOL}-b": None},
+        {
+            pool: {"memory": "4Gi"},
+            owned_namespace(pool, "a"): None,
+            owned_namespace(pool, "b"): None,
+        },
         replace(thing(namespace, "secret-project", memory="4Gi"), version=5),
     )
     label = Hold(
@@ -34,7 +39,7 @@ def pool_with_a_floor_in(namespace: str) -> ReservationState:
         until="2099-01-01T00:00:00.000000Z",
         update=True,
     )
-    current.pending.track(POOL, [label], version=6)
+    current.pending.track(pool, [label], version=6)
     current.observe(replace(thing(namespace, "secret-project", memory="1Gi"), version=7))
     return current
 
@@ -58,3 +63,16 @@ def test_a_refusal_never_names_another_tenants_application_held_at_its_floor() -
 def test_a_refusal_names_the_requesters_own_application_held_at_its_floor() -> None:
     current = pool_with_a_floor_in(f"{POOL}-b")
     assert f"Thing {POOL}-b/secret-project" in refused(current, f"{POOL}-b")
+
+
+def test_a_refusal_by_the_root_pool_names_the_requesters_own_application_held_at_its_floor() -> (
+    None
+):
+    # The root's children are tenant-<name>, not tenant-root-<name>: beneath it all the same.
+    mine = owned_namespace(ROOT_NAMESPACE, "b")
+    current = pool_with_a_floor_in(mine, pool=ROOT_NAMESPACE)
+    assert f"Thing {mine}/secret-project" in refused(current, mine)
+    other = refused(
+        pool_with_a_floor_in(owned_namespace(ROOT_NAMESPACE, "a"), ROOT_NAMESPACE), mine
+    )
+    assert "1 application of another tenant" in other

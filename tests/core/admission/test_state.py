@@ -90,3 +90,14 @@ def test_a_recount_agrees_with_the_incremental_figures_and_finds_a_difference() 
     assert node is not None
     node.usage["cpu"] += 1  # an incremental update gone wrong
     assert recount(current) == {("tenant-foo", "cpu"): (Decimal(8), Decimal(7))}
+
+
+def test_a_factor_on_the_root_tenant_reprices_every_tenant_beneath_it() -> None:
+    # The root's children own tenant-<name>, not tenant-root-<name>: beneath it all the same.
+    current = state(
+        {"tenant-root": {"memory": "100Gi"}, "tenant-acme": None},
+        thing("tenant-acme", "vm", memory="4Gi"),
+    )
+    assert current.repricing("tenant-root", {"memory": Decimal(2)}) == {
+        "memory": -2 * Decimal(1024**3)
+    }

@@ -24,6 +24,7 @@ from webhook.admission.ledger.entries import expired, listed
 from webhook.admission.ledger.status import Status
 from webhook.core.admission.decisions import Decision
 from webhook.core.admission.state import ReservationState
+from webhook.core.tenancy.tenants import beneath
 from webhook.kube.client import ApiError
 
 __all__ = ["Settle", "explain_floors"]
@@ -37,10 +38,10 @@ def explain_floors(
     the room its shrink seems to free is not there yet. Only the requester's own applications
     (in ``namespace`` or beneath it) are named; another tenant's are only counted."""
     pool = decision.pool
-    held = sorted(key for key, _ in state.pending.topups() if _within(key[1], pool))
+    held = sorted(key for key, _ in state.pending.topups() if beneath(key[1], pool))
     if not pool or not held:
         return decision
-    own = [key for key in held if _within(key[1], namespace)] if namespace else []
+    own = [key for key in held if beneath(key[1], namespace)] if namespace else []
     others = len(held) - len(own)
     if own:
         kind, where, name = own[0]
@@ -55,11 +56,6 @@ def explain_floors(
         "shortly"
     )
     return replace(decision, message=message, audit={**decision.audit, "message": message})
-
-
-def _within(namespace: str, top: str) -> bool:
-    """Whether ``namespace`` is ``top`` or a tenant namespace beneath it."""
-    return bool(top) and (namespace == top or namespace.startswith(top + "-"))
 
 
 class Settle:

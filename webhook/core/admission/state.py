@@ -56,6 +56,7 @@ from webhook.core.tenancy.tenants import (
     ROOT_NAMESPACE,
     TENANT_KIND,
     ancestors,
+    beneath,
     owned_namespace,
     parse_budget,
 )
@@ -329,10 +330,9 @@ class ReservationState:
     def _reprice_subtree(self, owned: str) -> None:
         """Apply today's effective factors to every application under ``owned`` whose factor
         is not its own: a tenant's factor was set, changed or removed."""
-        prefix = owned + "-"
         for record in self._apps.values():
             namespace = record.namespace
-            if record.own is not None or not (namespace == owned or namespace.startswith(prefix)):
+            if record.own is not None or not beneath(namespace, owned):
                 continue
             factors, source = self.factors_for(namespace, None)
             declared = record.declared
@@ -469,10 +469,9 @@ class ReservationState:
         """How much more (or less) the applications under ``owned`` would reserve if its
         Tenant's own factor were ``factors`` (``None``: none); nothing is changed."""
         total: dict[str, Decimal] = {}
-        prefix = owned + "-"
         for record in self._apps.values():
             namespace = record.namespace
-            if record.own is not None or not (namespace == owned or namespace.startswith(prefix)):
+            if record.own is not None or not beneath(namespace, owned):
                 continue
             effective: Mapping[str, Decimal] = {}
             for candidate in ancestors(namespace):

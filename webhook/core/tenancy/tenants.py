@@ -23,6 +23,7 @@ __all__ = [
     "TENANT_KIND",
     "TENANT_NAME",
     "ancestors",
+    "beneath",
     "is_tenant_namespace",
     "owned_namespace",
     "owner_release",
@@ -60,6 +61,14 @@ def ancestors(namespace: str) -> list[str]:
         chain.append(current)
         current = parent_namespace(current)
     return chain
+
+
+def beneath(namespace: str, top: str) -> bool:
+    """Whether ``namespace`` is ``top`` or a tenant namespace below it. Not a prefix test: the
+    root's children are ``tenant-<name>``, not ``tenant-root-<name>``."""
+    if top == ROOT_NAMESPACE:
+        return is_tenant_namespace(namespace)
+    return bool(top) and (namespace == top or namespace.startswith(top + "-"))
 
 
 def owned_namespace(release_namespace: str, name: str) -> str:
