@@ -61,7 +61,6 @@ from webhook.core.admission.floors import FOLDED, Floors
 from webhook.core.admission.pools import TenantTree
 from webhook.core.base import resources as rl
 from webhook.core.tenancy.applications import AppKey
-from webhook.core.tenancy.tenants import TENANT_KIND
 
 __all__ = ["Hold", "PendingCharges"]
 
@@ -140,6 +139,10 @@ class PendingCharges:
     def topups(self) -> list[tuple[AppKey, Mapping[str, Decimal]]]:
         """What floors add to usage now, by application (counted in its namespace)."""
         return self._floors.topups() if self._floors is not None else []
+
+    def topup(self, key: AppKey) -> Mapping[str, Decimal]:
+        """What ``key``'s floor adds to usage now (a Tenant's: to its parent's pools)."""
+        return self._floors.topup(key) if self._floors is not None else {}
 
     def expire_floors(self, now: str) -> bool:
         """Drop the floors past their grace period by ``now`` whose entries no longer count
@@ -351,7 +354,7 @@ class PendingCharges:
         """Put ``hold`` under its application's floor if it is an update that could overwrite
         a later write (:mod:`.floors`); whether it was."""
         floors = self._floors
-        if floors is None or not hold.update or hold.key[0] == TENANT_KIND:
+        if floors is None or not hold.update:
             return False
         if not self._known(hold):
             return False  # nothing to keep it under (and an update of no object stores nothing)

@@ -526,6 +526,12 @@ class ReservationState:
         return app.recorded if ok else None
 
     def _observed(self, key: AppKey) -> Mapping[str, Decimal]:
+        """What the state counts for an application as stored: its charge; a Tenant's, the
+        quota it counts (its parent's pools count ``max(quota, usage)``, never less)."""
+        if key[0] == TENANT_KIND:
+            owned = self._owned.get(key)
+            node = self.tree.get(owned) if owned is not None else None
+            return node.budget if node is not None and node.declared else {}
         record = self._apps.get(key)
         return record.resources if record is not None else {}
 
