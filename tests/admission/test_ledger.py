@@ -411,6 +411,65 @@ async def test_a_stale_label_patch_of_a_sub_tenant_cannot_write_its_old_quota_ba
     assert (await b.admit(create("y", "3Gi", uid="late"))).allowed
 
 
+async def test_a_sub_tenant_with_a_quota_of_many_keys_is_held_by_the_keys_its_parent_bounds() -> (
+    None
+):
+    # A quota of 40 count keys does not fit one entry: the parent's pool lists, and keeps the
+    # floor of, only the keys it bounds, so labelling or shrinking such a sub-tenant still works.
+    counts = {f"count/kind{i:02d}.apps.cozystack.io": "10" for i in range(40)}
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "4Gi"}})
+
+    def bee(memory: str, old: str, uid: str, **labels: str) -> AdmissionRequest:
+        body = review(
+            "Tenant",
+            POOL,
+            "bee",
+            {"resourceQuotas": {"memory": memory, **counts}},
+            operation="UPDATE",
+            old_spec={"resourceQuotas": {"memory": old, **counts}},
+            uid=uid,
+        )
+        body["request"]["object"]["metadata"]["labels"] = labels
+        return parse_review(body)
+
+    full = {"resourceQuotas": {"memory": "4Gi", **counts}}
+    a.observe(Application("Tenant", POOL, "bee", full, version=cluster.bump()))
+    labelled = await a.admit(bee("4Gi", "4Gi", "label", touch="1"))
+    assert labelled.allowed, labelled.message
+    assert [e["expected"] for e in cluster.entries()] == [{"memory": "4Gi"}]
+    shrunk = await a.admit(bee("1Gi", "4Gi", "shrink"))
+    assert shrunk.allowed, shrunk.message
+    small = {"resourceQuotas": {"memory": "1Gi", **counts}}
+    a.observe(Application("Tenant", POOL, "bee", small, version=cluster.bump()))
+    refused = await a.admit(create("y", "3Gi", uid="y"))
+    assert not refused.allowed, "the label patch may still write the 4Gi quota back"
+    grown = await a.admit(bee("2Gi", "1Gi", "grow"))  # within what the floor keeps
+    assert grown.allowed, grown.message
+
+
+async def test_a_sub_tenant_with_a_quota_of_many_keys_can_grow() -> None:
+    counts = {f"count/kind{i:02d}.apps.cozystack.io": "10" for i in range(40)}
+    cluster = Cluster()
+    a = Replica(
+        cluster, "a", {POOL: {"memory": "8Gi"}, "tenant-acme-bee": {"memory": "1Gi", **counts}}
+    )
+    grow_body = review(
+        "Tenant",
+        POOL,
+        "bee",
+        {"resourceQuotas": {"memory": "2Gi", **counts}},
+        operation="UPDATE",
+        old_spec={"resourceQuotas": {"memory": "1Gi", **counts}},
+        uid="grow",
+    )
+    grown = await a.admit(parse_review(grow_body))
+    assert grown.allowed, grown.message  # its entry listing 41 keys exceeded 1 KiB: refused
+    assert [(e["charge"], e["expected"]) for e in cluster.entries()] == [
+        ({"memory": "1Gi"}, {"memory": "2Gi"})
+    ]
+
+
 # ---------------------------------------------------------------------------------------------
 # What a replica counts for others: the ledger as it is now
 

@@ -88,8 +88,12 @@ class Floors:
         return self._topups.get(key, {})
 
     def add(self, hold: Hold) -> None:
-        """Keep ``hold``'s charge under its application, counted or not."""
+        """Keep ``hold``'s charge under its application, counted or not (one update's entries
+        in several pools: the charges of all, a Tenant's each listing the keys of its pool)."""
         holds = self._updates.setdefault(hold.key, {})
+        same = holds.get(hold.id)
+        if same is not None and same.charge != hold.charge:
+            hold = dataclasses.replace(hold, charge=rl.maximum(same.charge, hold.charge))
         holds[hold.id] = hold
         if len(holds) > _PER_APPLICATION:
             folded = dataclasses.replace(hold, id=FOLDED, after=0, increase={}, charge={})

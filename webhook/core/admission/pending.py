@@ -61,8 +61,9 @@ from webhook.core.admission.floors import FOLDED, Floors
 from webhook.core.admission.pools import TenantTree
 from webhook.core.base import resources as rl
 from webhook.core.tenancy.applications import AppKey
+from webhook.core.tenancy.tenants import TENANT_KIND
 
-__all__ = ["Hold", "PendingCharges"]
+__all__ = ["Hold", "PendingCharges", "expects"]
 
 _Slot = tuple[str, str]  # (pool, entry id): a request charging two pools has two entries
 
@@ -81,6 +82,15 @@ class Hold:
     preview: bool = False  # admitted for a dry run: a later write of the same object absorbs it
     until: str = ""  # the entry's expiry as written (RFC 3339, one width): its floor lasts as long
     update: bool = False  # an UPDATE's: stored last, it overwrites whatever came before it
+
+
+def expects(hold: Hold, charge: Mapping[str, Decimal]) -> bool:
+    """Whether an observation at ``charge`` is what ``hold`` expects: its charge exactly. A
+    Tenant's entry lists only the quota keys its pool bounds (a quota of many keys would not fit
+    an entry), so for a Tenant those keys are compared."""
+    if hold.key[0] == TENANT_KIND:
+        return all(charge.get(key) == value for key, value in hold.charge.items())
+    return dict(hold.charge) == dict(charge)
 
 
 class PendingCharges:
@@ -237,7 +247,7 @@ class PendingCharges:
             hold = self._counted[slot]
             if version <= hold.after:
                 continue  # older than the admission: a stale copy settles nothing
-            if charge is not None and dict(hold.charge) != dict(charge):
+            if charge is not None and not expects(hold, charge):
                 continue
             settled.append(slot)
         ids = {slot[1] for slot in settled}

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from webhook.core.admission.carveouts import Cap, budget_digest, effective_budget
-from webhook.core.admission.pending import Hold, PendingCharges
+from webhook.core.admission.pending import Hold, PendingCharges, expects
 from webhook.core.admission.pools import TenantTree
 from webhook.core.base import resources as rl
 from webhook.core.base.errors import UNEVALUABLE, EvaluationError
@@ -548,7 +548,7 @@ class ReservationState:
                 self._tenant_versions.get(hold.key, 0) > hold.after
                 and node is not None
                 and node.declared
-                and node.budget == dict(hold.charge)
+                and expects(hold, node.budget)
             )
         record = self._apps.get(hold.key)
         return (
