@@ -29,12 +29,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _review(spec: Any, *, managed: Any = None, old: Any = None) -> bytes:
+def _review(spec: Any, *, managed: Any = None, old: Any = None, kind: str = "VMInstance") -> bytes:
     from tests.builders import review
 
     operation = "UPDATE" if old is not None else "CREATE"
     body = review(
-        "VMInstance", "tenant-acme-dev", "vm", spec, dry_run=True, operation=operation, old_spec=old
+        kind, "tenant-acme-dev", "vm", spec, dry_run=True, operation=operation, old_spec=old
     )
     if managed is not None:
         body["request"]["object"]["metadata"]["managedFields"] = [{"fieldsV1": managed}]
@@ -60,6 +60,9 @@ def cases() -> dict[str, Callable[[int], bytes]]:
         "a 6 MiB string of colons": lambda i: _review({**vm, "m": i, "x": ":" * (6 << 20)}),
         "UPDATE, 9,995 keys old and new": lambda i: _review(
             {**vm, "m": i, **_keys(9_995)}, old={**vm, "m": -i, **_keys(9_995)}
+        ),
+        "19,000 empty node groups (schema defaults)": lambda i: _review(
+            {"m": i, "nodeGroups": {f"g{k}": {} for k in range(19_000)}}, kind="Kubernetes"
         ),
         "1,800 lists nested 10 deep": lambda i: _review(
             {**vm, "m": i, "x": [[[[[[[[[[k]]]]]]]]] for k in range(1_800)]}

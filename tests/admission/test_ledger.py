@@ -136,8 +136,9 @@ class Replica:
         self.seen = max(self.seen, app.version)
 
     def deliver(self, pool: str = POOL) -> None:
-        """The TenantReservation watch delivers the pool's current object."""
-        self.ledger.reflector.on_event("MODIFIED", copy.deepcopy(self.cluster.objects[pool]))
+        """The TenantReservation watch delivers the pool's current object (if one is stored)."""
+        if pool in self.cluster.objects:
+            self.ledger.reflector.on_event("MODIFIED", copy.deepcopy(self.cluster.objects[pool]))
 
     async def admit(self, request: AdmissionRequest) -> Decision:
         return await self.ledger.admit(request, POLICY)
@@ -357,6 +358,116 @@ async def test_a_label_patch_read_before_a_shrink_keeps_the_old_size_on_every_re
     assert not (await b.admit(create("y", "1Gi", uid="early"))).allowed
     b.seen = cluster.bump()  # the state confirms Things up to now: the patch was never stored
     assert (await b.admit(create("y", "1Gi", uid="late"))).allowed
+
+
+def tenant_update(quota: str, old: str, *, uid: str, labels: dict[str, str] | None = None) -> Any:
+    """An UPDATE of sub-Tenant ``bee`` of the pool (owning ``tenant-acme-bee``)."""
+    body = review(
+        "Tenant",
+        POOL,
+        "bee",
+        {"resourceQuotas": {"memory": quota}},
+        operation="UPDATE",
+        old_spec={"resourceQuotas": {"memory": old}},
+        uid=uid,
+    )
+    if labels:
+        body["request"]["object"]["metadata"]["labels"] = labels
+    return parse_review(body)
+
+
+async def test_a_stale_label_patch_of_a_sub_tenant_cannot_write_its_old_quota_back_over_room_given_away() -> (  # noqa: E501
+    None
+):
+    # cozystack-api stores a label patch of a Tenant without a precondition too: one that read
+    # the sub-tenant's 4Gi quota, stored after the shrink to 1Gi, writes 4Gi back, and the
+    # sub-tenant may then fill it. Until it can no longer be stored, the 3Gi stay counted.
+    clock = Clock()
+    cluster = Cluster()
+    tenants: dict[str, dict[str, str] | None] = {
+        POOL: {"memory": "4Gi"},
+        "tenant-acme-bee": {"memory": "4Gi"},
+    }
+    a = Replica(cluster, "a", tenants, clock=clock)
+    b = Replica(cluster, "b", tenants, clock=clock)
+    labelled = await a.admit(tenant_update("4Gi", "4Gi", uid="label", labels={"touch": "1"}))
+    assert labelled.allowed, labelled.message
+    shrunk = await a.admit(tenant_update("1Gi", "4Gi", uid="shrink"))
+    assert shrunk.allowed, shrunk.message
+    b.deliver()
+    stored = Application(
+        "Tenant", POOL, "bee", {"resourceQuotas": {"memory": "1Gi"}}, version=cluster.bump()
+    )
+    a.observe(stored)
+    b.observe(stored)
+    for replica, uid in ((a, "ya"), (b, "yb")):
+        refused = await replica.admit(create("y", "3Gi", uid=uid))
+        assert not refused.allowed, f"{uid}: the label patch may still write the 4Gi quota back"
+    clock.now += 60  # past the label patch's grace: stored by now, or never
+    for replica in (a, b):
+        await replica.ledger.reconcile()
+        replica.deliver()
+        replica.seen = cluster.bump()
+    assert (await b.admit(create("y", "3Gi", uid="late"))).allowed
+
+
+async def test_a_sub_tenant_with_a_quota_of_many_keys_is_held_by_the_keys_its_parent_bounds() -> (
+    None
+):
+    # A quota of 40 count keys does not fit one entry: the parent's pool lists, and keeps the
+    # floor of, only the keys it bounds, so labelling or shrinking such a sub-tenant still works.
+    counts = {f"count/kind{i:02d}.apps.cozystack.io": "10" for i in range(40)}
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "4Gi"}})
+
+    def bee(memory: str, old: str, uid: str, **labels: str) -> AdmissionRequest:
+        body = review(
+            "Tenant",
+            POOL,
+            "bee",
+            {"resourceQuotas": {"memory": memory, **counts}},
+            operation="UPDATE",
+            old_spec={"resourceQuotas": {"memory": old, **counts}},
+            uid=uid,
+        )
+        body["request"]["object"]["metadata"]["labels"] = labels
+        return parse_review(body)
+
+    full = {"resourceQuotas": {"memory": "4Gi", **counts}}
+    a.observe(Application("Tenant", POOL, "bee", full, version=cluster.bump()))
+    labelled = await a.admit(bee("4Gi", "4Gi", "label", touch="1"))
+    assert labelled.allowed, labelled.message
+    assert [e["expected"] for e in cluster.entries()] == [{"memory": "4Gi"}]
+    shrunk = await a.admit(bee("1Gi", "4Gi", "shrink"))
+    assert shrunk.allowed, shrunk.message
+    small = {"resourceQuotas": {"memory": "1Gi", **counts}}
+    a.observe(Application("Tenant", POOL, "bee", small, version=cluster.bump()))
+    refused = await a.admit(create("y", "3Gi", uid="y"))
+    assert not refused.allowed, "the label patch may still write the 4Gi quota back"
+    grown = await a.admit(bee("2Gi", "1Gi", "grow"))  # within what the floor keeps
+    assert grown.allowed, grown.message
+
+
+async def test_a_sub_tenant_with_a_quota_of_many_keys_can_grow() -> None:
+    counts = {f"count/kind{i:02d}.apps.cozystack.io": "10" for i in range(40)}
+    cluster = Cluster()
+    a = Replica(
+        cluster, "a", {POOL: {"memory": "8Gi"}, "tenant-acme-bee": {"memory": "1Gi", **counts}}
+    )
+    grow_body = review(
+        "Tenant",
+        POOL,
+        "bee",
+        {"resourceQuotas": {"memory": "2Gi", **counts}},
+        operation="UPDATE",
+        old_spec={"resourceQuotas": {"memory": "1Gi", **counts}},
+        uid="grow",
+    )
+    grown = await a.admit(parse_review(grow_body))
+    assert grown.allowed, grown.message  # its entry listing 41 keys exceeded 1 KiB: refused
+    assert [(e["charge"], e["expected"]) for e in cluster.entries()] == [
+        ({"memory": "1Gi"}, {"memory": "2Gi"})
+    ]
 
 
 # ---------------------------------------------------------------------------------------------

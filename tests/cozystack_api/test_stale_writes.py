@@ -15,14 +15,20 @@ once observed) it failed with ``5Gi stored on a 4Gi budget: ['small1=u1.micro',
 
 from __future__ import annotations
 
+import base64
+import json
 import random
+import ssl
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import yaml
 
+from tests.builders import free_port
 from tests.cozystack_api.conftest import CozystackAPI, vm
 from tests.cozystack_api.test_e2e import user
 
@@ -90,3 +96,121 @@ def test_a_stale_label_patch_cannot_write_a_shrunk_vm_back_over_room_given_away(
         assert stored <= BUDGET_GI, (
             f"trial {trial}: {stored}Gi stored on a {BUDGET_GI}Gi budget: {what}"
         )
+
+
+class _StallingWebhook:
+    """A validating webhook that allows everything, holding a write labelled ``stall`` for
+    ``seconds`` first: cozystack-api calls validating webhooks in parallel and writes only once
+    all answered, so the reservation webhook decides the write at once and it is stored late,
+    as the race above stores one, every time."""
+
+    def __init__(self, env: CozystackAPI, seconds: float) -> None:
+        pki = env.dir / "pki"
+        self.port = free_port()
+        self.seconds = seconds
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: object) -> None:
+                return None
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                request = json.loads(self.rfile.read(length) or b"{}").get("request") or {}
+                labels = ((request.get("object") or {}).get("metadata") or {}).get("labels")
+                if isinstance(labels, dict) and "stall" in labels:
+                    time.sleep(outer.seconds)
+                body = json.dumps(
+                    {
+                        "apiVersion": "admission.k8s.io/v1",
+                        "kind": "AdmissionReview",
+                        "response": {"uid": request.get("uid", ""), "allowed": True},
+                    }
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Connection", "close")  # no socket outlives its review
+                self.end_headers()
+                self.wfile.write(body)
+                self.close_connection = True
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(str(pki / "webhook.crt"), str(pki / "webhook.key"))
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        bundle = base64.b64encode((pki / "ca.crt").read_bytes()).decode()
+        env.apply(
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingWebhookConfiguration",
+                "metadata": {"name": "stall-labelled-tenants"},
+                "webhooks": [
+                    {
+                        "name": "stall.tests.example.com",
+                        "admissionReviewVersions": ["v1"],
+                        "sideEffects": "None",
+                        "timeoutSeconds": 15,
+                        "failurePolicy": "Fail",
+                        "clientConfig": {
+                            "url": f"https://127.0.0.1:{self.port}/validate",
+                            "caBundle": bundle,
+                        },
+                        "rules": [
+                            {
+                                "apiGroups": ["apps.cozystack.io"],
+                                "apiVersions": ["*"],
+                                "operations": ["UPDATE"],
+                                "resources": ["tenants"],
+                            }
+                        ],
+                    }
+                ],
+            }
+        )
+        time.sleep(1.0)  # cozystack-api's informer picks it up within a fraction of a second
+
+    def close(self, env: CozystackAPI) -> None:
+        env.kubectl("delete", "validatingwebhookconfiguration", "stall-labelled-tenants")
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_stale_label_patch_of_a_sub_tenant_cannot_write_its_old_quota_back_over_room_given_away(
+    env: CozystackAPI,
+) -> None:
+    # A tenant admin's sub-tenant takes the whole 4Gi pool as its quota. A label patch of it
+    # (read at 4Gi) is decided at once and stored late; meanwhile the quota is shrunk to 1Gi
+    # and three 1Gi VMs are created in the pool. Stored last, the patch writes 4Gi back: were
+    # the 3Gi given away, 7Gi would be reserved on the 4Gi budget.
+    pool = env.tenant("tstale", {"memory": f"{BUDGET_GI}Gi"})
+    env.tenant("bee", {"memory": f"{BUDGET_GI}Gi"}, parent=pool)
+    env.wait_pool(pool, 60, reserved={"memory": f"{BUDGET_GI}Gi"})
+    tenant = user(env, pool)
+
+    def kubectl(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return env.kubectl(*args, stdin=stdin, kubeconfig=tenant, check=False, timeout=30)
+
+    stall = _StallingWebhook(env, seconds=8.0)
+    try:
+        with ThreadPoolExecutor(1) as pool_of_one:
+            late = pool_of_one.submit(kubectl, "label", "tenant", "bee", "-n", pool, "stall=1")
+            time.sleep(1.0)  # decided by the reservation webhook, held by the stalling one
+            shrink = kubectl("patch", "tenant", "bee", "-n", pool, "--type=merge", "-p",
+                             '{"spec":{"resourceQuotas":{"memory":"1Gi"}}}')  # fmt: skip
+            assert shrink.returncode == 0, shrink.stderr
+            time.sleep(1.5)  # every replica's watch has delivered the shrink
+            for i in range(3):
+                body = yaml.safe_dump(vm(f"small{i}", pool, "u1.micro"))
+                kubectl("create", "-f", "-", stdin=body)
+            labelled = late.result(timeout=TRIAL_SECONDS)
+            assert labelled.returncode == 0, labelled.stderr
+    finally:
+        stall.close(env)
+    quota = env.get("tenants", "-n", pool, "bee")["spec"]["resourceQuotas"]["memory"]
+    assert quota == f"{BUDGET_GI}Gi", "the label patch was stored last, with the quota it read"
+    vms, what = _stored_gi(env, pool)
+    assert BUDGET_GI + vms <= BUDGET_GI, (
+        f"{BUDGET_GI}Gi quota + {vms}Gi of VMs stored on a {BUDGET_GI}Gi budget: {what}"
+    )

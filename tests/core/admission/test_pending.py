@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from decimal import Decimal
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,7 +15,7 @@ from tests.builders import thing
 from webhook.core.admission.pending import Hold, PendingCharges
 from webhook.core.admission.pools import TenantTree
 from webhook.core.admission.state import ReservationState
-from webhook.core.tenancy.applications import Application
+from webhook.core.tenancy.applications import AppKey, Application
 
 POOL = "tenant-acme"
 GI = Decimal(1024**3)
@@ -367,9 +368,30 @@ def test_a_deleted_application_keeps_no_floor() -> None:
     assert counted(current) == 0
 
 
+BEE = ("Tenant", POOL, "bee")  # a sub-tenant of the pool, owning tenant-acme-bee
+
+
+def stored_quota(gib: int, version: int) -> Application:
+    return Application(*BEE, {"resourceQuotas": {"memory": f"{gib}Gi"}}, version=version)
+
+
+def quota_gib(current: ReservationState) -> Decimal:
+    node = current.tree.get("tenant-acme-bee")
+    assert node is not None
+    return node.budget["memory"]
+
+
+# What an update of each kind stores, how it is seen stored, and what the state observes of it.
+SUBJECTS: dict[str, tuple[AppKey, Callable[[int, int], Application], Callable[..., Decimal]]] = {
+    "application": (("Thing", POOL, "x"), stored, observed_gib),
+    "tenant": (BEE, stored_quota, quota_gib),
+}
+
+
+@pytest.mark.parametrize("subject", sorted(SUBJECTS))
 @settings(max_examples=300, deadline=None)
 @given(
-    st.lists(
+    steps=st.lists(
         st.tuples(
             st.sampled_from(["admit", "land", "admit", "land", "drop", "expire"]),
             st.integers(1, 4),
@@ -378,30 +400,35 @@ def test_a_deleted_application_keeps_no_floor() -> None:
     )
 )
 def test_an_application_is_never_counted_below_a_version_that_may_still_be_stored(
-    steps: list[tuple[str, int]],
+    subject: str, steps: list[tuple[str, int]]
 ) -> None:
-    """Updates admitted (each crediting what the pool counts for x), stored in any order, lost,
-    or past their grace period: the pool counts x at least at every charge still in flight
-    and at what is stored."""
-    current = builders_state({POOL: {"memory": "100Gi"}}, stored(2, 1))
+    """Updates admitted (each crediting what the pool counts for it), stored in any order,
+    lost, or past their grace period: the pool counts an application (a Tenant: its quota) at
+    least at every charge still in flight and at what is stored."""
+    key, store, observed_of = SUBJECTS[subject]
+    current = builders_state({POOL: {"memory": "100Gi"}})
+    current.observe(store(2, 1))
     version, in_flight, listed = 1, {}, []  # id -> gib
     clock = [f"2027-01-01T00:00:{second:02d}.000000Z" for second in range(60)]
     now = 0
     for index, (step, gib) in enumerate(steps):
         version += 1
         if step == "admit":
-            credit = max(
-                observed_gib(current),
-                current.pending.floor(("Thing", POOL, "x")).get("memory", Decimal(0)),
-            )
+            floor = current.pending.floor(key) if subject == "application" else {}
+            topup = current.pending.topup(key) if subject == "tenant" else {}  # its carve-out's
+            credit = max(observed_of(current), floor.get("memory", Decimal(0)))
+            credit += topup.get("memory", Decimal(0))
             adds = max(0, int((gib * GI - credit) // GI))
-            entry = update(f"u{index}", gib=gib, after=version, adds=adds, until=clock[now + 20])
+            entry = replace(
+                update(f"u{index}", gib=gib, after=version, adds=adds, until=clock[now + 20]),
+                key=key,
+            )
             listed.append(entry)
             in_flight[entry.id] = gib
             current.pending.track(POOL, listed, version=version)
         elif step == "land" and in_flight:
             hold_id = sorted(in_flight)[gib % len(in_flight)]
-            current.observe(stored(in_flight.pop(hold_id), version))
+            current.observe(store(in_flight.pop(hold_id), version))
         elif step == "drop" and in_flight:
             in_flight.pop(sorted(in_flight)[gib % len(in_flight)])  # refused after admission
         elif step == "expire":
@@ -410,7 +437,7 @@ def test_an_application_is_never_counted_below_a_version_that_may_still_be_store
             for entry in listed:
                 if entry.until <= clock[now]:
                     in_flight.pop(entry.id, None)  # past its grace: stored or never will be
-        observed = observed_gib(current)
+        observed = observed_of(current)
         needed = max([observed, *(g * GI for g in in_flight.values())])
         assert counted(current) >= needed
 

@@ -25,6 +25,7 @@ from webhook.core.base.json_codec import (
     json_values_at_most,
     may_hold_long_integers,
 )
+from webhook.core.pricing.bounds import entries
 from webhook.core.tenancy.applications import CHARGE_ANNOTATION
 from webhook.core.tenancy.records import parse_recorded_charge
 from webhook.http.app import admission_key, create_app
@@ -253,17 +254,9 @@ def test_a_long_integer_beside_an_object_nested_1000_levels_decodes_exactly(dept
     assert value == 1
 
 
-def _values_in(value: object) -> int:
-    if isinstance(value, dict):
-        return 1 + sum(_values_in(child) for child in value.values())
-    if isinstance(value, list):
-        return 1 + sum(_values_in(child) for child in value)
-    return 1
-
-
 @given(JSON_VALUES, st.sampled_from([None, 1, 2]))
 def test_the_values_counted_before_decoding_are_never_fewer_than_decoded(
     value: object, indent: int | None
 ) -> None:
     raw = json.dumps(value, indent=indent).encode()
-    assert json_values_at_most(raw) >= _values_in(decode_json(raw))
+    assert json_values_at_most(raw) >= entries(decode_json(raw))

@@ -43,6 +43,26 @@ def test_a_spec_with_250k_node_groups_is_refused_before_defaulting(
     assert defaulted == []
 
 
+def test_a_tenant_sending_19000_empty_node_groups_is_refused_before_defaults_multiply_them() -> (
+    None
+):
+    # 19,000 empty node groups pass the 20,000-entry bound; defaulted, each becomes six
+    # entries (114,000 in all, 2.4 MB of JSON), which cost some 90 ms on the shared loop to
+    # make, digest and walk, ten times the heaviest values the bound lets through otherwise.
+    kind = platform().kinds["Kubernetes"]
+    spec: dict[str, Any] = {"nodeGroups": {f"g{i}": {} for i in range(19_000)}}
+    check_values(spec)  # within the bound as sent
+    with pytest.raises(EvaluationError, match="defaults would add more than 10000 entries"):
+        kind.defaulted(spec)
+
+
+def test_the_largest_real_values_are_defaulted_within_the_bound() -> None:
+    # A thousand node groups (the most one forEach reads), every default filled in.
+    kind = platform().kinds["Kubernetes"]
+    defaulted = kind.defaulted({"nodeGroups": {f"g{i}": {} for i in range(1000)}})
+    assert defaulted["nodeGroups"]["g999"]["diskSize"] == "20Gi"
+
+
 def test_the_check_stops_at_the_bound_whatever_the_size() -> None:
     visited = 0
 

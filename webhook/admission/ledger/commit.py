@@ -62,6 +62,7 @@ from webhook.core.admission.reviews import AdmissionRequest
 from webhook.core.admission.state import ReservationState
 from webhook.core.base import resources as rl
 from webhook.core.tenancy.applications import AppKey
+from webhook.core.tenancy.tenants import TENANT_KIND
 from webhook.kube.client import ApiError
 
 __all__ = ["Commit", "decide_replacing", "decided_replacing"]
@@ -324,6 +325,12 @@ class Commit:
         expires = expiry(self.book.clock() + settings.grace_seconds)
         charge = rl.to_strings(rl.maximum(decision.charged_pools[pool], floor or {}))
         expected = rl.to_strings(decision.expected or {})
+        if request.kind == TENANT_KIND:
+            # A quota, of up to 64 keys: only those this pool bounds count here, so only they are
+            # listed (and compared when it is observed, :func:`~.pending.expects`).
+            node = self.book.current().tree.get(pool)
+            bounded = node.budget if node is not None else {}
+            expected = {key: value for key, value in expected.items() if key in bounded}
         entry: Obj = {
             "id": request.uid,
             "application": f"{request.kind}/{request.namespace}/{request.name}",

@@ -30,6 +30,7 @@ from webhook.core.base import resources as rl
 from webhook.core.base.json_codec import encode_json
 from webhook.core.base.quantities import parse_quantity
 from webhook.core.tenancy.applications import AppKey, resource_version
+from webhook.core.tenancy.tenants import TENANT_KIND
 from webhook.kube.client import ResourceRef
 
 __all__ = [
@@ -149,12 +150,15 @@ def hold_of(entry: Obj, decision: Decision, pool: str) -> Hold:
     increase = dict(decision.charged_pools[pool])
     if entry["charge"] != rl.to_strings(increase):
         increase = quantities(entry["charge"])
+    expected = dict(decision.expected or {})
+    if kind == TENANT_KIND:  # its entry lists only the quota keys its pool bounds
+        expected = quantities(entry["expected"]) if "expected" in entry else increase
     return Hold(
         id=str(entry["id"]),
         key=(kind, namespace, name),
         namespace=pool,
         increase=increase,
-        charge=dict(decision.expected or {}),
+        charge=expected,
         preview=entry.get("dryRun") is True,
         until=str(entry.get("expires") or ""),
         update=entry.get("update") is True,

@@ -12,8 +12,10 @@ writing the release's status, anyone's label): it settles entries, never a floor
 label patch's floor lasts until its expiry. What is counted is ``max(observed + held increases,
 floor)`` per resource; the difference, the *top-up*, goes into the application's namespace, so
 it reaches every pool above it as the observed charge does. A CREATE leaves no floor (a create
-of a stored name fails), a delete ends it (an update of a deleted object fails), and a Tenant
-keeps none (its charge is its quota, counted as ``max(quota, usage)``).
+of a stored name fails) and a delete ends it (an update of a deleted object fails). A Tenant's
+updates keep its quota as a floor the same way: what the state observes of a Tenant is the quota
+it counts (its parent counts ``max(quota, usage)`` per key, never less), so a stale write of an
+earlier, larger quota keeps its room in the parent's pool until it can no longer be stored.
 
 Settled alone only from a copy of the ledger listing every update admitted before the
 observation; expired only once its entry no longer counts, i.e. the state has seen past the
@@ -81,9 +83,17 @@ class Floors:
         """What floors add to usage now, by application (counted in its namespace)."""
         return list(self._topups.items())
 
+    def topup(self, key: AppKey) -> Mapping[str, Decimal]:
+        """What ``key``'s floor adds to usage now, above what is observed and held of it."""
+        return self._topups.get(key, {})
+
     def add(self, hold: Hold) -> None:
-        """Keep ``hold``'s charge under its application, counted or not."""
+        """Keep ``hold``'s charge under its application, counted or not (one update's entries
+        in several pools: the charges of all, a Tenant's each listing the keys of its pool)."""
         holds = self._updates.setdefault(hold.key, {})
+        same = holds.get(hold.id)
+        if same is not None and same.charge != hold.charge:
+            hold = dataclasses.replace(hold, charge=rl.maximum(same.charge, hold.charge))
         holds[hold.id] = hold
         if len(holds) > _PER_APPLICATION:
             folded = dataclasses.replace(hold, id=FOLDED, after=0, increase={}, charge={})

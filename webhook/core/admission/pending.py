@@ -63,7 +63,7 @@ from webhook.core.base import resources as rl
 from webhook.core.tenancy.applications import AppKey
 from webhook.core.tenancy.tenants import TENANT_KIND
 
-__all__ = ["Hold", "PendingCharges"]
+__all__ = ["Hold", "PendingCharges", "expects"]
 
 _Slot = tuple[str, str]  # (pool, entry id): a request charging two pools has two entries
 
@@ -82,6 +82,15 @@ class Hold:
     preview: bool = False  # admitted for a dry run: a later write of the same object absorbs it
     until: str = ""  # the entry's expiry as written (RFC 3339, one width): its floor lasts as long
     update: bool = False  # an UPDATE's: stored last, it overwrites whatever came before it
+
+
+def expects(hold: Hold, charge: Mapping[str, Decimal]) -> bool:
+    """Whether an observation at ``charge`` is what ``hold`` expects: its charge exactly. A
+    Tenant's entry lists only the quota keys its pool bounds (a quota of many keys would not fit
+    an entry), so for a Tenant those keys are compared."""
+    if hold.key[0] == TENANT_KIND:
+        return all(charge.get(key) == value for key, value in hold.charge.items())
+    return dict(hold.charge) == dict(charge)
 
 
 class PendingCharges:
@@ -140,6 +149,10 @@ class PendingCharges:
     def topups(self) -> list[tuple[AppKey, Mapping[str, Decimal]]]:
         """What floors add to usage now, by application (counted in its namespace)."""
         return self._floors.topups() if self._floors is not None else []
+
+    def topup(self, key: AppKey) -> Mapping[str, Decimal]:
+        """What ``key``'s floor adds to usage now (a Tenant's: to its parent's pools)."""
+        return self._floors.topup(key) if self._floors is not None else {}
 
     def expire_floors(self, now: str) -> bool:
         """Drop the floors past their grace period by ``now`` whose entries no longer count
@@ -234,7 +247,7 @@ class PendingCharges:
             hold = self._counted[slot]
             if version <= hold.after:
                 continue  # older than the admission: a stale copy settles nothing
-            if charge is not None and dict(hold.charge) != dict(charge):
+            if charge is not None and not expects(hold, charge):
                 continue
             settled.append(slot)
         ids = {slot[1] for slot in settled}
@@ -351,7 +364,7 @@ class PendingCharges:
         """Put ``hold`` under its application's floor if it is an update that could overwrite
         a later write (:mod:`.floors`); whether it was."""
         floors = self._floors
-        if floors is None or not hold.update or hold.key[0] == TENANT_KIND:
+        if floors is None or not hold.update:
             return False
         if not self._known(hold):
             return False  # nothing to keep it under (and an update of no object stores nothing)

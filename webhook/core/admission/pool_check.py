@@ -79,13 +79,15 @@ def check_pools(
         contribution = rl.add(contribution, counted)
     decision = check(request.namespace, contribution, state, known, mode_for)
     nothing_added = decision.allowed and not decision.charged_pools and decision.pool
-    if nothing_added and known.charge and request.kind != TENANT_KIND:
+    stores = known.expected if request.kind == TENANT_KIND else known.charge  # a quota: counted
+    if nothing_added and stores:
         # Held with nothing to add, at its charge: a shrink or a label may still be stored
         # after a later write (no resourceVersion precondition behind cozystack-api), so the
-        # pool keeps counting what it would store until it is observed or expires.
-        # It is written into the nearest pool bounding each key of its charge (where its floor
-        # is counted, and whose ledger a decision there rereads), not just the nearest pool.
-        holders = _bounding(request.namespace, known.charge, state) or {decision.pool}
+        # pool keeps counting what it would store until it is observed or expires; a Tenant's
+        # quota as much as an application's size. It is written into the nearest pool bounding
+        # each key of its charge (where its floor is counted, and whose ledger a decision there
+        # rereads), not just the nearest pool.
+        holders = _bounding(request.namespace, stores, state) or {decision.pool}
         decision = replace(decision, charged_pools={pool: {} for pool in sorted(holders)})
     refused_for_pool = decision.reason in ("exceeded", "unknown-usage")
     if factored.changed and not decision.allowed and refused_for_pool:
@@ -106,8 +108,9 @@ def quota_facts(subject: Subject, priced: Priced, factored: Factored) -> Facts:
     old: Mapping[str, Decimal] = {}
     if request.operation == "UPDATE":
         # Never less than the floor its recent updates hold: the pool counts it at least that
-        # much until they can no longer be stored (:mod:`webhook.core.admission.floors`).
-        floor = subject.state.pending.floor(app.key)
+        # much until they can no longer be stored (:mod:`webhook.core.admission.floors`). A
+        # Tenant's floor is a quota, credited against its carve-out (:func:`tenant_change`).
+        floor = subject.state.pending.floor(app.key) if request.kind != TENANT_KIND else {}
         old = rl.maximum(old_charge(subject), floor) if floor else old_charge(subject)
     reserved = factored.at.reserved
     delta = {k: v for k, v in rl.subtract(reserved, old).items() if v != 0}
@@ -231,7 +234,10 @@ def tenant_change(
     warnings: list[str] = []
     counted = state.counted_budget(owned, budget)  # below it: capped in warn (carveouts)
     if node is not None:
-        change = rl.add(change, state.tree.budget_change(node, counted))
+        # What the parent counts for it: its carve-out, and what a floor of its recent updates
+        # adds above it (a quota they may still write back).
+        carved = rl.subtract(state.tree.budget_change(node, counted), state.pending.topup(app.key))
+        change = rl.add(change, carved)
         for key in sorted(budget):
             used = node.usage.get(key, _ZERO)
             if used > budget[key]:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from webhook.core.admission.carveouts import Cap, budget_digest, effective_budget
-from webhook.core.admission.pending import Hold, PendingCharges
+from webhook.core.admission.pending import Hold, PendingCharges, expects
 from webhook.core.admission.pools import TenantTree
 from webhook.core.base import resources as rl
 from webhook.core.base.errors import UNEVALUABLE, EvaluationError
@@ -525,6 +525,12 @@ class ReservationState:
         return app.recorded if ok else None
 
     def _observed(self, key: AppKey) -> Mapping[str, Decimal]:
+        """What the state counts for an application as stored: its charge; a Tenant's, the
+        quota it counts (its parent's pools count ``max(quota, usage)``, never less)."""
+        if key[0] == TENANT_KIND:
+            owned = self._owned.get(key)
+            node = self.tree.get(owned) if owned is not None else None
+            return node.budget if node is not None and node.declared else {}
         record = self._apps.get(key)
         return record.resources if record is not None else {}
 
@@ -541,7 +547,7 @@ class ReservationState:
                 self._tenant_versions.get(hold.key, 0) > hold.after
                 and node is not None
                 and node.declared
-                and node.budget == dict(hold.charge)
+                and expects(hold, node.budget)
             )
         record = self._apps.get(hold.key)
         return (

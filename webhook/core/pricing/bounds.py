@@ -17,7 +17,7 @@ from typing import Final
 
 from webhook.core.base.errors import EvaluationError
 
-__all__ = ["DEFAULT_VALUES_LIMITS", "ValuesLimits", "check_values", "non_string_key"]
+__all__ = ["DEFAULT_VALUES_LIMITS", "ValuesLimits", "check_values", "entries", "non_string_key"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +26,9 @@ class ValuesLimits:
 
     max_nodes: int = 20_000  # maps, lists and scalars together
     max_depth: int = 64  # nesting of maps and lists
+    # Entries the kind's schema defaults may add to them: a thousand node groups (the most a
+    # forEach reads) add some 5,000; 19,000 empty ones would add 95,000.
+    max_defaulted: int = 10_000
 
 
 DEFAULT_VALUES_LIMITS: Final = ValuesLimits()
@@ -68,6 +71,16 @@ def check_values(values: object, limits: ValuesLimits = DEFAULT_VALUES_LIMITS) -
                 or (kind not in _SCALARS and isinstance(child, Mapping | list | tuple))
             ):
                 stack.append((child, depth + 1))
+
+
+def entries(value: object) -> int:
+    """How many entries ``value`` is, as the bounds count them: maps, lists and scalars
+    together (for values already bounded, or a schema's own defaults)."""
+    if isinstance(value, Mapping):
+        return 1 + sum(entries(child) for child in value.values())
+    if isinstance(value, list | tuple):
+        return 1 + sum(entries(child) for child in value)
+    return 1
 
 
 # What JSON and YAML values mostly are: never containers, so no ABC check is needed for them.

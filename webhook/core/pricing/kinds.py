@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from webhook.core.base.errors import ContractError, EvaluationError
-from webhook.core.pricing.bounds import check_values
+from webhook.core.pricing.bounds import DEFAULT_VALUES_LIMITS, check_values
 from webhook.core.pricing.catalog import Catalog
 from webhook.core.pricing.compiled import Program, program
 from webhook.core.pricing.contracts import Contract, compile_contract
@@ -64,12 +64,15 @@ class ApplicationKind:
         """The values as Cozystack reads them back: schema defaults applied.
 
         Raises :class:`EvaluationError` for values past the bounds, before any defaulting
-        (``checked``: the caller has just bounded them).
+        (``checked``: the caller has just bounded them), and once the defaults would add more
+        entries than :attr:`~webhook.core.pricing.bounds.ValuesLimits.max_defaulted`.
         """
         if not checked:
             check_values(spec)
         document = {} if spec is None else spec
-        return self.defaulter.apply(document) if self.defaulter is not None else document
+        if self.defaulter is None:
+            return document
+        return self.defaulter.apply(document, max_added=DEFAULT_VALUES_LIMITS.max_defaulted)
 
     def charge(
         self,
