@@ -119,6 +119,7 @@ class Outcome:
     steps: int
     admitted: int = 0
     stored: int = 0
+    paths: dict[str, int] = field(default_factory=dict)  # admissions by the path that took them
 
     def report(self, command: str) -> str:
         lines = [f"seed {self.seed}: {self.problem}", *self.trace, f"replay: {command}"]
@@ -305,15 +306,7 @@ class Simulation:
         return choices
 
     def _step(self) -> None:
-        choices = self._choices()
-        total = sum(w for w, _ in choices)
-        pick = self.rng.random() * total
-        for weight, action in choices:
-            pick -= weight
-            if pick < 0:
-                action()
-                return
-        choices[-1][1]()
+        take(self.rng, self._choices())
 
     def _tick_small(self) -> None:
         self._advance(self.rng.choice((0.05, 0.2, 0.5, 1.0, 2.0)))
@@ -948,6 +941,17 @@ class Simulation:
 LIVE_POLL_SECONDS = 5.0
 
 
+def take(rng: random.Random, choices: list[tuple[float, Callable[[], None]]]) -> None:
+    """Do one of ``choices``, each drawn with the chance of its weight."""
+    pick = rng.random() * sum(w for w, _ in choices)
+    for weight, action in choices:
+        pick -= weight
+        if pick < 0:
+            action()
+            return
+    choices[-1][1]()
+
+
 @functools.cache
 def _compile_once(kind: str, text: str, source: str) -> Contract:
     return compile_contract(kind, json.loads(text), source=source)
@@ -1076,25 +1080,35 @@ class Summary:
     steps: int = 0
     admitted: int = 0
     stored: int = 0
+    paths: dict[str, int] = field(default_factory=dict)
     failure: Outcome | None = None
 
     def describe(self, elapsed: float) -> str:
         verdict = f"seed {self.failure.seed} failed" if self.failure else "all passed"
+        paths = "".join(f", {count} {path}" for path, count in sorted(self.paths.items()))
         return (
-            f"{self.seeds} seeds, {self.steps} steps, {self.admitted} admitted, "
+            f"{self.seeds} seeds, {self.steps} steps, {self.admitted} admitted{paths}, "
             f"{self.stored} stored in {elapsed:.1f}s: {verdict}"
         )
 
 
-def explore(seeds: Iterable[int], *, stop_at_first: bool = True) -> Summary:
-    """Run every seed (until the first failure); the totals and that failure."""
+def explore(
+    seeds: Iterable[int],
+    *,
+    stop_at_first: bool = True,
+    simulate: Callable[[int], Outcome] | None = None,
+) -> Summary:
+    """Run every seed (with ``simulate``, else this simulation) until the first failure; the
+    totals and that failure."""
     summary = Summary()
     for seed in seeds:
-        outcome = Simulation(seed).run()
+        outcome = simulate(seed) if simulate is not None else Simulation(seed).run()
         summary.seeds += 1
         summary.steps += outcome.steps
         summary.admitted += outcome.admitted
         summary.stored += outcome.stored
+        for path, count in outcome.paths.items():
+            summary.paths[path] = summary.paths.get(path, 0) + count
         if not outcome.ok and summary.failure is None:
             summary.failure = outcome
             if stop_at_first:

@@ -155,7 +155,8 @@ class Escrow:
 
     def observed(self, uid: str) -> None:
         """The state observed the object request ``uid`` stored (newer than its decision)."""
-        self._observed.add(uid)
+        if any(spend.uid == uid for spend in self.spends()):
+            self._observed.add(uid)
 
     def spends(self, pool: str | None = None) -> list[Spend]:
         """Every spend not yet shown folded (in a write or not), of ``pool`` or every pool."""
@@ -166,6 +167,20 @@ class Escrow:
                 if held.inflight is not None:
                     found.extend(held.inflight.folds)
         return found
+
+    def foldable(self, pool: str, now: float) -> bool:
+        """Whether some spend of ``pool`` could be folded by a write now."""
+        found = self._slices.get(pool)
+        return found is not None and any(self._foldable(s, now) for s in found.spends)
+
+    def renew_due(self, pool: str, now: float) -> bool:
+        """Whether the lease of ``pool``'s slice is due for renewal (its last stored write is
+        older than ``renew_seconds``)."""
+        found = self._slices.get(pool)
+        if found is None or found.base is None:
+            return False
+        left = self.bounds.lease_seconds - self.bounds.skew_seconds - self.bounds.renew_seconds
+        return now >= found.deadline - left
 
     def idle(self, pool: str, now: float) -> bool:
         found = self._slices.get(pool)
