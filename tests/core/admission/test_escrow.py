@@ -76,7 +76,7 @@ def _granted(escrow: Escrow, amount: int, *, now: float = 0.0, version: int = 1)
         POOL, now=now, wall=now, version=version, grow={M: _d(amount)}, kinds=frozenset({KIND})
     )
     assert write is not None
-    escrow.stored(write, version + 1)
+    escrow.stored(write, write.record, version + 1)
 
 
 def test_a_slice_is_never_spent_past_its_room() -> None:
@@ -130,6 +130,17 @@ def test_room_given_back_is_not_spent_while_the_write_is_in_flight() -> None:
     assert escrow.available(POOL) == {M: _d(0)}
 
 
+def test_a_record_the_api_server_did_not_keep_is_never_spent() -> None:
+    # A schema that does not know status.slices prunes it: the write is stored without it.
+    escrow = Escrow("r1", "a", BOUNDS)
+    write = escrow.plan(
+        POOL, now=0.0, wall=0.0, version=1, grow={M: _d(10)}, kinds=frozenset({KIND})
+    )
+    assert write is not None
+    escrow.stored(write, None, 2)
+    assert not escrow.spend("u1", {POOL: {M: _d(1)}}, kind=KIND, now=1.0)
+
+
 def test_a_write_of_unknown_outcome_suspends_the_slice_until_a_newer_copy_says() -> None:
     escrow = Escrow("r1", "a", BOUNDS)
     _granted(escrow, 10)
@@ -154,7 +165,7 @@ def test_an_update_is_folded_only_once_it_can_no_longer_be_stored() -> None:
     write = escrow.plan(POOL, now=2.0, wall=2.0, version=2)
     assert write is not None
     assert write.folds == ()
-    escrow.stored(write, 3)
+    escrow.stored(write, write.record, 3)
     later = 1.0 + BOUNDS.store_seconds + 1
     write = escrow.plan(POOL, now=later, wall=later, version=3)
     assert write is not None
@@ -321,7 +332,7 @@ class EscrowMoves(RuleBasedStateMachine):
         if write is None:
             return
         if self._write(replica, {**self.records, escrow.incarnation: write.record}):
-            escrow.stored(write, self.object)
+            escrow.stored(write, write.record, self.object)
         else:
             escrow.refused(write)
 

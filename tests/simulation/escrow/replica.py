@@ -380,7 +380,8 @@ class Replica:
     def stored(self, call: Call, obj: Obj, now: float) -> None:
         self.inflight.pop(call.pool, None)
         if call.write is not None:
-            self.escrow.stored(call.write, version_of(obj))
+            mine = records_of(obj).get(self.incarnation)
+            self.escrow.stored(call.write, mine, version_of(obj))
         self.remember(obj)
         for key in call.removed:
             if key.startswith(f"{ENTRY}{self.name}."):

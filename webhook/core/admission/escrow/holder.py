@@ -232,10 +232,18 @@ class Escrow:
         found.inflight = Write(pool, record, folds, version, now)
         return found.inflight
 
-    def stored(self, write: Write, version: int) -> None:
-        """``write`` was stored, the object then at ``version``."""
+    def stored(self, write: Write, record: SliceRecord | None, version: int) -> None:
+        """``write`` was answered as stored, the object then at ``version`` listing ``record``
+        as this incarnation's. Only what the answer lists counts: an API server that prunes
+        what its schema does not know stores the write without the record, and a record no
+        other replica can read is never spent."""
         found = self._slices[write.pool]
         if found.inflight is not write:
+            return
+        if record != write.record:
+            self.refused(write)
+            if version > found.version:
+                found.base, found.version = record, version
             return
         found.inflight, found.unknown = None, False
         found.deadline = max(
@@ -270,7 +278,7 @@ class Escrow:
             return
         write = found.inflight
         if write is not None and record == write.record:
-            self.stored(write, version)
+            self.stored(write, record, version)
             return
         if write is not None and found.unknown and version > write.version:
             self.refused(write)  # a newer copy without it: the write can never be stored now
