@@ -12,6 +12,7 @@ python -m tests.simulation --seed 12 --broken reclaim-at-expiry  # escrow, one r
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 
@@ -42,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--broken", choices=sorted(PATCHES), default="", help="escrow, with this rule broken"
     )
+    parser.add_argument(
+        "--live-escrow", action="store_true", help="the ledger's replicas admit from slices"
+    )
     args = parser.parse_args(argv)
     if args.escrow or args.broken:
         return _escrow(args)
@@ -50,18 +54,23 @@ def main(argv: list[str] | None = None) -> int:
         reverted_stale_write_rule(args.revert_stale_write),
     ):
         if args.seed is not None:
-            outcome = run(args.seed)
+            outcome = run(args.seed, escrow=args.live_escrow)
             print("\n".join(outcome.trace))
             print(f"seed {args.seed}: {'ok' if outcome.ok else outcome.problem}")
             return 0 if outcome.ok else 1
         began = time.perf_counter()
-        summary = explore(range(args.start, args.start + args.seeds))
+        summary = explore(
+            range(args.start, args.start + args.seeds),
+            simulate=functools.partial(run, escrow=True) if args.live_escrow else None,
+        )
         elapsed = time.perf_counter() - began
     print(summary.describe(elapsed))
     if summary.failure is not None:
         command = replay_command(summary.failure.seed, args.revert_settle)
         if args.revert_stale_write:
             command += " --revert-stale-write"
+        if args.live_escrow:
+            command += " --live-escrow"
         print(summary.failure.report(command))
         return 1
     return 0

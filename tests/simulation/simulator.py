@@ -141,8 +141,9 @@ class Workload:
 class Simulation:
     """One seeded run."""
 
-    def __init__(self, seed: int, *, steps: int | None = None) -> None:
+    def __init__(self, seed: int, *, steps: int | None = None, escrow: bool = False) -> None:
         self.seed = seed
+        self.escrow = escrow  # the replicas admit from escrowed slices (docs/escrow.md)
         self.rng = random.Random(seed)
         self.trace: list[str] = []
         self.loop = VirtualLoop()
@@ -202,13 +203,15 @@ class Simulation:
         self.api.create("applicationdefinitions", _tenant_definition())
         self.api.create("applicationdefinitions", THING_DEFINITION)
         tenants = self.workload.tenants
+        # With escrow, pools roomy enough to split (else every admission takes the exact path).
+        scale = 2 if self.escrow else 1
         tenants[("tenant-root", "a")] = {
-            "memory": f"{rng.choice((8, 12, 16))}Gi",
-            "cpu": str(rng.choice((4, 8))),
+            "memory": f"{rng.choice((8, 12, 16)) * scale}Gi",
+            "cpu": str(rng.choice((4, 8)) * scale),
         }
         # Half the runs also count a's things; drawn apart so the other draws stay as they were.
         counts = random.Random(f"counts-{self.seed}")
-        if counts.random() < 0.5:
+        if counts.random() < 0.5 and not self.escrow:
             tenants[("tenant-root", "a")][THINGS] = str(counts.randint(2, 6))
         namespaces = ["tenant-a"]
         if rng.random() < 0.6:
@@ -259,6 +262,7 @@ class Simulation:
             wall=self.wall,
             is_leader=self._is_leader,
             keys=self.keys,
+            escrow=self.escrow,
         )
 
     def _warm_up(self) -> None:
@@ -402,6 +406,9 @@ class Simulation:
                 return
             if rng.random() < 0.85:
                 return  # the scripted client waits; others may still come in
+        if self.escrow and rng.random() < 0.5:
+            self._burst()
+            return
         roll = rng.random()
         things = [k for k in self._things() if not self.script or k not in self.scripted]
         if self.unconditioned and things and rng.random() < 0.2:
@@ -424,6 +431,17 @@ class Simulation:
             self._op_resize(namespace, name, -rng.randint(1, 4), self._any_replica())
         else:
             self._op_budget(self._any_replica())
+
+    def _burst(self) -> None:
+        """A few small creates through one replica at one instant: the rate a slice is granted
+        for, and then spent from."""
+        replica = self._any_replica()
+        namespace = self.rng.choice(self.workload.namespaces)
+        for _ in range(self.rng.randint(2, 6)):
+            if len(self.admitting) >= 10:
+                return
+            name = f"b{self.requests + 1}"  # a new name each: a burst fills its pool
+            self._op_create(namespace, name, self.rng.randint(1, 3), replica)
 
     def _decided_(self, uids: dict[str, str | None], step: str) -> Callable[[], bool]:
         """Ready once the scripted request ``step`` has been answered by its replica."""
@@ -845,6 +863,10 @@ class Simulation:
         for (plural, namespace, _), obj in sorted(self.api.objects.items()):
             if plural == "tenantreservations" and (obj.get("status") or {}).get("pending"):
                 return f"the ledger of {namespace} still lists {obj['status']['pending']}"
+            if plural == "tenantreservations" and (obj.get("status") or {}).get("slices"):
+                # Idle holders give their slices back and remove them; dead lives' are
+                # reclaimed once their lease and the store bound have passed.
+                return f"the ledger of {namespace} still lists slices {obj['status']['slices']}"
         return None
 
     def _probe(self) -> None:
@@ -1065,9 +1087,10 @@ def _gib(value: str) -> str:
     return str(value).removesuffix("Gi")
 
 
-def run(seed: int, *, steps: int | None = None) -> Outcome:
-    """One seeded run, from setup to the convergence check."""
-    outcome = Simulation(seed, steps=steps).run()
+def run(seed: int, *, steps: int | None = None, escrow: bool = False) -> Outcome:
+    """One seeded run, from setup to the convergence check (``escrow``: the replicas admit from
+    escrowed slices)."""
+    outcome = Simulation(seed, steps=steps, escrow=escrow).run()
     gc.collect()  # its cycles die here, not in a pause during a later, timed test
     return outcome
 

@@ -162,10 +162,7 @@ def test_an_update_is_folded_only_once_it_can_no_longer_be_stored() -> None:
     _granted(escrow, 10)
     assert escrow.spend("u1", {POOL: {M: _d(4)}}, kind=KIND, now=1.0, update=True)
     escrow.observed("u1")  # a copy showing its charge may be another write's
-    write = escrow.plan(POOL, now=2.0, wall=2.0, version=2)
-    assert write is not None
-    assert write.folds == ()
-    escrow.stored(write, write.record, 3)
+    assert escrow.plan(POOL, now=2.0, wall=2.0, version=2) is None, "nothing to fold yet"
     later = 1.0 + BOUNDS.store_seconds + 1
     write = escrow.plan(POOL, now=later, wall=later, version=3)
     assert write is not None

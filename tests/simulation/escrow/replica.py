@@ -51,6 +51,7 @@ class Request:
     replica: str = ""
     incarnation: str = ""  # the record it was charged to
     told: int = 0  # the newest Tenant version the replica had been sent when it decided
+    grows: bool = True  # whether it grew the pool as the deciding replica counted it
 
     @property
     def increase(self) -> Decimal:
@@ -265,6 +266,7 @@ class Replica:
         if not self.decidable(pool):
             return "denied"
         growth = self.increase(request) > 0
+        request.grows = growth
         if not (growth and self.over_budget(pool)) and self.escrow.spend(
             request.uid,
             {pool: {M: request.memory}},
@@ -321,16 +323,15 @@ class Replica:
                 )
         if (self.over_budget(pool) or self.escrow.idle(pool, now)) and available.get(M):
             give = dict(available)
-        if grow or give or self.escrow.foldable(pool, now) or self.escrow.renew_due(pool, now):
-            write = self.escrow.plan(
-                pool,
-                now=now,
-                wall=wall,
-                version=version_of(copied),
-                grow=grow,
-                give_back=give,
-                kinds=frozenset({KIND}),
-            )
+        write = self.escrow.plan(
+            pool,
+            now=now,
+            wall=wall,
+            version=version_of(copied),
+            grow=grow,
+            give_back=give,
+            kinds=frozenset({KIND}),
+        )
         if write is not None:
             slices[self.incarnation] = write.record
         if write is None and not added and not removed:
@@ -355,6 +356,7 @@ class Replica:
             if now > request.sent + WEBHOOK_TIMEOUT:
                 continue  # the API server gave up on the call
             increase = self.increase(request)
+            request.grows = increase > 0
             fits = increase <= 0 or (
                 not self.count.fenced(pool) and running + increase <= self.budgets[pool]
             )

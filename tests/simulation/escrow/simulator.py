@@ -200,9 +200,9 @@ class EscrowSimulation:
                 continue
             if request.operation == "CREATE":
                 creates += request.memory
-            elif request.name in charges:  # an update of no object stores nothing
-                # Stored last with no precondition, it may overwrite a later write.
-                charges[request.name] = max(charges[request.name], request.memory)
+            else:  # stored last with no precondition, it may overwrite a later write, or
+                # one of a name deleted and created again
+                charges[request.name] = max(charges.get(request.name, ZERO), request.memory)
         return sum(charges.values(), ZERO) + creates
 
     def _records(self, pool: str) -> dict[str, Any]:
@@ -255,6 +255,10 @@ class EscrowSimulation:
 
     def _admitted(self, replica: Replica, request: Request) -> None:
         self.unstored.append(request)
+        if not request.grows:
+            # A decrease is never refused (as the replica saw it): of an application deleted
+            # meanwhile, it holds its charge until it can no longer be stored.
+            self.stale.add(request.namespace)
         if self.rng.random() < 0.2:
             self.slow.add(request.uid)  # the API server takes its time: stored at its deadline
         pool = request.namespace

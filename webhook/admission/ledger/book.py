@@ -29,7 +29,8 @@ from webhook.admission.ledger.entries import (
     released,
     version,
 )
-from webhook.admission.ledger.slices import Slices
+from webhook.admission.ledger.slices import Slices, slice_records
+from webhook.core.admission.escrow import Escrow
 from webhook.core.admission.pending import Hold
 from webhook.core.admission.state import ReservationState
 from webhook.core.tenancy.applications import resource_version
@@ -81,6 +82,7 @@ class Book:
         self._locks: dict[str, asyncio.Lock] = {}
         self._state: ReservationState | None = None  # the state the objects were tracked into
         self.slices = Slices()  # every pool's escrowed slices, counted whole (docs/escrow.md)
+        self.escrow: Escrow | None = None  # this process's own slices, when it holds any
         self.conflicts = 0
         self.writes = 0
         self.failures = 0  # writes refused for anything but a conflict
@@ -231,6 +233,9 @@ class Book:
         )
         self._state.set_caps(pool, caps(obj.get("status") or {}))
         self.slices.track(pool, obj.get("status") or {}, revision)
+        if self.escrow is not None:
+            mine = slice_records(obj.get("status") or {}).get(self.escrow.incarnation)
+            self.escrow.recorded(pool, mine, revision)
         if parsed:
             self.parsed[pool] = parsed
         else:
@@ -259,3 +264,5 @@ class Book:
             self._state.pending.track(pool, [], version=revision)
             self._state.set_caps(pool, {})
             self.slices.track(pool, None, revision)
+            if self.escrow is not None:
+                self.escrow.recorded(pool, None, revision)

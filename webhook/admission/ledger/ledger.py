@@ -18,6 +18,7 @@ from webhook.admission.ledger.barrier import Barrier
 from webhook.admission.ledger.book import Book, StateSource
 from webhook.admission.ledger.bounds import LedgerSettings
 from webhook.admission.ledger.commit import Commit, decided_replacing
+from webhook.admission.ledger.escrowed import Escrowed
 from webhook.admission.ledger.queue import Queues
 from webhook.admission.ledger.settle import Settle, explain_floors
 from webhook.admission.ledger.shares import Caps, largest_share
@@ -49,6 +50,7 @@ class Ledger:
         self._caps = Caps(self._book, self._status)
         self._commit = Commit(self._book, self._status, self._barrier)
         self._queues = Queues(self._book, self._commit.batch)
+        self._escrowed = Escrowed(self._book, self._status) if settings.escrow else None
 
     @property
     def client(self) -> KubeClient:
@@ -117,6 +119,12 @@ class Ledger:
             request.dry_run and not self.settings.dry_run_holds
         ):
             return decide(request, state, policy)
+        escrowed = self._escrowed
+        if escrowed is not None:
+            spent = escrowed.admit(request, policy, state)
+            if spent is not None:
+                escrowed.note(request, spent)
+                return spent
         decided = decided_replacing(request, state, policy)
         decision = decided.decision
         expired = not decision.allowed and decision.reason == "exceeded" and decision.pool
@@ -156,6 +164,8 @@ class Ledger:
             answer = await self._commit.across(pools, request, policy)
         if request.dry_run and answer.allowed and answer.charged_pools:
             return held_dry_run(answer, self.settings.grace_seconds)
+        if escrowed is not None and answer.allowed:
+            escrowed.note(request, answer)
         return answer
 
     # -- every replica's and the leader's duties -------------------------------------------
@@ -164,6 +174,16 @@ class Ledger:
         """Release what the state has caught up with, and have the state confirm the kinds
         that still hold something back (every replica, periodically)."""
         self._settle.sweep()
+
+    async def escrow(self) -> int:
+        """Fold, refill, renew and return this process's slices, and reclaim expired ones
+        (every ``escrow_seconds``, with ``escrow`` on); how many writes were made."""
+        return await self._escrowed.duty() if self._escrowed is not None else 0
+
+    @property
+    def spends(self) -> int:
+        """Admissions answered from slices, with no API call."""
+        return self._escrowed.spends if self._escrowed is not None else 0
 
     async def reconcile(self) -> int:
         """Make every pool's TenantReservation status true; returns how many were written."""

@@ -64,7 +64,7 @@ class _Slice:
     inflight: Write | None = None
     unknown: bool = False  # the write in flight failed without saying whether it was stored
     deadline: float = float("-inf")  # monotonic: no spending from then on
-    last_spend: float = float("-inf")
+    last_spend: float = float("-inf")  # or the last refill, if later
 
 
 def refill_wanted(
@@ -182,6 +182,20 @@ class Escrow:
         left = self.bounds.lease_seconds - self.bounds.skew_seconds - self.bounds.renew_seconds
         return now >= found.deadline - left
 
+    def removable(self, pool: str, now: float) -> bool:
+        """Whether the holder may remove its own record of ``pool``: idle, all given back,
+        nothing spent left to fold, no write in flight (a removed record departs nothing)."""
+        found = self._slices.get(pool)
+        return (
+            found is not None
+            and found.base is not None
+            and found.inflight is None
+            and not found.unknown
+            and not found.spends
+            and not any(found.base.outstanding().values())
+            and self.idle(pool, now)
+        )
+
     def idle(self, pool: str, now: float) -> bool:
         found = self._slices.get(pool)
         return found is not None and now - found.last_spend > self.bounds.idle_seconds
@@ -205,7 +219,8 @@ class Escrow:
         """The next write of the holder's record in ``pool`` (conditional on ``version``): it
         folds what is foldable, grows ``granted`` by ``grow``, returns what it can of
         ``give_back`` and renews the lease. ``None`` while a write is in flight or suspended,
-        or for a first grant with nothing to grant or no kinds."""
+        for a first grant with nothing to grant or no kinds, or with nothing to change before
+        the lease is due."""
         found = self._slices.setdefault(pool, _Slice())
         if found.inflight is not None or found.unknown:
             return None
@@ -221,6 +236,8 @@ class Escrow:
             for key, value in (give_back or {}).items()
             if min(value, left.get(key, _ZERO)) > 0
         }
+        if not grow and not give and not folds and not self.renew_due(pool, now):
+            return None  # nothing to change, and the lease is not due
         record = replace(
             base,
             granted=rl.add(base.granted, {k: v for k, v in (grow or {}).items() if v > 0}),
@@ -230,6 +247,8 @@ class Escrow:
         )
         found.spends = [s for s in found.spends if s not in folds]
         found.inflight = Write(pool, record, folds, version, now)
+        if grow:
+            found.last_spend = max(found.last_spend, now)  # idle counts from the refill too
         return found.inflight
 
     def stored(self, write: Write, record: SliceRecord | None, version: int) -> None:
