@@ -83,6 +83,7 @@ class Escrowed:
         self._noted: dict[str, float] = {}  # pool -> when its rate was last brought up to date
         self._kinds: dict[str, set[str]] = {}  # pool -> kinds recently admitted there
         self._last: dict[str, dict[str, Decimal]] = {}  # pool -> the last admission's charge
+        self._quiet: dict[str, float] = {}  # pool -> when a refusal gave its slice back
         self.spends = 0  # admissions answered from slices
         self.writes = 0  # writes of this process's records
 
@@ -155,6 +156,17 @@ class Escrowed:
         self._noted[pool] = now
         return rates
 
+    async def give_back(self, pool: str) -> bool:
+        """Return what this process's slice of ``pool`` holds unspent (an admission was refused
+        for the pool's budget: near the bound the exact path takes the room); whether anything
+        was given back."""
+        if not any(self.escrow.available(pool).values()):
+            return False
+        self._quiet[pool] = self.monotonic()  # no refill for a while: the pool is at its bound
+        with contextlib.suppress(Conflict):
+            return await self._pool(pool, give_all=True) > 0
+        return False
+
     # -- the duty --------------------------------------------------------------------------
 
     async def duty(self) -> int:
@@ -167,7 +179,7 @@ class Escrowed:
                 written += await self._pool(pool)
         return written
 
-    async def _pool(self, pool: str) -> int:
+    async def _pool(self, pool: str, *, give_all: bool = False) -> int:
         book, escrow = self.book, self.escrow
         async with book.locked([pool]):
             current = book.objects.get(pool)
@@ -191,7 +203,8 @@ class Escrowed:
             grow: dict[str, Decimal] = {}
             give: dict[str, Decimal] = {}
             rate = {k: Decimal(str(round(v, 6))) for k, v in self._rate(pool, now).items()}
-            if rate and not over and not book.fenced(pool):
+            quiet = now - self._quiet.get(pool, -math.inf) < escrow.bounds.idle_seconds
+            if rate and not over and not quiet and not give_all and not book.fenced(pool):
                 wanted = refill_wanted(rl.mask(rate, node.budget), available, escrow.bounds)
                 grow = core.grant_size(
                     budget=node.budget, counted=node.usage, want=wanted, bounds=escrow.bounds
@@ -200,7 +213,7 @@ class Escrowed:
                 last = rl.mask(self._last.get(pool, {}), node.budget)
                 if any(rl.add(available, grow).get(k, Decimal(0)) < v for k, v in last.items()):
                     grow = {}
-            if (over or escrow.idle(pool, now)) and any(available.values()):
+            if (over or give_all or escrow.idle(pool, now)) and any(available.values()):
                 give = available
             write = None
             if not grow and escrow.removable(pool, now):

@@ -23,7 +23,14 @@ from webhook.admission.ledger.queue import Queues
 from webhook.admission.ledger.settle import Settle, explain_floors
 from webhook.admission.ledger.shares import Caps, largest_share
 from webhook.admission.ledger.status import Status
-from webhook.core.admission.decisions import Decision, Policy, decide, errored, held_dry_run
+from webhook.core.admission.decisions import (
+    Decided,
+    Decision,
+    Policy,
+    decide,
+    errored,
+    held_dry_run,
+)
 from webhook.core.admission.reviews import AdmissionRequest
 from webhook.core.admission.warn_caps import explain_cap, over_in_warn
 from webhook.kube.client import KubeClient
@@ -132,6 +139,13 @@ class Ledger:
             state = self._book.current()
             decided = decided_replacing(request, state, policy)
             decision = decided.decision
+        refused = not decision.allowed and decision.reason == "exceeded" and decision.pool
+        if refused and escrowed is not None and await escrowed.give_back(decision.pool):
+            # Near the bound: what this replica's slice holds unspent goes back to the pool
+            # (one write) and the exact path decides again, so the last byte can be used.
+            state = self._book.current()
+            decided = decided_replacing(request, state, policy)
+            decision = decided.decision
         if over_in_warn(request, decision):
             return await self._caps.admit_capped(request, policy, decision)
         if not decision.allowed and decision.reason == "exceeded":
@@ -158,15 +172,28 @@ class Ledger:
         if len(request.uid) > 128 or not request.uid:
             return errored(400, "BadRequest", "invalid", "tenant reservations: invalid uid")
         pools = sorted(decision.charged_pools)
-        if len(pools) == 1:
-            answer = await self._queues.enqueue(pools[0], request, policy, decided.prepared)
-        else:
-            answer = await self._commit.across(pools, request, policy)
+        answer = await self._exact(pools, request, policy, decided)
+        refused = not answer.allowed and answer.reason == "exceeded" and answer.pool
+        if refused and escrowed is not None and await escrowed.give_back(answer.pool):
+            answer = await self._exact(pools, request, policy, None)  # the room given back
         if request.dry_run and answer.allowed and answer.charged_pools:
             return held_dry_run(answer, self.settings.grace_seconds)
         if escrowed is not None and answer.allowed:
             escrowed.note(request, answer)
         return answer
+
+    async def _exact(
+        self,
+        pools: list[str],
+        request: AdmissionRequest,
+        policy: Policy,
+        decided: Decided | None,
+    ) -> Decision:
+        """The exact path: the pool's batched conditional write, or one across pools."""
+        if len(pools) == 1:
+            prepared = decided.prepared if decided is not None else None
+            return await self._queues.enqueue(pools[0], request, policy, prepared)
+        return await self._commit.across(pools, request, policy)
 
     # -- every replica's and the leader's duties -------------------------------------------
 
