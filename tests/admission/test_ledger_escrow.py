@@ -12,15 +12,13 @@ import pytest
 
 from tests.admission.test_ledger import POOL, Clock, Cluster, Replica, create, thing
 from tests.admission.test_ledger_writes import Live
-from tests.builders import ROOT
-from tests.realkube import kubectl, real_apiserver
+from tests.realkube import reservations_on_real_apiserver
 from webhook.admission.ledger import LedgerSettings
 from webhook.admission.ledger.book import Book
 from webhook.admission.ledger.entries import TENANT_RESERVATIONS
 from webhook.admission.ledger.escrowed import record_json
 from webhook.admission.ledger.slices import slice_records
 from webhook.core.admission.escrow import SliceRecord
-from webhook.kube.client import KubeClient
 
 
 async def _busy(replica: Replica, count: int = 3, memory: str = "1Gi") -> None:
@@ -133,27 +131,20 @@ async def test_a_spend_is_folded_once_its_object_is_observed() -> None:
 async def test_a_real_api_server_keeps_a_slice_record_as_written(tmp_path: Path) -> None:
     # A field the CRD's schema does not know is pruned: the shipped schema must keep a record
     # whole, or its holder would spend a slice no other replica counts.
-    with real_apiserver(tmp_path / "kube") as kubeconfig:
-        kubectl(kubeconfig, "apply", "-f", str(ROOT / "deploy/base/crd-tenantreservations.yaml"))
-        kubectl(kubeconfig, "wait", "--for=condition=Established", "crd", "--all")
-        kubectl(kubeconfig, "create", "namespace", POOL)
-        client = KubeClient.from_kubeconfig(str(kubeconfig))
-        try:
-            book = Book(client, Live(), LedgerSettings(replica="a"), clock=Clock())
-            current = await book.ensure(POOL)
-            record = SliceRecord(
-                "a.1",
-                "a",
-                frozenset({"VMInstance"}),
-                {"memory": Decimal(3 * 1024**3), "cpu": Decimal("1.5")},
-                folded={"memory": Decimal(1024**3)},
-                returned={},
-                expires=1_800_000_030.0,
-            )
-            status = {"slices": {"a.1": record_json(record)}, "removals": 2}
-            await book.write(POOL, current, status)
-            stored = await client.get(TENANT_RESERVATIONS, POOL, POOL)
-            assert slice_records(stored["status"]) == {"a.1": record}
-            assert stored["status"]["removals"] == 2
-        finally:
-            await client.close()
+    async with reservations_on_real_apiserver(tmp_path / "kube", POOL) as client:
+        book = Book(client, Live(), LedgerSettings(replica="a"), clock=Clock())
+        current = await book.ensure(POOL)
+        record = SliceRecord(
+            "a.1",
+            "a",
+            frozenset({"VMInstance"}),
+            {"memory": Decimal(3 * 1024**3), "cpu": Decimal("1.5")},
+            folded={"memory": Decimal(1024**3)},
+            returned={},
+            expires=1_800_000_030.0,
+        )
+        status = {"slices": {"a.1": record_json(record)}, "removals": 2}
+        await book.write(POOL, current, status)
+        stored = await client.get(TENANT_RESERVATIONS, POOL, POOL)
+        assert slice_records(stored["status"]) == {"a.1": record}
+        assert stored["status"]["removals"] == 2
