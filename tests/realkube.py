@@ -11,13 +11,14 @@ import os
 import shutil
 import socket
 import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import pytest
 
 from tests.builders import ROOT, free_port
+from webhook.kube.client import KubeClient
 
 # ../shared beside the project; WEBHOOK_TEST_SHARED names it elsewhere (a checkout kept apart).
 UP = Path(os.environ.get("WEBHOOK_TEST_SHARED") or ROOT.parent / "shared") / "kube" / "up.sh"
@@ -92,3 +93,20 @@ def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+@asynccontextmanager
+async def reservations_on_real_apiserver(
+    workdir: Path, namespace: str
+) -> AsyncIterator[KubeClient]:
+    """A started API server with the shipped TenantReservation CRD and ``namespace``; yields a
+    client of it (closed, and the server stopped, after)."""
+    with real_apiserver(workdir) as kubeconfig:
+        kubectl(kubeconfig, "apply", "-f", str(ROOT / "deploy/base/crd-tenantreservations.yaml"))
+        kubectl(kubeconfig, "wait", "--for=condition=Established", "crd", "--all")
+        kubectl(kubeconfig, "create", "namespace", namespace)
+        client = KubeClient.from_kubeconfig(str(kubeconfig))
+        try:
+            yield client
+        finally:
+            await client.close()

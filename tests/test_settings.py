@@ -52,6 +52,14 @@ def test_bad_overcommit_settings_are_refused_by_name(flags: dict[str, object], w
         load_settings(flags, environ={})
 
 
+def test_escrow_is_off_unless_the_operator_turns_it_on() -> None:
+    assert load_settings({}, environ={}).escrow is False
+    assert load_settings({"escrow": "on"}, environ={}).escrow is True
+    assert load_settings({}, environ={"WEBHOOK_ESCROW": "true"}).escrow is True
+    with pytest.raises(SettingsError, match="escrow: 'maybe' is not on or off"):
+        load_settings({"escrow": "maybe"}, environ={})
+
+
 def test_dry_runs_are_held_unless_the_operator_turns_it_off() -> None:
     assert load_settings({}, environ={}).dry_run_holds is True
     assert load_settings({"dry_run_holds": "off"}, environ={}).dry_run_holds is False

@@ -76,6 +76,7 @@ class LiveServices:
                 grace_seconds=settings.grace_seconds,
                 read_timeout=settings.watch_read_timeout,
                 dry_run_holds=settings.dry_run_holds,
+                escrow=settings.escrow,
                 namespace_share=settings.ledger_namespace_share,
             ),
         )
@@ -139,6 +140,7 @@ class LiveServices:
             self.elector.run(stop),
             self._duties(stop),
             self._reports(stop),
+            *([self._escrow(stop)] if self.settings.escrow else []),
         )
         await self.client.close()
 
@@ -159,6 +161,14 @@ class LiveServices:
                 if leader:
                     await self._guarded("pool-status", self.ledger.reconcile())
             await sleep_unless_stopped(self.ledger.settings.reconcile_seconds, stop)
+
+    async def _escrow(self, stop: asyncio.Event) -> None:
+        """With ``--escrow on``: fold, refill, renew and return this replica's slices and
+        reclaim expired ones, off the admission path (docs/escrow.md)."""
+        while not stop.is_set():
+            if self.live.state.synced:
+                await self._guarded("escrow", self.ledger.escrow())
+            await sleep_unless_stopped(self.ledger.settings.escrow_seconds, stop)
 
     async def _record_keys(self) -> None:
         """Every replica: follow a rotation of the record-key Secret."""

@@ -70,6 +70,8 @@ class Settings:
     pending_grace_seconds: float = 0.0  # 0: twice the webhook timeout plus five seconds
     # Hold a dry run's increase like a write's: cozystack-api stores what it calls a dry run.
     dry_run_holds: bool = True
+    # Admit CREATEs from escrowed slices of busy pools' room, in memory (docs/escrow.md).
+    escrow: bool = False
     watch_read_timeout: float = 90.0
     # Every kind is read this often to find what its watch lost (0: only when the ledger waits).
     watch_resync_seconds: float = 300.0
@@ -138,6 +140,7 @@ _SPELLINGS: Final = {
     "lease_name": ("WEBHOOK_LEASE_NAME", "leaseName"),
     "pending_grace_seconds": ("WEBHOOK_PENDING_GRACE_SECONDS", "pendingGraceSeconds"),
     "dry_run_holds": ("WEBHOOK_DRY_RUN_HOLDS", "dryRunHolds"),
+    "escrow": ("WEBHOOK_ESCROW", "escrow"),
     "watch_read_timeout": ("WEBHOOK_WATCH_READ_TIMEOUT", "watchReadTimeout"),
     "watch_resync_seconds": ("WEBHOOK_WATCH_RESYNC_SECONDS", "watchResyncSeconds"),
     "ledger_namespace_share": ("WEBHOOK_LEDGER_NAMESPACE_SHARE", "ledgerNamespaceShare"),
@@ -231,6 +234,8 @@ def _build(raw: Mapping[str, Any]) -> Settings:
         values["watch_resync_seconds"] = resync
     if "dry_run_holds" in raw:
         values["dry_run_holds"] = _switch("dry-run-holds", raw["dry_run_holds"])
+    if "escrow" in raw:
+        values["escrow"] = _switch("escrow", raw["escrow"])
     if "ledger_namespace_share" in raw:
         share = _number("ledger-namespace-share", raw["ledger_namespace_share"], integer=False)
         if not 0 < share <= 1:

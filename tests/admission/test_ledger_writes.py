@@ -23,9 +23,8 @@ from hypothesis import strategies as st
 from kubernetes import client as k8s_client
 
 from tests.admission.test_ledger import POOL, Clock, Cluster, Replica, create, grow, thing
-from tests.builders import ROOT
 from tests.builders import state as build_state
-from tests.realkube import kubectl, real_apiserver
+from tests.realkube import reservations_on_real_apiserver
 from webhook.admission.ledger import LedgerSettings
 from webhook.admission.ledger.book import Book
 from webhook.admission.ledger.commit import Commit
@@ -192,31 +191,24 @@ class Live:
 async def test_a_real_api_server_keeps_the_managed_fields_a_status_write_leaves_out(
     tmp_path: Path,
 ) -> None:
-    with real_apiserver(tmp_path / "kube") as kubeconfig:
-        kubectl(kubeconfig, "apply", "-f", str(ROOT / "deploy/base/crd-tenantreservations.yaml"))
-        kubectl(kubeconfig, "wait", "--for=condition=Established", "crd", "--all")
-        kubectl(kubeconfig, "create", "namespace", POOL)
-        client = KubeClient.from_kubeconfig(str(kubeconfig))
-        try:
-            book = Book(client, Live(), LedgerSettings(replica="a"), clock=Clock())
-            current = await book.ensure(POOL)
-            entry = {
-                "id": "u",
-                "application": f"VMInstance/{POOL}/x",
-                "charge": {"memory": "1Gi"},
-                "expires": book.now(),
-            }
-            written = await book.write(POOL, current, {"pending": [entry]})
-            managers = (written["metadata"] or {}).get("managedFields") or []
-            assert {m.get("subresource") for m in managers} == {None, "status"}, managers
-            assert written["spec"] == {"pool": POOL}
-            again = await book.write(POOL, written, {"pending": []})  # from a copy with them
-            assert len(again["metadata"]["managedFields"]) == 2
-            stored = await client.get(TENANT_RESERVATIONS, POOL, POOL)
-            assert stored["metadata"]["managedFields"] == again["metadata"]["managedFields"]
-            assert stored["status"]["pending"] == []
-        finally:
-            await client.close()
+    async with reservations_on_real_apiserver(tmp_path / "kube", POOL) as client:
+        book = Book(client, Live(), LedgerSettings(replica="a"), clock=Clock())
+        current = await book.ensure(POOL)
+        entry = {
+            "id": "u",
+            "application": f"VMInstance/{POOL}/x",
+            "charge": {"memory": "1Gi"},
+            "expires": book.now(),
+        }
+        written = await book.write(POOL, current, {"pending": [entry]})
+        managers = (written["metadata"] or {}).get("managedFields") or []
+        assert {m.get("subresource") for m in managers} == {None, "status"}, managers
+        assert written["spec"] == {"pool": POOL}
+        again = await book.write(POOL, written, {"pending": []})  # from a copy with them
+        assert len(again["metadata"]["managedFields"]) == 2
+        stored = await client.get(TENANT_RESERVATIONS, POOL, POOL)
+        assert stored["metadata"]["managedFields"] == again["metadata"]["managedFields"]
+        assert stored["status"]["pending"] == []
 
 
 async def test_a_tenant_value_full_of_separators_is_written_byte_for_byte_in_compact_json() -> None:

@@ -38,6 +38,7 @@ class Replica:
         wall: Callable[[], float],
         is_leader: Callable[[str], bool],
         keys: RecordKeys,
+        escrow: bool = False,
     ) -> None:
         self.name = name
         self.wall = wall
@@ -60,6 +61,7 @@ class Replica:
                 # The simulated API server honours dry runs, and the at-rest probe decides with
                 # them: nothing is stored, so nothing is held.
                 dry_run_holds=False,
+                escrow=escrow,
             ),
             clock=wall,
         )
@@ -75,6 +77,8 @@ class Replica:
             asyncio.ensure_future(self.ledger.reflector.run(self._stop)),
             asyncio.ensure_future(self._duties()),
         ]
+        if escrow:
+            self._tasks.append(asyncio.ensure_future(self._escrow()))
 
     @property
     def synced(self) -> bool:
@@ -88,6 +92,13 @@ class Replica:
             if state.synced and self.is_leader(self.name):
                 await self.ledger.reconcile()
             await sleep_unless_stopped(self.ledger.settings.reconcile_seconds, self._stop)
+
+    async def _escrow(self) -> None:
+        """LiveServices' escrow duty: fold, refill, renew, return and reclaim slices."""
+        while not self._stop.is_set():
+            if self.live.state.synced:
+                await self.ledger.escrow()
+            await sleep_unless_stopped(self.ledger.settings.escrow_seconds, self._stop)
 
     def stop(self) -> None:
         self._stop.set()

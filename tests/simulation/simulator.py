@@ -119,6 +119,7 @@ class Outcome:
     steps: int
     admitted: int = 0
     stored: int = 0
+    paths: dict[str, int] = field(default_factory=dict)  # admissions by the path that took them
 
     def report(self, command: str) -> str:
         lines = [f"seed {self.seed}: {self.problem}", *self.trace, f"replay: {command}"]
@@ -140,8 +141,9 @@ class Workload:
 class Simulation:
     """One seeded run."""
 
-    def __init__(self, seed: int, *, steps: int | None = None) -> None:
+    def __init__(self, seed: int, *, steps: int | None = None, escrow: bool = False) -> None:
         self.seed = seed
+        self.escrow = escrow  # the replicas admit from escrowed slices (docs/escrow.md)
         self.rng = random.Random(seed)
         self.trace: list[str] = []
         self.loop = VirtualLoop()
@@ -201,13 +203,15 @@ class Simulation:
         self.api.create("applicationdefinitions", _tenant_definition())
         self.api.create("applicationdefinitions", THING_DEFINITION)
         tenants = self.workload.tenants
+        # With escrow, pools roomy enough to split (else every admission takes the exact path).
+        scale = 2 if self.escrow else 1
         tenants[("tenant-root", "a")] = {
-            "memory": f"{rng.choice((8, 12, 16))}Gi",
-            "cpu": str(rng.choice((4, 8))),
+            "memory": f"{rng.choice((8, 12, 16)) * scale}Gi",
+            "cpu": str(rng.choice((4, 8)) * scale),
         }
         # Half the runs also count a's things; drawn apart so the other draws stay as they were.
         counts = random.Random(f"counts-{self.seed}")
-        if counts.random() < 0.5:
+        if counts.random() < 0.5 and not self.escrow:
             tenants[("tenant-root", "a")][THINGS] = str(counts.randint(2, 6))
         namespaces = ["tenant-a"]
         if rng.random() < 0.6:
@@ -258,6 +262,7 @@ class Simulation:
             wall=self.wall,
             is_leader=self._is_leader,
             keys=self.keys,
+            escrow=self.escrow,
         )
 
     def _warm_up(self) -> None:
@@ -305,15 +310,7 @@ class Simulation:
         return choices
 
     def _step(self) -> None:
-        choices = self._choices()
-        total = sum(w for w, _ in choices)
-        pick = self.rng.random() * total
-        for weight, action in choices:
-            pick -= weight
-            if pick < 0:
-                action()
-                return
-        choices[-1][1]()
+        take(self.rng, self._choices())
 
     def _tick_small(self) -> None:
         self._advance(self.rng.choice((0.05, 0.2, 0.5, 1.0, 2.0)))
@@ -409,6 +406,9 @@ class Simulation:
                 return
             if rng.random() < 0.85:
                 return  # the scripted client waits; others may still come in
+        if self.escrow and rng.random() < 0.5:
+            self._burst()
+            return
         roll = rng.random()
         things = [k for k in self._things() if not self.script or k not in self.scripted]
         if self.unconditioned and things and rng.random() < 0.2:
@@ -431,6 +431,17 @@ class Simulation:
             self._op_resize(namespace, name, -rng.randint(1, 4), self._any_replica())
         else:
             self._op_budget(self._any_replica())
+
+    def _burst(self) -> None:
+        """A few small creates through one replica at one instant: the rate a slice is granted
+        for, and then spent from."""
+        replica = self._any_replica()
+        namespace = self.rng.choice(self.workload.namespaces)
+        for _ in range(self.rng.randint(2, 6)):
+            if len(self.admitting) >= 10:
+                return
+            name = f"b{self.requests + 1}"  # a new name each: a burst fills its pool
+            self._op_create(namespace, name, self.rng.randint(1, 3), replica)
 
     def _decided_(self, uids: dict[str, str | None], step: str) -> Callable[[], bool]:
         """Ready once the scripted request ``step`` has been answered by its replica."""
@@ -852,6 +863,10 @@ class Simulation:
         for (plural, namespace, _), obj in sorted(self.api.objects.items()):
             if plural == "tenantreservations" and (obj.get("status") or {}).get("pending"):
                 return f"the ledger of {namespace} still lists {obj['status']['pending']}"
+            if plural == "tenantreservations" and (obj.get("status") or {}).get("slices"):
+                # Idle holders give their slices back and remove them; dead lives' are
+                # reclaimed once their lease and the store bound have passed.
+                return f"the ledger of {namespace} still lists slices {obj['status']['slices']}"
         return None
 
     def _probe(self) -> None:
@@ -946,6 +961,17 @@ class Simulation:
 
 
 LIVE_POLL_SECONDS = 5.0
+
+
+def take(rng: random.Random, choices: list[tuple[float, Callable[[], None]]]) -> None:
+    """Do one of ``choices``, each drawn with the chance of its weight."""
+    pick = rng.random() * sum(w for w, _ in choices)
+    for weight, action in choices:
+        pick -= weight
+        if pick < 0:
+            action()
+            return
+    choices[-1][1]()
 
 
 @functools.cache
@@ -1061,9 +1087,10 @@ def _gib(value: str) -> str:
     return str(value).removesuffix("Gi")
 
 
-def run(seed: int, *, steps: int | None = None) -> Outcome:
-    """One seeded run, from setup to the convergence check."""
-    outcome = Simulation(seed, steps=steps).run()
+def run(seed: int, *, steps: int | None = None, escrow: bool = False) -> Outcome:
+    """One seeded run, from setup to the convergence check (``escrow``: the replicas admit from
+    escrowed slices)."""
+    outcome = Simulation(seed, steps=steps, escrow=escrow).run()
     gc.collect()  # its cycles die here, not in a pause during a later, timed test
     return outcome
 
@@ -1076,25 +1103,35 @@ class Summary:
     steps: int = 0
     admitted: int = 0
     stored: int = 0
+    paths: dict[str, int] = field(default_factory=dict)
     failure: Outcome | None = None
 
     def describe(self, elapsed: float) -> str:
         verdict = f"seed {self.failure.seed} failed" if self.failure else "all passed"
+        paths = "".join(f", {count} {path}" for path, count in sorted(self.paths.items()))
         return (
-            f"{self.seeds} seeds, {self.steps} steps, {self.admitted} admitted, "
+            f"{self.seeds} seeds, {self.steps} steps, {self.admitted} admitted{paths}, "
             f"{self.stored} stored in {elapsed:.1f}s: {verdict}"
         )
 
 
-def explore(seeds: Iterable[int], *, stop_at_first: bool = True) -> Summary:
-    """Run every seed (until the first failure); the totals and that failure."""
+def explore(
+    seeds: Iterable[int],
+    *,
+    stop_at_first: bool = True,
+    simulate: Callable[[int], Outcome] | None = None,
+) -> Summary:
+    """Run every seed (with ``simulate``, else this simulation) until the first failure; the
+    totals and that failure."""
     summary = Summary()
     for seed in seeds:
-        outcome = Simulation(seed).run()
+        outcome = simulate(seed) if simulate is not None else Simulation(seed).run()
         summary.seeds += 1
         summary.steps += outcome.steps
         summary.admitted += outcome.admitted
         summary.stored += outcome.stored
+        for path, count in outcome.paths.items():
+            summary.paths[path] = summary.paths.get(path, 0) + count
         if not outcome.ok and summary.failure is None:
             summary.failure = outcome
             if stop_at_first:

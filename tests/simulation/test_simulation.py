@@ -30,16 +30,22 @@ def _option(config: pytest.Config, name: str, env: str, default: int) -> int:
     return int(value)
 
 
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+def parametrize_seeds(metafunc: pytest.Metafunc, chunk: int = CHUNK) -> None:
+    """Give a test taking ``seeds`` the seed range asked for (5,000 from 0 by default), in
+    chunks of ``chunk``."""
     if "seeds" in metafunc.fixturenames:
         config = metafunc.config
         count = _option(config, "--seeds", "SIMULATION_SEEDS", CI_SEEDS)
         start = _option(config, "--seed-start", "SIMULATION_SEED_START", 0)
         chunks = [
-            range(first, min(first + CHUNK, start + count))
-            for first in range(start, start + count, CHUNK)
+            range(first, min(first + chunk, start + count))
+            for first in range(start, start + count, chunk)
         ]
         metafunc.parametrize("seeds", chunks, ids=[f"{c.start}-{c.stop - 1}" for c in chunks])
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    parametrize_seeds(metafunc)
 
 
 @pytest.mark.slow

@@ -86,6 +86,12 @@ def add_parser(commands: argparse._SubParsersAction[Any]) -> None:
         "(cozystack-api does); default on",
     )
     serve.add_argument(
+        "--escrow",
+        choices=("on", "off"),
+        help="admit creates from slices of busy pools' room held by this replica, in memory "
+        "(docs/escrow.md); default off",
+    )
+    serve.add_argument(
         "--watch-resync-seconds",
         metavar="SECONDS",
         help="read every application kind this often to put right what its watch lost "
@@ -120,6 +126,7 @@ def _serve(args: argparse.Namespace) -> int:
         "mode_for": args.mode_for,
         **overcommit_flags(args),
         "dry_run_holds": args.dry_run_holds,
+        "escrow": args.escrow,
         "watch_resync_seconds": args.watch_resync_seconds,
         "config": args.config,
         "log_level": args.log_level,

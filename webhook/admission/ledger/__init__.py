@@ -13,7 +13,8 @@ conditionally; :mod:`.shares` bounds each tenant's share and records carve-out c
 :mod:`.settle` expires and sweeps; :mod:`.status` builds what each write puts and reconciles the
 leader's summary; :mod:`.barrier` waits for the state to pass what the ledger removed;
 :mod:`.book` follows and writes the objects; :mod:`.entries`, :mod:`.answers` and
-:mod:`.bounds` say what an object lists, what the ledger refuses with, and how far it goes.
+:mod:`.bounds` say what an object lists, what the ledger refuses with, and how far it goes;
+:mod:`.slices` counts the escrowed slices an object lists (``docs/escrow.md``), whole.
 An API server that ignores ``dryRun`` stores what it calls a dry run (cozystack-api does: its
 HelmRelease writes drop the option), so with ``dry_run_holds`` (the default) a dry run is held
 like any other admission, as a preview (:mod:`.commit`); without it a dry run never touches the

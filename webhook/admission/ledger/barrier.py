@@ -3,7 +3,8 @@
 A replica whose copy of a pool's ledger jumps past entries it never saw (admitted and removed
 between two versions it read, their objects perhaps stored where its state has not looked yet)
 finds the ``released`` counts grown by more than it saw leave: the pool is *fenced* until the
-state has reached that version (:mod:`webhook.core.admission.pending`). The barrier waits for
+state has reached that version (:mod:`webhook.core.admission.pending`; so do escrowed slices,
+:mod:`.slices`). The barrier waits for
 that, bounded (the caller then answers "try again"), and never depends on the kind's own
 traffic: a kind whose watch lags is confirmed by a consistent read (``LiveState.confirm``).
 """
@@ -28,14 +29,14 @@ class Barrier:
         """Wait (until ``deadline``, loop time) for the state to pass every fence on ``pools``;
         whether it did. A quiet kind is confirmed by a consistent read, not awaited."""
         loop = asyncio.get_running_loop()
+        book = self.book
         while True:
-            pending = self.book.current().pending
-            if not any(pending.fenced(pool) for pool in pools):
+            if not any(book.fenced(pool) for pool in pools):
                 return True
             if loop.time() >= deadline:
                 return False
             for pool in pools:
-                self.confirm(pending.awaiting(pool))
+                self.confirm(book.awaiting(pool))
             await asyncio.sleep(0.02)
 
     def confirm(self, wanted: Mapping[str, int]) -> None:

@@ -29,6 +29,8 @@ from webhook.admission.ledger.entries import (
     released,
     version,
 )
+from webhook.admission.ledger.slices import Slices, slice_records
+from webhook.core.admission.escrow import Escrow
 from webhook.core.admission.pending import Hold
 from webhook.core.admission.state import ReservationState
 from webhook.core.tenancy.applications import resource_version
@@ -79,6 +81,8 @@ class Book:
         self.parsed: dict[str, dict[str, tuple[Obj, Hold]]] = {}  # pool -> id -> entry, hold
         self._locks: dict[str, asyncio.Lock] = {}
         self._state: ReservationState | None = None  # the state the objects were tracked into
+        self.slices = Slices()  # every pool's escrowed slices, counted whole (docs/escrow.md)
+        self.escrow: Escrow | None = None  # this process's own slices, when it holds any
         self.conflicts = 0
         self.writes = 0
         self.failures = 0  # writes refused for anything but a conflict
@@ -100,10 +104,25 @@ class Book:
         state = self.live.state
         if state is not self._state:
             self._state = state
+            self.slices.follow(state)
             for obj in list(self.objects.values()):
                 self.track(obj)
         state.pending.catch_up(self.live.observed_version)
+        self.slices.catch_up(self.live.observed_version, lambda: sorted(state.platform.kinds))
         return state
+
+    def fenced(self, pool: str) -> bool:
+        """Whether ``pool`` waits for the state to pass entries or slices it never saw."""
+        return self.current().pending.fenced(pool) or self.slices.fenced(pool)
+
+    def awaiting(self, pool: str | None = None) -> dict[str, int]:
+        """What the state must reach, per kind, for ``pool``'s (or every pool's) fences to lift
+        and departed entries and room to be released."""
+        state = self.current()
+        wanted = state.pending.awaiting(pool)
+        for kind, revision in self.slices.awaiting(sorted(state.platform.kinds)).items():
+            wanted[kind] = max(wanted.get(kind, 0), revision)
+        return wanted
 
     def now(self) -> str:
         """Now, as expiries are written."""
@@ -213,6 +232,10 @@ class Book:
             replaced=replaced,
         )
         self._state.set_caps(pool, caps(obj.get("status") or {}))
+        self.slices.track(pool, obj.get("status") or {}, revision)
+        if self.escrow is not None:
+            mine = slice_records(obj.get("status") or {}).get(self.escrow.incarnation)
+            self.escrow.recorded(pool, mine, revision)
         if parsed:
             self.parsed[pool] = parsed
         else:
@@ -240,3 +263,6 @@ class Book:
         if self._state is not None:
             self._state.pending.track(pool, [], version=revision)
             self._state.set_caps(pool, {})
+            self.slices.track(pool, None, revision)
+            if self.escrow is not None:
+                self.escrow.recorded(pool, None, revision)

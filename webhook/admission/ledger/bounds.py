@@ -68,6 +68,11 @@ class LedgerSettings:
     # The share of a pool's ledger one tenant's listed entries may take (see
     # :func:`webhook.admission.ledger.shares.holder`).
     namespace_share: float = 0.1
+    # Admit CREATEs from escrowed slices of busy pools' room held by this process, in memory
+    # (docs/escrow.md); off: every admission takes the exact path (slices others hold are
+    # counted either way).
+    escrow: bool = False
+    escrow_seconds: float = 0.25  # how often the slices are folded, refilled and renewed
 
     @property
     def share_limit(self) -> int:

@@ -97,7 +97,7 @@ class Commit:
             while True:  # decide only once the state has passed what the ledger removed
                 current = book.objects.get(pool) or await book.ensure(pool)
                 state = book.current()
-                if not state.pending.fenced(pool):
+                if not book.fenced(pool):
                     break
                 if not await self.barrier.wait_unfenced([pool], deadline):
                     for waiter in batch:
@@ -225,7 +225,7 @@ class Commit:
                     return answers.unavailable()
                 basis = {pool: book.objects.get(pool) for pool in pools}
                 state = book.current()
-                if any(state.pending.fenced(pool) for pool in pools):
+                if any(book.fenced(pool) for pool in pools):
                     if not await self.barrier.wait_unfenced(pools, deadline):
                         await self.roll_back(pools, uid)
                         return answers.behind(", ".join(pools))

@@ -18,11 +18,19 @@ from webhook.admission.ledger.barrier import Barrier
 from webhook.admission.ledger.book import Book, StateSource
 from webhook.admission.ledger.bounds import LedgerSettings
 from webhook.admission.ledger.commit import Commit, decided_replacing
+from webhook.admission.ledger.escrowed import Escrowed
 from webhook.admission.ledger.queue import Queues
 from webhook.admission.ledger.settle import Settle, explain_floors
 from webhook.admission.ledger.shares import Caps, largest_share
 from webhook.admission.ledger.status import Status
-from webhook.core.admission.decisions import Decision, Policy, decide, errored, held_dry_run
+from webhook.core.admission.decisions import (
+    Decided,
+    Decision,
+    Policy,
+    decide,
+    errored,
+    held_dry_run,
+)
 from webhook.core.admission.reviews import AdmissionRequest
 from webhook.core.admission.warn_caps import explain_cap, over_in_warn
 from webhook.kube.client import KubeClient
@@ -49,6 +57,7 @@ class Ledger:
         self._caps = Caps(self._book, self._status)
         self._commit = Commit(self._book, self._status, self._barrier)
         self._queues = Queues(self._book, self._commit.batch)
+        self._escrowed = Escrowed(self._book, self._status) if settings.escrow else None
 
     @property
     def client(self) -> KubeClient:
@@ -117,10 +126,23 @@ class Ledger:
             request.dry_run and not self.settings.dry_run_holds
         ):
             return decide(request, state, policy)
+        escrowed = self._escrowed
+        if escrowed is not None:
+            spent = escrowed.admit(request, policy, state)
+            if spent is not None:
+                escrowed.note(request, spent)
+                return spent
         decided = decided_replacing(request, state, policy)
         decision = decided.decision
         expired = not decision.allowed and decision.reason == "exceeded" and decision.pool
         if expired and await self._settle.expire(decision.pool):
+            state = self._book.current()
+            decided = decided_replacing(request, state, policy)
+            decision = decided.decision
+        refused = not decision.allowed and decision.reason == "exceeded" and decision.pool
+        if refused and escrowed is not None and await escrowed.give_back(decision.pool):
+            # Near the bound: what this replica's slice holds unspent goes back to the pool
+            # (one write) and the exact path decides again, so the last byte can be used.
             state = self._book.current()
             decided = decided_replacing(request, state, policy)
             decision = decided.decision
@@ -150,13 +172,28 @@ class Ledger:
         if len(request.uid) > 128 or not request.uid:
             return errored(400, "BadRequest", "invalid", "tenant reservations: invalid uid")
         pools = sorted(decision.charged_pools)
-        if len(pools) == 1:
-            answer = await self._queues.enqueue(pools[0], request, policy, decided.prepared)
-        else:
-            answer = await self._commit.across(pools, request, policy)
+        answer = await self._exact(pools, request, policy, decided)
+        refused = not answer.allowed and answer.reason == "exceeded" and answer.pool
+        if refused and escrowed is not None and await escrowed.give_back(answer.pool):
+            answer = await self._exact(pools, request, policy, None)  # the room given back
         if request.dry_run and answer.allowed and answer.charged_pools:
             return held_dry_run(answer, self.settings.grace_seconds)
+        if escrowed is not None and answer.allowed:
+            escrowed.note(request, answer)
         return answer
+
+    async def _exact(
+        self,
+        pools: list[str],
+        request: AdmissionRequest,
+        policy: Policy,
+        decided: Decided | None,
+    ) -> Decision:
+        """The exact path: the pool's batched conditional write, or one across pools."""
+        if len(pools) == 1:
+            prepared = decided.prepared if decided is not None else None
+            return await self._queues.enqueue(pools[0], request, policy, prepared)
+        return await self._commit.across(pools, request, policy)
 
     # -- every replica's and the leader's duties -------------------------------------------
 
@@ -164,6 +201,16 @@ class Ledger:
         """Release what the state has caught up with, and have the state confirm the kinds
         that still hold something back (every replica, periodically)."""
         self._settle.sweep()
+
+    async def escrow(self) -> int:
+        """Fold, refill, renew and return this process's slices, and reclaim expired ones
+        (every ``escrow_seconds``, with ``escrow`` on); how many writes were made."""
+        return await self._escrowed.duty() if self._escrowed is not None else 0
+
+    @property
+    def spends(self) -> int:
+        """Admissions answered from slices, with no API call."""
+        return self._escrowed.spends if self._escrowed is not None else 0
 
     async def reconcile(self) -> int:
         """Make every pool's TenantReservation status true; returns how many were written."""

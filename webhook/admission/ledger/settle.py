@@ -71,7 +71,7 @@ class Settle:
         that still hold something back (every replica, periodically)."""
         pending = self.book.current().pending
         pending.expire_floors(self.book.now())
-        self.barrier.confirm(pending.awaiting())
+        self.barrier.confirm(self.book.awaiting())
 
     async def expire(self, pool: str) -> bool:
         """Drop ``pool``'s entries past their grace period and wait (bounded) until the state

@@ -1,0 +1,114 @@
+"""Every replica counts the escrowed slices a pool's TenantReservation lists (docs/escrow.md):
+outstanding room whole, room folded out of a slice or a removed record's until the state has
+caught up, and a pool whose records came and went unseen fenced. The slices here are written as
+another replica holding them would write them; this replica spends none."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.admission.test_ledger import POOL, Cluster, Replica, create, thing
+
+
+def _slices(cluster: Cluster, slices: dict[str, Any], *, removals: int = 0) -> int:
+    """Another replica's write of the pool's object listing ``slices``; its revision."""
+    obj = cluster.objects.get(POOL) or {
+        "apiVersion": "reservation.cozystack.io/v1alpha1",
+        "kind": "TenantReservation",
+        "metadata": {"name": POOL, "namespace": POOL},
+        "spec": {"pool": POOL},
+    }
+    status = dict(obj.get("status") or {})
+    status["slices"] = slices
+    if removals:
+        status["removals"] = removals
+    revision = cluster.bump()
+    obj = {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(revision)}}
+    cluster.objects[POOL] = {**obj, "status": status}
+    return revision
+
+
+def _record(granted: str, *, folded: str = "0", returned: str = "0") -> dict[str, Any]:
+    return {
+        "holder": "b",
+        "kinds": ["Thing"],
+        "granted": {"memory": granted},
+        "folded": {"memory": folded},
+        "returned": {"memory": returned},
+        "expires": "2027-01-15T08:00:30.000000Z",
+    }
+
+
+async def test_a_tenant_cannot_be_admitted_into_room_another_replica_holds_as_a_slice() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "4Gi"}})
+    _slices(cluster, {"b.1": _record("3Gi")})
+    a.deliver()
+    decision = await a.admit(create("x", "2Gi"))
+    assert not decision.allowed, "3Gi held as b's slice + 2Gi > 4Gi"
+    assert decision.reason == "exceeded"
+    assert (await a.admit(create("y", "1Gi"))).allowed
+
+
+async def test_room_folded_out_of_a_slice_stays_counted_until_the_watch_has_passed_the_fold() -> (
+    None
+):
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "4Gi"}})
+    _slices(cluster, {"b.1": _record("3Gi")})
+    a.deliver()
+    spent = thing(cluster, "x", "2Gi")  # b spent 2Gi of its slice on x, stored here
+    _slices(cluster, {"b.1": _record("3Gi", folded="2Gi")})  # b saw x stored and folded it
+    a.deliver()  # a reads the fold before its watch of Things has reached x
+    assert not (await a.admit(create("y", "2Gi"))).allowed, "x is not observed yet: 3Gi held"
+    a.seen = cluster.revision
+    a.observe(spent)
+    assert not (await a.admit(create("y", "2Gi", uid="uid-y2"))).allowed, "x 2Gi + 1Gi left"
+    assert (await a.admit(create("z", "1Gi"))).allowed
+
+
+async def test_room_returned_unspent_is_free_at_once() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "4Gi"}})
+    _slices(cluster, {"b.1": _record("3Gi")})
+    a.deliver()
+    _slices(cluster, {"b.1": _record("3Gi", returned="3Gi")})
+    a.deliver()
+    assert (await a.admit(create("x", "4Gi"))).allowed
+
+
+async def test_a_removed_slice_stays_counted_until_the_watch_has_passed_its_removal() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "4Gi"}})
+    _slices(cluster, {"b.1": _record("3Gi")})
+    a.deliver()
+    _slices(cluster, {}, removals=1)  # reclaimed: b's life ended, its lease and bound passed
+    a.deliver()
+    assert not (await a.admit(create("x", "2Gi"))).allowed, "what b spent may not be seen yet"
+    a.seen = cluster.revision
+    assert (await a.admit(create("x", "4Gi", uid="uid-x2"))).allowed
+
+
+async def test_slices_that_came_and_went_unseen_fence_the_pool_until_the_state_caught_up() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "4Gi"}}, catch_up_seconds=0.05)
+    assert (await a.admit(create("w", "1Gi"))).allowed  # a has read the object once
+    _slices(cluster, {}, removals=2)  # two slices granted and reclaimed between a's reads
+    a.deliver()
+    decision = await a.admit(create("x", "1Gi"))
+    assert not decision.allowed
+    assert decision.reason == "ledger-catching-up"
+    a.seen = cluster.revision
+    assert (await a.admit(create("x", "1Gi", uid="uid-x2"))).allowed
+
+
+async def test_a_ledger_write_keeps_the_slices_it_does_not_hold() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "8Gi"}})
+    _slices(cluster, {"b.1": _record("3Gi")}, removals=1)
+    a.deliver()
+    a.seen = cluster.revision  # past the removal it never saw
+    assert (await a.admit(create("x", "1Gi"))).allowed
+    status = cluster.objects[POOL]["status"]
+    assert status["slices"] == {"b.1": _record("3Gi")}
+    assert status["removals"] == 1

@@ -1,0 +1,285 @@
+"""Admission from this replica's escrowed slices, and the duty that keeps them (``docs/escrow.md``).
+
+With ``LedgerSettings.escrow`` on (off by default), the ledger first tries to answer a CREATE from
+the slices this process holds, in memory: decided as :func:`decide` decides it with the slices'
+unspent room taken out of the pools' usage (it is this request's to spend), it is answered from
+them when it is allowed in enforce mode, every pool it charges has a live slice naming its kind
+with the room on every key, no pool is fenced or counted past its budget (a lowered budget, a
+removed carve-out or an overcommit change stops spending as it stops admissions), and the object
+has no held preview. Anything else (an UPDATE, a dry run, warn, a cap, a miss) takes the exact
+path as before. No lock is held and no API call made.
+
+The duty (:meth:`Escrowed.duty`, every ``escrow_seconds``, off the admission path) writes each
+pool's object once when something is to change: spends folded once the state has observed their
+object newer than their decision (or they can no longer be stored), a refill when the slice holds
+less than a second of the recent rate, the lease renewed, room returned when idle or over budget,
+and any other process's record past its expiry and the store bound removed. The write is the
+ledger's conditional write of the whole status (:class:`~.status.Status`), under the pool's lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import secrets
+from collections.abc import Callable, Mapping
+from decimal import Decimal
+from typing import Any
+
+from webhook.admission.ledger.book import Book, Conflict
+from webhook.admission.ledger.entries import Obj, expiry, version
+from webhook.admission.ledger.slices import removals, slice_records
+from webhook.admission.ledger.status import Status
+from webhook.core.admission import escrow as core
+from webhook.core.admission.decisions import Decision, Policy, decide
+from webhook.core.admission.escrow.holder import refill_wanted
+from webhook.core.admission.reviews import AdmissionRequest
+from webhook.core.admission.state import ReservationState
+from webhook.core.base import resources as rl
+from webhook.core.tenancy.applications import AppKey
+from webhook.kube.client import ApiError
+
+__all__ = ["Escrowed", "record_json"]
+
+log = logging.getLogger("webhook.admission.ledger")  # one logger for all of the ledger
+
+_RATE_SECONDS = 5.0  # the recent rate decays with this time constant
+
+
+def record_json(record: core.SliceRecord) -> Obj:
+    """A record as ``status.slices`` lists it (its expiry in the ledger's one fixed form)."""
+    return {
+        "holder": record.holder,
+        "kinds": sorted(record.kinds),
+        "granted": rl.to_strings(record.granted),
+        "folded": rl.to_strings(record.folded),
+        "returned": rl.to_strings(record.returned),
+        "expires": expiry(record.expires),
+    }
+
+
+class Escrowed:
+    """This process's slices: what it admits from them, and the writes that keep them."""
+
+    def __init__(
+        self,
+        book: Book,
+        status: Status,
+        *,
+        bounds: core.EscrowBounds | None = None,
+        monotonic: Callable[[], float] | None = None,
+    ) -> None:
+        self.book = book
+        self.status = status
+        # The event loop's clock (monotonic): the holder's deadline is never a wall time.
+        self.monotonic = monotonic or (lambda: asyncio.get_running_loop().time())
+        incarnation = f"{book.settings.replica}.{secrets.token_hex(6)}"
+        self.escrow = core.Escrow(book.settings.replica, incarnation, bounds or core.EscrowBounds())
+        book.escrow = self.escrow
+        self._spent: dict[str, tuple[AppKey, int, dict[str, Decimal]]] = {}  # uid -> key, after
+        self._rates: dict[str, dict[str, float]] = {}  # pool -> key -> per second, decaying
+        self._noted: dict[str, float] = {}  # pool -> when its rate was last brought up to date
+        self._kinds: dict[str, set[str]] = {}  # pool -> kinds recently admitted there
+        self._last: dict[str, dict[str, Decimal]] = {}  # pool -> the last admission's charge
+        self._quiet: dict[str, float] = {}  # pool -> when a refusal gave its slice back
+        self.spends = 0  # admissions answered from slices
+        self.writes = 0  # writes of this process's records
+
+    # -- the admission path ----------------------------------------------------------------
+
+    def admit(
+        self, request: AdmissionRequest, policy: Policy, state: ReservationState
+    ) -> Decision | None:
+        """``request``'s answer from the slices, or ``None``: the exact path decides it."""
+        if request.operation != "CREATE" or request.dry_run or not 0 < len(request.uid) <= 128:
+            return None
+        own = state.tree.get(request.namespace)
+        if own is None or not own.declared:
+            return None  # a namespace no Tenant owns: the exact path says so
+        now = self.monotonic()
+        escrow = self.escrow
+        live = [pool for pool in escrow.pools() if escrow.live(pool, now)]
+        if not live:
+            return None
+        unspent = {pool: escrow.available(pool) for pool in live}
+        for pool, room in unspent.items():
+            state.tree.add_usage(pool, rl.scale(room, Decimal(-1)))
+        try:
+            decision = decide(request, state, policy)
+        finally:
+            for pool, room in unspent.items():
+                state.tree.add_usage(pool, room)
+        charged = decision.charged_pools
+        if not decision.allowed or not charged or decision.mode != "enforce":
+            return None
+        key: AppKey = (request.kind, request.namespace, request.name)
+        if state.pending.previews(key):
+            return None
+        for pool in charged:
+            node = state.tree.get(pool)
+            if node is None or not node.declared or self.book.fenced(pool):
+                return None
+            if not core.within(node.budget, node.usage):
+                return None
+        charges = {pool: dict(room) for pool, room in charged.items()}
+        if not escrow.spend(request.uid, charges, kind=request.kind, now=now):
+            return None
+        # Only an object newer than everything this replica had seen may be this request's.
+        seen = max(version(self.book.objects.get(pool) or {}) for pool in charges)
+        after = max(seen, self.book.live.observed_version(request.kind))
+        self._spent[request.uid] = (key, after, dict(decision.expected or {}))
+        self.spends += 1
+        return decision
+
+    def note(self, request: AdmissionRequest, decision: Decision) -> None:
+        """An allowed admission: it feeds the recent rate each pool's slice is sized from."""
+        now = self.monotonic()
+        for pool, room in decision.charged_pools.items():
+            rates = self._rate(pool, now)
+            for key, value in room.items():
+                rates[key] = rates.get(key, 0.0) + float(value) / _RATE_SECONDS
+            self._kinds.setdefault(pool, set()).add(request.kind)
+            self._last[pool] = dict(room)
+
+    def _rate(self, pool: str, now: float) -> dict[str, float]:
+        """``pool``'s recent rate per key, decayed to ``now`` (forgotten once idle)."""
+        rates = self._rates.setdefault(pool, {})
+        last = self._noted.get(pool, now)
+        if now - last > self.escrow.bounds.idle_seconds:
+            rates.clear()
+            self._kinds.pop(pool, None)
+        decay = math.exp(-(now - last) / _RATE_SECONDS)
+        for key in rates:
+            rates[key] *= decay
+        self._noted[pool] = now
+        return rates
+
+    async def give_back(self, pool: str) -> bool:
+        """Return what this process's slice of ``pool`` holds unspent (an admission was refused
+        for the pool's budget: near the bound the exact path takes the room); whether anything
+        was given back."""
+        if not any(self.escrow.available(pool).values()):
+            return False
+        self._quiet[pool] = self.monotonic()  # no refill for a while: the pool is at its bound
+        with contextlib.suppress(Conflict):
+            return await self._pool(pool, give_all=True) > 0
+        return False
+
+    # -- the duty --------------------------------------------------------------------------
+
+    async def duty(self) -> int:
+        """One round over the pools this process holds or has admitted into; writes made."""
+        written = 0
+        held = {p for p in self.book.objects if self.book.slices.count.records(p)}  # reclaims
+        pools = sorted(held | set(self.escrow.pools()) | {p for p, r in self._rates.items() if r})
+        for pool in pools:
+            with contextlib.suppress(Conflict):
+                written += await self._pool(pool)
+        return written
+
+    async def _pool(self, pool: str, *, give_all: bool = False) -> int:
+        book, escrow = self.book, self.escrow
+        async with book.locked([pool]):
+            current = book.objects.get(pool)
+            if current is None:
+                return 0
+            state = book.current()
+            node = state.tree.get(pool)
+            if node is None or not node.bounded:
+                return 0
+            self._observe(state)
+            now, wall = self.monotonic(), float(math.floor(book.clock()))
+            listed = slice_records(current.get("status") or {})
+            gone = [
+                incarnation
+                for incarnation, record in listed.items()
+                if incarnation != escrow.incarnation
+                and core.reclaimable(record, book.clock(), escrow.bounds)
+            ]
+            available = escrow.available(pool)
+            over = not core.within(node.budget, node.usage)
+            grow: dict[str, Decimal] = {}
+            give: dict[str, Decimal] = {}
+            rate = {k: Decimal(str(round(v, 6))) for k, v in self._rate(pool, now).items()}
+            quiet = now - self._quiet.get(pool, -math.inf) < escrow.bounds.idle_seconds
+            if rate and not over and not quiet and not give_all and not book.fenced(pool):
+                wanted = refill_wanted(rl.mask(rate, node.budget), available, escrow.bounds)
+                grow = core.grant_size(
+                    budget=node.budget, counted=node.usage, want=wanted, bounds=escrow.bounds
+                )
+                # A slice that would not hold the last admission's charge answers nothing.
+                last = rl.mask(self._last.get(pool, {}), node.budget)
+                if any(rl.add(available, grow).get(k, Decimal(0)) < v for k, v in last.items()):
+                    grow = {}
+            if (over or give_all or escrow.idle(pool, now)) and any(available.values()):
+                give = available
+            write = None
+            if not grow and escrow.removable(pool, now):
+                gone.append(escrow.incarnation)  # idle and all given back: no more renewals
+            else:
+                write = escrow.plan(
+                    pool,
+                    now=now,
+                    wall=wall,
+                    version=version(current),
+                    grow=grow,
+                    give_back=give,
+                    kinds=frozenset(self._kinds.get(pool, ())),
+                )
+            if write is None and not gone:
+                return 0
+            status = self._status(pool, current, state, write, gone)
+            try:
+                stored = await book.write(pool, current, status)
+            except Conflict:
+                if write is not None:
+                    escrow.refused(write)
+                raise
+            except ApiError as exc:
+                log.warning("escrow write failed", extra={"fields": {"error": str(exc)}})
+                if write is not None:
+                    escrow.unknown(write)
+                return 0
+            if write is not None:
+                mine = slice_records(stored.get("status") or {}).get(escrow.incarnation)
+                escrow.stored(write, mine, version(stored))
+            self.writes += 1
+            return 1
+
+    def _status(
+        self,
+        pool: str,
+        current: Obj,
+        state: ReservationState,
+        write: core.Write | None,
+        gone: list[str],
+    ) -> Obj:
+        old = current.get("status") or {}
+        kept = self.status.kept(pool, current, state, without=set())
+        status = self.status.build(pool, current, state, kept)
+        raw = old.get("slices")
+        listed: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+        slices = {str(k): v for k, v in listed.items() if k not in gone}
+        if write is not None:
+            slices[self.escrow.incarnation] = record_json(write.record)
+        status["slices"] = slices
+        status["removals"] = removals(old) + len(gone)
+        return status
+
+    def _observe(self, state: ReservationState) -> None:
+        """Mark the spends whose object the state has observed newer than everything this
+        replica had seen at their decision, with the charge they expect (only a CREATE spends
+        here). The object is told by name: another create of the same name stored just before
+        the decision, then deleted before this one is stored, would be taken for it (a window
+        of the watch's lag; the request's uid in the signed record would close it)."""
+        waiting = {spend.uid for spend in self.escrow.spends()}
+        for uid in list(self._spent):
+            if uid not in waiting:
+                del self._spent[uid]
+                continue
+            key, after, expected = self._spent[uid]
+            record = state.record(key)
+            if record is not None and record.version > after and record.resources == expected:
+                self.escrow.observed(uid)
