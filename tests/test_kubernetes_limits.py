@@ -1,0 +1,210 @@
+"""Applications at Kubernetes' own limits, written through the real kube-apiserver to both webhooks.
+
+The API server of ``../shared/kube`` (marker ``kube``; skipped, saying why, when it is absent)
+stands the apps kinds in with CRDs built from the real ApplicationDefinitions, and calls the
+shipped webhook configurations, pointed by URL at one replica: what is tried here is what a
+tenant meets, the API server's own checks and messages included. An object the webhook leaves
+alone (in the webhook's own namespace, which both configurations skip) shows what Kubernetes
+stores without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from benchmarks import write_path
+from tests.builders import ROOT
+from tests.cluster import kube_client, tenant
+from tests.realkube import kubectl, real_apiserver
+from tests.test_large_objects import stand_ins
+from tests.test_live import Caller, certs, replica, wait_ready
+from tests.waiting import eventually_async
+from webhook.core.tenancy.applications import CHARGE_ANNOTATION
+from webhook.kube.client import ApiError, KubeClient, ResourceRef
+
+__all__ = ["certs"]
+
+pytestmark = pytest.mark.kube
+
+VMINSTANCES = ResourceRef("apps.cozystack.io", "v1alpha1", "vminstances")
+TENANT_NAMESPACE = "tenant-acme"
+SKIPPED_NAMESPACE = "cozy-reservation"  # neither configuration calls the webhook here
+ANNOTATIONS_LIMIT = 262_144  # all of an object's annotations, keys and values, in bytes
+
+
+@pytest.fixture(scope="module")
+def kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One real API server for the module: the stand-in CRDs, the platform, one tenant."""
+    with real_apiserver(tmp_path_factory.mktemp("kube")) as config:
+        kubectl(config, "create", "-f", "-", stdin=yaml.safe_dump_all(stand_ins()))
+        kubectl(config, "wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        namespaces = [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+            for name in (SKIPPED_NAMESPACE, "tenant-root", TENANT_NAMESPACE)
+        ]
+        budget = {"cpu": "1000", "memory": "1000Gi", "storage": "100Ti"}
+        documents = [
+            *namespaces,
+            *write_path.platform_documents(),
+            tenant("tenant-root", "acme", budget),
+        ]
+        kubectl(config, "create", "-f", "-", stdin=yaml.safe_dump_all(documents))
+        yield config
+
+
+@pytest.fixture
+async def client(
+    kubeconfig: Path, certs: Path, caller: Caller, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[KubeClient]:
+    """A cluster-admin client of the API server, while one replica serves both shipped
+    configurations (with the test's certificates, as cert-manager would issue them),
+    registered until the test ends: once a dry-run write comes back recorded."""
+    monkeypatch.setenv("WEBHOOK_CERTS", "cert-manager")
+    async with replica(kubeconfig, certs, watch_read_timeout=5.0) as webhook:
+        await wait_ready(caller, webhook.port, timeout=60.0)
+        deploy = list(yaml.safe_load_all((ROOT / "deploy/base/webhooks.yaml").read_text()))
+        ca = (certs / "ca.crt").read_bytes()
+        configurations = write_path.webhook_configurations(deploy, ca, webhook.port, webhook.port)
+        for configuration in configurations:  # the serving certificate names localhost
+            for hook in configuration["webhooks"]:
+                url = hook["clientConfig"]["url"]
+                hook["clientConfig"]["url"] = url.replace("127.0.0.1", "localhost")
+        await _kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump_all(configurations))
+        try:
+            async with kube_client(kubeconfig) as client:
+                probe = vm("probe", {})
+
+                async def recorded() -> bool:
+                    path = VMINSTANCES.path(TENANT_NAMESPACE)
+                    try:
+                        got = await client.request(
+                            "POST", path, params={"dryRun": "All"}, body=probe
+                        )
+                    except ApiError:
+                        return False
+                    return CHARGE_ANNOTATION in annotations_of(got)
+
+                await eventually_async(recorded, 30)
+                yield client
+        finally:
+            await _kubectl(
+                kubeconfig,
+                "delete",
+                "mutatingwebhookconfiguration,validatingwebhookconfiguration",
+                "--all",
+            )
+
+
+async def _kubectl(kubeconfig: Path, *arguments: str, stdin: str = "") -> None:
+    """kubectl without blocking the loop the replica serves on."""
+    process = await asyncio.create_subprocess_exec(
+        "kubectl",
+        "--kubeconfig",
+        str(kubeconfig),
+        *arguments,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await process.communicate(stdin.encode())
+    assert process.returncode == 0, err.decode()
+
+
+@pytest.fixture
+async def caller(certs: Path) -> AsyncIterator[Caller]:
+    client = Caller(certs)
+    yield client
+    await client.close()
+
+
+def vm(
+    name: str,
+    notes: dict[str, str],
+    namespace: str = TENANT_NAMESPACE,
+    **spec: Any,
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+    if notes:
+        metadata["annotations"] = notes
+    return {
+        "apiVersion": "apps.cozystack.io/v1alpha1",
+        "kind": "VMInstance",
+        "metadata": metadata,
+        "spec": {"instanceType": "u1.micro", **spec},
+    }
+
+
+def annotations_of(obj: dict[str, Any]) -> dict[str, str]:
+    return dict(obj.get("metadata", {}).get("annotations") or {})
+
+
+def annotation_bytes(notes: dict[str, str]) -> int:
+    """What Kubernetes counts against its limit: every key and value, in UTF-8 bytes."""
+    return sum(len(key.encode()) + len(value.encode()) for key, value in notes.items())
+
+
+def notes_of(total: int) -> dict[str, str]:
+    """Annotations of 250 bytes each (the last one shorter) that take exactly ``total``."""
+    notes: dict[str, str] = {}
+    index = 0
+    while total > 0:
+        key = f"example.com/note-{index:05d}"
+        value = "x" * max(0, min(250, total) - len(key))
+        notes[key] = value
+        total -= len(key) + len(value)
+        index += 1
+    return notes
+
+
+# -- the charge record beside annotations at their limit ----------------------------------------
+
+
+async def test_a_vm_whose_annotations_leave_no_room_for_the_charge_record_is_told_so_by_the_webhook(
+    client: KubeClient,
+) -> None:
+    notes = notes_of(ANNOTATIONS_LIMIT - 10)  # ten bytes short of what Kubernetes allows
+    assert annotation_bytes(notes) == ANNOTATIONS_LIMIT - 10
+    # Kubernetes stores it where the webhook is not called ...
+    stored = await client.create(VMINSTANCES, vm("full", notes, SKIPPED_NAMESPACE))
+    assert annotation_bytes(annotations_of(stored)) == ANNOTATIONS_LIMIT - 10
+    # ... and a tenant writing it is told what does not fit, by the webhook: not the API
+    # server's "metadata.annotations: Too long", for annotations the tenant kept in bounds.
+    with pytest.raises(ApiError) as refused:
+        await client.create(VMINSTANCES, vm("full", notes))
+    message = refused.value.message
+    assert refused.value.status == 422, message
+    assert "tenant reservations:" in message, message
+    assert "charge record" in message, message
+    assert f"take {ANNOTATIONS_LIMIT - 10} bytes" in message, message
+    assert f"at most {ANNOTATIONS_LIMIT}" in message, message
+    # With room for the record, the same tenant's VM is stored, recorded.
+    roomy = notes_of(ANNOTATIONS_LIMIT - 2_000)
+    written = await client.create(VMINSTANCES, vm("roomy", roomy))
+    kept = annotations_of(written)
+    assert CHARGE_ANNOTATION in kept
+    assert annotation_bytes(kept) <= ANNOTATIONS_LIMIT
+
+
+async def test_an_update_that_grows_annotations_past_room_for_the_record_is_told_so_by_the_webhook(
+    client: KubeClient,
+) -> None:
+    stored = await client.create(VMINSTANCES, vm("grown", notes_of(1_000)))
+    record = annotations_of(stored)[CHARGE_ANNOTATION]
+    # The tenant's annotations grow to five bytes short of the limit, the record kept; the
+    # new charge needs a new record, longer than the CREATE's (it names the object's uid).
+    carried = len(CHARGE_ANNOTATION) + len(record)
+    grown = {**notes_of(ANNOTATIONS_LIMIT - 5 - carried), CHARGE_ANNOTATION: record}
+    assert annotation_bytes(grown) == ANNOTATIONS_LIMIT - 5
+    stored["metadata"]["annotations"] = grown
+    stored["spec"]["instanceType"] = "u1.small"
+    with pytest.raises(ApiError) as refused:
+        await client.replace(VMINSTANCES, stored)
+    message = refused.value.message
+    assert refused.value.status == 422, message
+    assert "charge record" in message, message

@@ -1,0 +1,96 @@
+"""Whether the mutating side's patch leaves an object's annotations within what Kubernetes stores.
+
+Kubernetes refuses an object whose annotations, keys and values together, take more than 256
+KiB in UTF-8 (``metadata.annotations: Too long: may not be more than 262144 bytes``), and it
+checks after the mutating webhooks. The charge record written on every application is a few
+hundred bytes (more with many volumes), so on an object whose own annotations come within that
+of the limit the patched object was refused with a message about annotations the tenant had
+kept in bounds. The patch is measured here first: a write it would push past the limit is
+denied, saying what the record needs and how much the tenant's annotations take. An object
+already past the limit is left to the API server, whose message is then the right one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Final
+
+from webhook.core.admission.answers import Decision, invalid
+
+__all__ = ["ANNOTATIONS_LIMIT_BYTES", "annotation_bytes", "beyond_annotation_limit"]
+
+# k8s.io/apimachinery/pkg/api/validation: TotalAnnotationSizeLimitB.
+ANNOTATIONS_LIMIT_BYTES: Final = 256 * 1024
+_PREFIX: Final = "/metadata/annotations/"
+
+
+def annotation_bytes(annotations: Mapping[str, object]) -> int:
+    """What Kubernetes counts against its limit: each key and string value, in UTF-8 bytes."""
+    return sum(
+        _utf8(key) + (_utf8(value) if isinstance(value, str) else 0)
+        for key, value in annotations.items()
+    )
+
+
+def beyond_annotation_limit(
+    obj: Mapping[str, object], operations: Iterable[Mapping[str, object]]
+) -> Decision | None:
+    """The denial of a write whose annotations ``operations`` (the mutating side's JSONPatch)
+    take past :data:`ANNOTATIONS_LIMIT_BYTES`, or ``None``: they fit, or were already past it."""
+    metadata = obj.get("metadata")
+    found = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    before: Mapping[str, object] = found if isinstance(found, Mapping) else {}
+    after = _patched(before, operations)
+    # Characters are never more than bytes, and a character is at most four of them.
+    if 4 * _chars(after) <= ANNOTATIONS_LIMIT_BYTES:
+        return None
+    needed = annotation_bytes(after)
+    if needed <= ANNOTATIONS_LIMIT_BYTES:
+        return None
+    written = annotation_bytes(before)
+    if written > ANNOTATIONS_LIMIT_BYTES:
+        return None  # refused by the API server, for annotations past the limit as written
+    ours = {key: value for key, value in after.items() if before.get(key) != value}
+    record = annotation_bytes(ours)
+    kept = annotation_bytes({key: value for key, value in before.items() if key not in ours})
+    replaced = f" (with the record they replace, {written})" if kept != written else ""
+    return invalid(
+        "metadata.annotations",
+        f"tenant reservations: the charge record this webhook writes on every application "
+        f"({record} bytes with its key) does not fit beside the object's other annotations: "
+        f"they take {kept} bytes{replaced}, and Kubernetes stores at most "
+        f"{ANNOTATIONS_LIMIT_BYTES} bytes of annotations; remove at least "
+        f"{needed - ANNOTATIONS_LIMIT_BYTES} bytes of them",
+    )
+
+
+def _patched(
+    annotations: Mapping[str, object], operations: Iterable[Mapping[str, object]]
+) -> dict[str, object]:
+    """``annotations`` once the operations on them are applied (the others touch nothing)."""
+    result = dict(annotations)
+    for operation in operations:
+        path, op = operation.get("path"), operation.get("op")
+        if not isinstance(path, str):
+            continue
+        if path == _PREFIX.rstrip("/"):
+            value = operation.get("value")
+            result = dict(value) if op != "remove" and isinstance(value, Mapping) else {}
+        elif path.startswith(_PREFIX):
+            key = path[len(_PREFIX) :].replace("~1", "/").replace("~0", "~")
+            if op == "remove":
+                result.pop(key, None)
+            else:
+                result[key] = operation.get("value")
+    return result
+
+
+def _chars(annotations: Mapping[str, object]) -> int:
+    return sum(
+        len(key) + (len(value) if isinstance(value, str) else 0)
+        for key, value in annotations.items()
+    )
+
+
+def _utf8(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", errors="surrogatepass"))
