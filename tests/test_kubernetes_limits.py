@@ -11,6 +11,7 @@ stores without it.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ __all__ = ["certs"]
 pytestmark = pytest.mark.kube
 
 VMINSTANCES = ResourceRef("apps.cozystack.io", "v1alpha1", "vminstances")
+KUBERNETESES = ResourceRef("apps.cozystack.io", "v1alpha1", "kuberneteses")
 TENANT_NAMESPACE = "tenant-acme"
 SKIPPED_NAMESPACE = "cozy-reservation"  # neither configuration calls the webhook here
 ANNOTATIONS_LIMIT = 262_144  # all of an object's annotations, keys and values, in bytes
@@ -113,7 +115,7 @@ async def _kubectl(kubeconfig: Path, *arguments: str, stdin: str = "") -> None:
         stderr=asyncio.subprocess.PIPE,
     )
     _, err = await process.communicate(stdin.encode())
-    assert process.returncode == 0, err.decode()
+    assert process.returncode == 0, err.decode()[-600:]  # its last lines: the reason
 
 
 @pytest.fixture
@@ -208,3 +210,45 @@ async def test_an_update_that_grows_annotations_past_room_for_the_record_is_told
     message = refused.value.message
     assert refused.value.status == 422, message
     assert "charge record" in message, message
+
+
+# -- values at the project's own bound, and strings full of commas -------------------------------
+
+
+async def test_a_second_kubectl_apply_of_a_kubernetes_with_values_at_the_bound_is_admitted(
+    kubeconfig: Path, client: KubeClient
+) -> None:
+    # Helm values for an addon, 19,980 entries (the values bound is 20,000), applied with
+    # kubectl: the object carries itself as last-applied-configuration, and the API server
+    # lists every map key in managedFields. The second apply's review (object and oldObject)
+    # was refused with 413, "more than 120000 JSON values (about 162232)".
+    override = {f"rule{i:04d}": {f"k{j:02d}": f"v{j}" for j in range(17)} for i in range(1_110)}
+    addon = {"enabled": True, "valuesOverride": override}
+    cluster = {
+        "apiVersion": "apps.cozystack.io/v1alpha1",
+        "kind": "Kubernetes",
+        "metadata": {"name": "helm-heavy", "namespace": TENANT_NAMESPACE},
+        "spec": {"addons": {"monitoringAgents": addon}},
+    }
+    await _kubectl(kubeconfig, "apply", "-f", "-", stdin=json.dumps(cluster))
+    override["rule0000"]["k00"] = "changed"
+    await _kubectl(kubeconfig, "apply", "-f", "-", stdin=json.dumps(cluster))
+    stored = await client.get(KUBERNETESES, TENANT_NAMESPACE, "helm-heavy")
+    addons = stored["spec"]["addons"]["monitoringAgents"]
+    assert addons["valuesOverride"]["rule0000"]["k00"] == "changed"
+    assert CHARGE_ANNOTATION in annotations_of(stored)
+
+
+async def test_an_update_of_a_vm_whose_cloud_init_writes_a_json_file_is_admitted(
+    client: KubeClient,
+) -> None:
+    # A cloud-init writing a JSON file of 75,000 numbers (225 KB): the UPDATE's review holds
+    # 150,000 commas, every one inside a string. It was refused with 413, "more than 120000
+    # JSON values (about 150000)".
+    content = json.dumps([index % 10 for index in range(75_000)])
+    cloud_init = f"#cloud-config\nwrite_files:\n- path: /etc/app.json\n  content: '{content}'\n"
+    stored = await client.create(VMINSTANCES, vm("configured", {}, cloudInit=cloud_init))
+    stored["spec"]["instanceType"] = "u1.small"
+    updated = await client.replace(VMINSTANCES, stored)
+    assert updated["spec"]["instanceType"] == "u1.small"
+    assert updated["spec"]["cloudInit"] == cloud_init
