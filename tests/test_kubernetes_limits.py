@@ -36,6 +36,7 @@ pytestmark = pytest.mark.kube
 VMINSTANCES = ResourceRef("apps.cozystack.io", "v1alpha1", "vminstances")
 KUBERNETESES = ResourceRef("apps.cozystack.io", "v1alpha1", "kuberneteses")
 TENANT_NAMESPACE = "tenant-acme"
+SMALL_NAMESPACE = "tenant-small"
 SKIPPED_NAMESPACE = "cozy-reservation"  # neither configuration calls the webhook here
 ANNOTATIONS_LIMIT = 262_144  # all of an object's annotations, keys and values, in bytes
 
@@ -48,13 +49,14 @@ def kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         kubectl(config, "wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
         namespaces = [
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
-            for name in (SKIPPED_NAMESPACE, "tenant-root", TENANT_NAMESPACE)
+            for name in (SKIPPED_NAMESPACE, "tenant-root", TENANT_NAMESPACE, SMALL_NAMESPACE)
         ]
         budget = {"cpu": "1000", "memory": "1000Gi", "storage": "100Ti"}
         documents = [
             *namespaces,
             *write_path.platform_documents(),
             tenant("tenant-root", "acme", budget),
+            tenant("tenant-root", "small", {"cpu": "2", "memory": "2Gi"}),  # two u1.micro VMs
         ]
         kubectl(config, "create", "-f", "-", stdin=yaml.safe_dump_all(documents))
         yield config
@@ -104,7 +106,13 @@ async def client(
 
 
 async def _kubectl(kubeconfig: Path, *arguments: str, stdin: str = "") -> None:
-    """kubectl without blocking the loop the replica serves on."""
+    """kubectl without blocking the loop the replica serves on; it must succeed."""
+    code, err = await _kubectl_run(kubeconfig, *arguments, stdin=stdin)
+    assert code == 0, err[-600:]  # its last lines: the reason
+
+
+async def _kubectl_run(kubeconfig: Path, *arguments: str, stdin: str = "") -> tuple[int, str]:
+    """kubectl without blocking the loop the replica serves on: its exit code and stderr."""
     process = await asyncio.create_subprocess_exec(
         "kubectl",
         "--kubeconfig",
@@ -115,7 +123,7 @@ async def _kubectl(kubeconfig: Path, *arguments: str, stdin: str = "") -> None:
         stderr=asyncio.subprocess.PIPE,
     )
     _, err = await process.communicate(stdin.encode())
-    assert process.returncode == 0, err.decode()[-600:]  # its last lines: the reason
+    return int(process.returncode or 0), err.decode()
 
 
 @pytest.fixture
@@ -252,3 +260,23 @@ async def test_an_update_of_a_vm_whose_cloud_init_writes_a_json_file_is_admitted
     updated = await client.replace(VMINSTANCES, stored)
     assert updated["spec"]["instanceType"] == "u1.small"
     assert updated["spec"]["cloudInit"] == cloud_init
+
+
+# -- an object etcd cannot store --------------------------------------------------------------
+
+
+async def test_a_vm_too_large_for_etcd_is_refused_by_the_webhook_and_holds_nothing(
+    kubeconfig: Path, client: KubeClient
+) -> None:
+    # kube-apiserver takes request bodies up to 3 MiB; etcd stores at most 1.5 MiB. A create
+    # past that was admitted, and admitted again when the API server retried it without
+    # managedFields, both held: the tenant saw "etcdserver: request is too large" (500), and its
+    # 2Gi pool, with nothing stored, refused its next u1.micro VM for the grace period.
+    big = vm("too-large", {}, SMALL_NAMESPACE, cloudInit="x" * 1_600_000)
+    code, err = await _kubectl_run(kubeconfig, "create", "-f", "-", stdin=json.dumps(big))
+    assert code != 0
+    assert "tenant reservations:" in err, err[-600:]
+    assert "1572864" in err, err[-600:]
+    for name in ("first", "second"):  # the pool's whole budget, at once
+        stored = await client.create(VMINSTANCES, vm(name, {}, SMALL_NAMESPACE))
+        assert CHARGE_ANNOTATION in annotations_of(stored)

@@ -31,7 +31,8 @@ from webhook.admission.ledger.entries import listed_size, size
 from webhook.admission.ledger.shares import Room
 from webhook.core.admission.reviews import parse_review
 from webhook.core.base.json_codec import encode_json
-from webhook.kube.client import ETCD_MAX_REQUEST_BYTES, MAX_WATCH_EVENT_BYTES
+from webhook.core.base.kube_limits import ETCD_MAX_REQUEST_BYTES
+from webhook.kube.client import MAX_WATCH_EVENT_BYTES
 
 OTHER = "tenant-other"
 NAMESPACE = 63  # a namespace is a DNS-1123 label

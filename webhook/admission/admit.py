@@ -26,6 +26,7 @@ from webhook.core.admission.decisions import (
 )
 from webhook.core.admission.reviews import AdmissionRequest, parse_review, review_response
 from webhook.core.admission.state import ReservationState
+from webhook.core.admission.storable import unstorable
 from webhook.core.admission.warn_caps import explain_cap, warn_cap, with_cap_warning
 from webhook.core.capacity.guard import QuotaBook, guard_warning
 from webhook.core.capacity.room import RoomBook, room_warning
@@ -99,6 +100,10 @@ class Admission:
         return self._state()
 
     async def validate(self, request: AdmissionRequest) -> Decision:
+        if self.policy.mode_for(request.kind) != "off":  # off holds nothing
+            too_large = unstorable(request)
+            if too_large is not None:
+                return replace(too_large, kind=request.kind)
         await self.know_keys(request)
         if self.reserver is not None:
             decision = existing(request, self.state, self.policy) or await self.reserver.admit(

@@ -16,11 +16,10 @@ from collections.abc import Iterable, Mapping
 from typing import Final
 
 from webhook.core.admission.answers import Decision, invalid
+from webhook.core.base.kube_limits import ANNOTATIONS_LIMIT_BYTES
 
 __all__ = ["ANNOTATIONS_LIMIT_BYTES", "annotation_bytes", "beyond_annotation_limit"]
 
-# k8s.io/apimachinery/pkg/api/validation: TotalAnnotationSizeLimitB.
-ANNOTATIONS_LIMIT_BYTES: Final = 256 * 1024
 _PREFIX: Final = "/metadata/annotations/"
 
 
