@@ -8,6 +8,10 @@ of the limit the patched object was refused with a message about annotations the
 kept in bounds. The patch is measured here first: a write it would push past the limit is
 denied, saying what the record needs and how much the tenant's annotations take. An object
 already past the limit is left to the API server, whose message is then the right one.
+
+cozystack-api stores an application as a HelmRelease whose annotations are the application's,
+each key under ``apps.cozystack.io-`` (18 bytes more each), and the HelmRelease is held to the
+same limit ("failed to create HelmRelease: ... Too long"): the patch is measured that way too.
 """
 
 from __future__ import annotations
@@ -17,10 +21,13 @@ from typing import Final
 
 from webhook.core.admission.answers import Decision, invalid
 from webhook.core.base.kube_limits import ANNOTATIONS_LIMIT_BYTES
+from webhook.core.tenancy.applications import USER_PREFIX
 
 __all__ = ["ANNOTATIONS_LIMIT_BYTES", "annotation_bytes", "beyond_annotation_limit"]
 
 _PREFIX: Final = "/metadata/annotations/"
+_RELEASE_PREFIX: Final = len(USER_PREFIX)  # what cozystack-api adds to each key
+_ON_RELEASE: Final = f", each key under {USER_PREFIX} on the HelmRelease cozystack-api stores"
 
 
 def annotation_bytes(annotations: Mapping[str, object]) -> int:
@@ -35,32 +42,32 @@ def beyond_annotation_limit(
     obj: Mapping[str, object], operations: Iterable[Mapping[str, object]]
 ) -> Decision | None:
     """The denial of a write whose annotations ``operations`` (the mutating side's JSONPatch)
-    take past :data:`ANNOTATIONS_LIMIT_BYTES`, or ``None``: they fit, or were already past it."""
+    take past :data:`ANNOTATIONS_LIMIT_BYTES`, on the object or on the HelmRelease cozystack-api
+    stores it as, or ``None``: they fit, or were already past it."""
     metadata = obj.get("metadata")
     found = metadata.get("annotations") if isinstance(metadata, Mapping) else None
     before: Mapping[str, object] = found if isinstance(found, Mapping) else {}
     after = _patched(before, operations)
     # Characters are never more than bytes, and a character is at most four of them.
-    if 4 * _chars(after) <= ANNOTATIONS_LIMIT_BYTES:
+    if 4 * _chars(after) + _RELEASE_PREFIX * len(after) <= ANNOTATIONS_LIMIT_BYTES:
         return None
-    needed = annotation_bytes(after)
-    if needed <= ANNOTATIONS_LIMIT_BYTES:
-        return None
-    written = annotation_bytes(before)
-    if written > ANNOTATIONS_LIMIT_BYTES:
-        return None  # refused by the API server, for annotations past the limit as written
     ours = {key: value for key, value in after.items() if before.get(key) != value}
-    record = annotation_bytes(ours)
-    kept = annotation_bytes({key: value for key, value in before.items() if key not in ours})
-    replaced = f" (with the record they replace, {written})" if kept != written else ""
-    return invalid(
-        "metadata.annotations",
-        f"tenant reservations: the charge record this webhook writes on every application "
-        f"({record} bytes with its key) does not fit beside the object's other annotations: "
-        f"they take {kept} bytes{replaced}, and Kubernetes stores at most "
-        f"{ANNOTATIONS_LIMIT_BYTES} bytes of annotations; remove at least "
-        f"{needed - ANNOTATIONS_LIMIT_BYTES} bytes of them",
-    )
+    others = {key: value for key, value in before.items() if key not in ours}
+    for prefix, where in ((0, ""), (_RELEASE_PREFIX, _ON_RELEASE)):
+        needed = _bytes(after, prefix)
+        written = _bytes(before, prefix)
+        if written <= ANNOTATIONS_LIMIT_BYTES < needed:  # past it only with the patch
+            kept = _bytes(others, prefix)
+            replaced = f" (with the record they replace, {written})" if kept != written else ""
+            return invalid(
+                "metadata.annotations",
+                f"tenant reservations: the charge record this webhook writes on every "
+                f"application ({_bytes(ours, prefix)} bytes with its key{where}) does not fit "
+                f"beside the object's other annotations: they take {kept} bytes{replaced}, and "
+                f"Kubernetes stores at most {ANNOTATIONS_LIMIT_BYTES} bytes of annotations; "
+                f"remove at least {needed - ANNOTATIONS_LIMIT_BYTES} bytes of them",
+            )
+    return None
 
 
 def _patched(
@@ -82,6 +89,10 @@ def _patched(
             else:
                 result[key] = operation.get("value")
     return result
+
+
+def _bytes(annotations: Mapping[str, object], prefix: int) -> int:
+    return annotation_bytes(annotations) + prefix * len(annotations)
 
 
 def _chars(annotations: Mapping[str, object]) -> int:
