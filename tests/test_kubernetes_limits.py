@@ -35,6 +35,7 @@ pytestmark = pytest.mark.kube
 
 VMINSTANCES = ResourceRef("apps.cozystack.io", "v1alpha1", "vminstances")
 KUBERNETESES = ResourceRef("apps.cozystack.io", "v1alpha1", "kuberneteses")
+TENANTS = ResourceRef("apps.cozystack.io", "v1alpha1", "tenants")
 TENANT_NAMESPACE = "tenant-acme"
 SMALL_NAMESPACE = "tenant-small"
 SKIPPED_NAMESPACE = "cozy-reservation"  # neither configuration calls the webhook here
@@ -280,3 +281,49 @@ async def test_a_vm_too_large_for_etcd_is_refused_by_the_webhook_and_holds_nothi
     for name in ("first", "second"):  # the pool's whole budget, at once
         stored = await client.create(VMINSTANCES, vm(name, {}, SMALL_NAMESPACE))
         assert CHARGE_ANNOTATION in annotations_of(stored)
+
+
+# -- sub-tenant budgets at the project's own bound --------------------------------------------
+
+
+def plurals() -> list[str]:
+    return sorted(
+        str(document["spec"]["application"]["plural"])
+        for document in write_path.platform_documents()
+        if document["kind"] == "ApplicationDefinition"
+    )
+
+
+async def test_a_sub_tenant_limiting_how_many_of_every_kind_it_holds_is_admitted(
+    client: KubeClient,
+) -> None:
+    # A count of each of the 31 kinds and six resources: 37 keys, of the 64 a budget may hold.
+    # Its ledger entry (the budget as the charge it is expected to carry) passed 1 KiB, and
+    # the Tenant was refused for good: "the request's ledger entry exceeds 1024 bytes".
+    budget = {f"count/{plural}.apps.cozystack.io": "10" for plural in plurals()}
+    budget.update(
+        {
+            "cpu": "16",
+            "memory": "64Gi",
+            "storage": "1Ti",
+            "ephemeral-storage": "100Gi",
+            "services.loadbalancers": "2",
+            "nvidia.com/gpu": "4",
+        }
+    )
+    stored = await client.create(TENANTS, tenant(TENANT_NAMESPACE, "counted", budget))
+    assert stored["spec"]["resourceQuotas"] == budget
+
+
+async def test_a_sub_tenant_with_sixty_four_budget_keys_of_the_longest_names_is_admitted(
+    client: KubeClient,
+) -> None:
+    # The bound on a budget's keys (64), 61 of them the longest the tenant chart can render into a
+    # ResourceQuota: a 244-character DNS prefix (253 once rendered as "requests.<key>"), "/",
+    # a 63-character name.
+    prefix = ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 52])
+    assert len(prefix) == 244
+    budget = {f"{prefix}/{index:02d}{'g' * 61}": "1000" for index in range(61)}
+    budget.update({"cpu": "16", "memory": "64Gi", "storage": "1Ti"})  # what the pool limits
+    stored = await client.create(TENANTS, tenant(TENANT_NAMESPACE, "widest", budget))
+    assert stored["spec"]["resourceQuotas"] == budget

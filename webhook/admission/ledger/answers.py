@@ -125,10 +125,10 @@ def behind(pool: str) -> Decision:
     )
 
 
-def too_large() -> Decision:
+def too_large(limit: int = bounds.MAX_ENTRY_BYTES) -> Decision:
     return errored(
         400,
         "BadRequest",
         "invalid",
-        f"tenant reservations: the request's ledger entry exceeds {bounds.MAX_ENTRY_BYTES} bytes",
+        f"tenant reservations: the request's ledger entry exceeds {limit} bytes",
     )

@@ -206,8 +206,8 @@ class Caps:
             "counted": rl.to_strings(cap.counted),
             "expires": expiry(book.clock() + settings.grace_seconds),
         }
-        if size(raw) > bounds.MAX_ENTRY_BYTES:
-            return answers.too_large()
+        if size(raw) > bounds.MAX_CAP_BYTES:
+            return answers.too_large(bounds.MAX_CAP_BYTES)
         async with book.locked([pool]):
             for _ in range(settings.attempts):
                 try:
