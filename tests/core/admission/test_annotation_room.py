@@ -115,3 +115,16 @@ def test_a_record_replacing_a_longer_one_is_measured_by_what_it_leaves() -> None
     denied = beyond_annotation_limit(obj, grown)
     assert denied is not None
     assert "remove at least 103 bytes" in denied.message
+
+
+def test_in_warn_mode_a_vm_without_room_for_the_record_is_stored_without_it_and_warned() -> None:
+    # warn blocks nothing: the write goes on as the tenant wrote it, told what enforce answers.
+    notes = filled(ANNOTATIONS_LIMIT_BYTES - 10)
+    review = request("VMInstance", "tenant-acme", "vm", VM, annotations=notes)
+    decision = mutate(review, CURRENT, Policy(mode="warn"))
+    assert decision.allowed
+    assert decision.outcome == "warned"
+    (warning,) = decision.warnings
+    assert warning.startswith("would be denied: tenant reservations: the charge record")
+    assert patched(review.object or {}, decision.response()) == notes  # no record written
+    assert not mutate(review, CURRENT, Policy()).allowed  # what enforce answers

@@ -6,8 +6,10 @@ checks after the mutating webhooks. The charge record written on every applicati
 hundred bytes (more with many volumes), so on an object whose own annotations come within that
 of the limit the patched object was refused with a message about annotations the tenant had
 kept in bounds. The patch is measured here first: a write it would push past the limit is
-denied, saying what the record needs and how much the tenant's annotations take. An object
-already past the limit is left to the API server, whose message is then the right one.
+denied, saying what the record needs and how much the tenant's annotations take. In warn mode
+nothing is blocked: the write goes on without the record (priced as it stands, as one without a
+record always is), kubectl warned of what enforce would answer. An object already past the
+limit is left to the API server, whose message is then the right one.
 
 cozystack-api stores an application as a HelmRelease whose annotations are the application's,
 each key under ``apps.cozystack.io-`` (18 bytes more each), and the HelmRelease is held to the
@@ -19,11 +21,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Final
 
-from webhook.core.admission.answers import Decision, invalid
+from webhook.core.admission.answers import Decision, fit, invalid
+from webhook.core.admission.modes import Mode
 from webhook.core.base.kube_limits import ANNOTATIONS_LIMIT_BYTES
 from webhook.core.tenancy.applications import USER_PREFIX
 
-__all__ = ["ANNOTATIONS_LIMIT_BYTES", "annotation_bytes", "beyond_annotation_limit"]
+__all__ = ["ANNOTATIONS_LIMIT_BYTES", "annotation_bytes", "beyond_annotation_limit", "left_off"]
 
 _PREFIX: Final = "/metadata/annotations/"
 _RELEASE_PREFIX: Final = len(USER_PREFIX)  # what cozystack-api adds to each key
@@ -68,6 +71,23 @@ def beyond_annotation_limit(
                 f"remove at least {needed - ANNOTATIONS_LIMIT_BYTES} bytes of them",
             )
     return None
+
+
+def left_off(
+    denial: Decision, operations: Iterable[Mapping[str, object]], *, kind: str, mode: Mode
+) -> Decision:
+    """What a mode that blocks nothing answers instead of ``denial``: the patch without the
+    record (the removals it makes, which only shrink the annotations), and a warning."""
+    removals = tuple(operation for operation in operations if operation.get("op") == "remove")
+    return Decision(
+        allowed=True,
+        outcome="warned",
+        reason="record-left-off",
+        kind=kind,
+        mode=mode,
+        warnings=(fit(f"would be denied: {denial.message}"),),
+        patch=removals,
+    )
 
 
 def _patched(

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from webhook.core.admission.annotation_room import beyond_annotation_limit
+from webhook.core.admission.annotation_room import beyond_annotation_limit, left_off
 from webhook.core.admission.answers import (
     BAD_BUDGET_KEY,
     CHARGE_POINTER,
@@ -223,7 +223,8 @@ def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -
 
     It denies only a write its patch would take past the 256 KiB Kubernetes allows all
     annotations (:mod:`webhook.core.admission.annotation_room`), which the API server would
-    refuse naming the tenant's annotations; the validating side decides. Whatever the mode,
+    refuse naming the tenant's annotations, and only in enforce (in warn the record is left off,
+    with a warning); the validating side decides. Whatever the mode,
     only two charge records survive it: the stored object's own record carried unchanged (an
     UPDATE whose values it still verifies for), and the record computed for this request,
     which replaces anything else (forged, copied, replayed, minted by a dry run); with no
@@ -277,10 +278,12 @@ def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -
     if not operations:
         reason = "charge already recorded" if recorded else "no reservation recorded"
         return skipped("signed record kept" if carried else reason, kind=request.kind)
-    # In every mode: past the limit, the API server refuses the object whatever is answered.
     beyond = beyond_annotation_limit(request.object, operations)
     if beyond is not None:
-        return replace(beyond, kind=request.kind, mode=policy.mode_for(request.kind))
+        mode = policy.mode_for(request.kind)
+        if mode == "enforce":
+            return replace(beyond, kind=request.kind)
+        return left_off(beyond, operations, kind=request.kind, mode=mode)
     return Decision(
         allowed=True,
         outcome="allowed",
