@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final, Protocol
 
+from webhook.core.admission.answers import finish
 from webhook.core.admission.decisions import (
     WARNING_LIMIT,
     Decision,
@@ -100,10 +101,11 @@ class Admission:
         return self._state()
 
     async def validate(self, request: AdmissionRequest) -> Decision:
-        if self.policy.mode_for(request.kind) != "off":  # off holds nothing
+        mode = self.policy.mode_for(request.kind)
+        if mode != "off":  # off holds nothing; warn allows it, warned, and holds nothing either
             too_large = unstorable(request)
             if too_large is not None:
-                return replace(too_large, kind=request.kind)
+                return finish(mode, too_large, request)
         await self.know_keys(request)
         if self.reserver is not None:
             decision = existing(request, self.state, self.policy) or await self.reserver.admit(

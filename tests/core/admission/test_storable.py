@@ -65,3 +65,18 @@ def test_the_api_server_never_writes_an_object_shorter_than_it_is_measured() -> 
     go_like = '{"a":"\\u003c\\u0026\\u003e","b":1.5e-07,"c":1e+21,"d":"ü"}'
     assert json.loads(go_like) == value
     assert len(encode_json(value)) <= len(go_like.encode())
+
+
+async def test_in_warn_mode_a_vm_too_large_to_store_is_allowed_warned_and_holds_nothing() -> None:
+    admission = Admission(state({"tenant-acme": {"memory": "1Gi"}}), Policy(mode="warn"))
+    big = request(
+        "VMInstance", "tenant-acme", "big", {"instanceType": "u1.micro", "cloudInit": "x" * 2**21}
+    )
+    warned = await admission.validate(big)
+    assert warned.allowed  # warn blocks nothing: the API server refuses it for its size
+    assert warned.outcome == "warned"
+    assert warned.warnings[0].startswith("would be denied: tenant reservations: this VMInstance")
+    small = request("VMInstance", "tenant-acme", "small", {"instanceType": "u1.micro"})
+    fits = await admission.validate(small)
+    assert fits.allowed
+    assert fits.outcome == "allowed"  # not "warned": the pool counted nothing for the big one
