@@ -128,3 +128,12 @@ def test_in_warn_mode_a_vm_without_room_for_the_record_is_stored_without_it_and_
     assert warning.startswith("would be denied: tenant reservations: the charge record")
     assert patched(review.object or {}, decision.response()) == notes  # no record written
     assert not mutate(review, CURRENT, Policy()).allowed  # what enforce answers
+
+
+def test_a_record_past_the_limit_on_its_own_asks_for_shorter_item_names_not_fewer_notes() -> None:
+    obj = {"metadata": {"annotations": {"note": "x"}}}
+    operations = [{"op": "add", "path": "/metadata/annotations/r", "value": "m" * 300_000}]
+    denied = beyond_annotation_limit(obj, operations)
+    assert denied is not None
+    assert "remove at least" not in denied.message
+    assert "shorten the names of the values' items" in denied.message

@@ -60,15 +60,21 @@ def beyond_annotation_limit(
         needed = _bytes(after, prefix)
         written = _bytes(before, prefix)
         if written <= ANNOTATIONS_LIMIT_BYTES < needed:  # past it only with the patch
-            kept = _bytes(others, prefix)
+            kept, record = _bytes(others, prefix), _bytes(ours, prefix)
             replaced = f" (with the record they replace, {written})" if kept != written else ""
+            excess = needed - ANNOTATIONS_LIMIT_BYTES
+            fix = (
+                f"remove at least {excess} bytes of them"
+                if excess <= kept
+                # A record keeps a volume mark per forEach item, named by the item's key.
+                else "the record alone does not fit: shorten the names of the values' items"
+            )
             return invalid(
                 "metadata.annotations",
                 f"tenant reservations: the charge record this webhook writes on every "
-                f"application ({_bytes(ours, prefix)} bytes with its key{where}) does not fit "
-                f"beside the object's other annotations: they take {kept} bytes{replaced}, and "
-                f"Kubernetes stores at most {ANNOTATIONS_LIMIT_BYTES} bytes of annotations; "
-                f"remove at least {needed - ANNOTATIONS_LIMIT_BYTES} bytes of them",
+                f"application ({record} bytes with its key{where}) does not fit beside the "
+                f"object's other annotations: they take {kept} bytes{replaced}, and Kubernetes "
+                f"stores at most {ANNOTATIONS_LIMIT_BYTES} bytes of annotations; {fix}",
             )
     return None
 
