@@ -20,12 +20,13 @@ import pytest
 import yaml
 
 from benchmarks import write_path
-from tests.builders import ROOT
+from tests.builders import ROOT, review
 from tests.cluster import kube_client, tenant
 from tests.realkube import kubectl, real_apiserver
 from tests.test_large_objects import stand_ins
 from tests.test_live import Caller, certs, replica, wait_ready
 from tests.waiting import eventually_async
+from webhook.admission.ledger.entries import TENANT_RESERVATIONS
 from webhook.core.tenancy.applications import CHARGE_ANNOTATION
 from webhook.kube.client import ApiError, KubeClient, ResourceRef
 
@@ -36,6 +37,7 @@ pytestmark = pytest.mark.kube
 VMINSTANCES = ResourceRef("apps.cozystack.io", "v1alpha1", "vminstances")
 KUBERNETESES = ResourceRef("apps.cozystack.io", "v1alpha1", "kuberneteses")
 TENANTS = ResourceRef("apps.cozystack.io", "v1alpha1", "tenants")
+NAMESPACES = ResourceRef("", "v1", "namespaces", namespaced=False)
 TENANT_NAMESPACE = "tenant-acme"
 SMALL_NAMESPACE = "tenant-small"
 SKIPPED_NAMESPACE = "cozy-reservation"  # neither configuration calls the webhook here
@@ -327,3 +329,40 @@ async def test_a_sub_tenant_with_sixty_four_budget_keys_of_the_longest_names_is_
     budget.update({"cpu": "16", "memory": "64Gi", "storage": "1Ti"})  # what the pool limits
     stored = await client.create(TENANTS, tenant(TENANT_NAMESPACE, "widest", budget))
     assert stored["spec"]["resourceQuotas"] == budget
+
+
+async def test_in_warn_mode_a_sub_tenant_over_its_parents_count_of_every_kind_is_allowed_capped(
+    kubeconfig: Path, certs: Path, caller: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # warn (the shipped default) blocks nothing: a sub-tenant over its parent's budget is
+    # allowed and capped at what it counted before, the cap listed in the parent's ledger. A
+    # cap of the 31 counts passed the 1 KiB a cap was held to, and the Tenant was refused with
+    # 400 "the request's ledger entry exceeds 1024 bytes".
+    monkeypatch.setenv("WEBHOOK_CERTS", "cert-manager")
+    counts = {f"count/{plural}.apps.cozystack.io": "1" for plural in plurals()}
+    parent = {**counts, "cpu": "100", "memory": "100Gi", "storage": "10Ti"}
+    async with (
+        replica(kubeconfig, certs, watch_read_timeout=5.0, mode="warn") as webhook,
+        kube_client(kubeconfig) as client,
+    ):
+        await wait_ready(caller, webhook.port, timeout=60.0)
+        namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "tenant-capper"}}
+        await client.create(NAMESPACES, namespace)  # the tenant chart makes it, with its ledger's
+        await client.create(TENANTS, tenant("tenant-root", "capper", parent))
+        over = review(
+            "Tenant",
+            "tenant-capper",
+            "over",
+            {"resourceQuotas": dict.fromkeys(counts, "100")},
+            uid="over-every-count",
+        )
+
+        async def capped() -> bool:
+            answer = await caller.validate(webhook.port, over)
+            assert answer["allowed"], answer  # never a refusal, in warn
+            capping = "not reserved: pool tenant-capper counts this quota as"
+            return any(w.startswith(capping) for w in answer.get("warnings", []))
+
+        await eventually_async(capped, 30)
+        ledger = await client.get(TENANT_RESERVATIONS, "tenant-capper", "tenant-capper")
+        assert "tenant-capper-over" in ledger["status"]["capped"]

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from tests.admission.test_ledger import POOL, Cluster, Replica, create
 from tests.builders import review
 from webhook.admission.ledger.bounds import (
-    MAX_CAP_BYTES,
     MAX_CAPS,
+    MAX_CAPS_BYTES,
     MAX_ENTRY_BYTES,
     MAX_OBJECT_BYTES,
     MAX_PENDING_BYTES,
@@ -189,7 +189,8 @@ def test_what_a_room_lets_in_never_passes_the_pools_bytes_nor_a_tenants_share(
 
 
 def test_every_part_of_a_ledger_object_fits_its_bound_and_the_whole_what_is_read_back() -> None:
-    caps = MAX_CAPS * (MAX_CAP_BYTES + NAMESPACE + 6)  # each cap keyed by its namespace
+    caps = MAX_CAPS_BYTES  # all of them, each keyed by its namespace
+    assert MAX_CAPS * (1_024 + NAMESPACE + 6) <= MAX_CAPS_BYTES, "200 caps of 1 KiB fit"
     rest = 65_536  # metadata, the removal counts by kind
     assert MAX_PENDING_BYTES + caps + MAX_SUMMARY_BYTES + rest <= MAX_OBJECT_BYTES
     assert MAX_OBJECT_BYTES * 3 // 2 <= ETCD_MAX_REQUEST_BYTES, "a third under etcd's limit"
