@@ -296,12 +296,37 @@ def plurals() -> list[str]:
     )
 
 
+async def created_under(
+    client: KubeClient, parent: str, budget: dict[str, str], name: str, sub: dict[str, str]
+) -> dict[str, Any]:
+    """Tenant ``parent`` (under the root, its namespace made as the tenant chart makes it) with
+    ``budget``, then sub-tenant ``name`` in it with ``sub``, once the webhook knows the parent."""
+    namespace = f"tenant-{parent}"
+    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+    await client.create(NAMESPACES, body)
+    await client.create(TENANTS, tenant("tenant-root", parent, budget))
+    stored: dict[str, Any] = {}
+
+    async def created() -> bool:
+        try:
+            stored.update(await client.create(TENANTS, tenant(namespace, name, sub)))
+        except ApiError as exc:
+            if exc.status != 503:  # its parent not known yet: nothing else is waited out
+                raise
+            return False
+        return True
+
+    await eventually_async(created, 30)
+    return stored
+
+
 async def test_a_sub_tenant_limiting_how_many_of_every_kind_it_holds_is_admitted(
     client: KubeClient,
 ) -> None:
-    # A count of each of the 31 kinds and six resources: 37 keys, of the 64 a budget may hold.
-    # Its ledger entry (the budget as the charge it is expected to carry) passed 1 KiB, and
-    # the Tenant was refused for good: "the request's ledger entry exceeds 1024 bytes".
+    # A count of each of the 31 kinds and six resources: 37 keys, of the 64 a budget may hold,
+    # in a pool that bounds them all. Its ledger entry there (the keys the pool bounds, as the
+    # charge it is expected to carry) passed 1 KiB, and the Tenant was refused for good: "the
+    # request's ledger entry exceeds 1024 bytes".
     budget = {f"count/{plural}.apps.cozystack.io": "10" for plural in plurals()}
     budget.update(
         {
@@ -313,21 +338,24 @@ async def test_a_sub_tenant_limiting_how_many_of_every_kind_it_holds_is_admitted
             "nvidia.com/gpu": "4",
         }
     )
-    stored = await client.create(TENANTS, tenant(TENANT_NAMESPACE, "counted", budget))
+    parent = dict.fromkeys(budget, "1000") | {"memory": "1000Gi", "storage": "100Ti"}
+    parent["ephemeral-storage"] = "1000Gi"
+    stored = await created_under(client, "counter", parent, "counted", budget)
     assert stored["spec"]["resourceQuotas"] == budget
 
 
 async def test_a_sub_tenant_with_sixty_four_budget_keys_of_the_longest_names_is_admitted(
     client: KubeClient,
 ) -> None:
-    # The bound on a budget's keys (64), 61 of them the longest the tenant chart can render into a
-    # ResourceQuota: a 244-character DNS prefix (253 once rendered as "requests.<key>"), "/",
-    # a 63-character name.
+    # The bound on a budget's keys (64), 61 of them the longest the tenant chart can render into
+    # a ResourceQuota (a 244-character DNS prefix, 253 once rendered as "requests.<key>", "/",
+    # a 63-character name), in a pool that bounds them all.
     prefix = ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 52])
     assert len(prefix) == 244
     budget = {f"{prefix}/{index:02d}{'g' * 61}": "1000" for index in range(61)}
-    budget.update({"cpu": "16", "memory": "64Gi", "storage": "1Ti"})  # what the pool limits
-    stored = await client.create(TENANTS, tenant(TENANT_NAMESPACE, "widest", budget))
+    budget.update({"cpu": "16", "memory": "64Gi", "storage": "1Ti"})
+    parent = dict.fromkeys(budget, "100000") | {"memory": "1000Gi", "storage": "100Ti"}
+    stored = await created_under(client, "widener", parent, "widest", budget)
     assert stored["spec"]["resourceQuotas"] == budget
 
 
