@@ -20,6 +20,7 @@ from xdist.scheduler import LoadScopeScheduling
 SHARED_SERVERS: Final = (
     "tests/cozystack_api/",
     "tests/core/tenancy/test_budget_keys_kubernetes.py",
+    "tests/test_kubernetes_limits.py",
 )
 SHARED_SERVERS_UNIT: Final = "real servers shared by a module's tests"
 

@@ -21,17 +21,22 @@ from tests.admission.test_ledger import POOL, Cluster, Replica, create
 from tests.builders import review
 from webhook.admission.ledger.bounds import (
     MAX_CAPS,
+    MAX_CAPS_BYTES,
     MAX_ENTRY_BYTES,
     MAX_OBJECT_BYTES,
     MAX_PENDING_BYTES,
     MAX_SUMMARY_BYTES,
+    REVISION_BYTES,
     LedgerSettings,
 )
 from webhook.admission.ledger.entries import listed_size, size
 from webhook.admission.ledger.shares import Room
 from webhook.core.admission.reviews import parse_review
 from webhook.core.base.json_codec import encode_json
-from webhook.kube.client import ETCD_MAX_REQUEST_BYTES, MAX_WATCH_EVENT_BYTES
+from webhook.core.base.kube_limits import ETCD_MAX_REQUEST_BYTES
+from webhook.core.base.quantities import MAX_DIGITS
+from webhook.core.tenancy.counts import MAX_BUDGET_KEYS, MAX_KEY_CHARS
+from webhook.kube.client import MAX_WATCH_EVENT_BYTES
 
 OTHER = "tenant-other"
 NAMESPACE = 63  # a namespace is a DNS-1123 label
@@ -184,7 +189,8 @@ def test_what_a_room_lets_in_never_passes_the_pools_bytes_nor_a_tenants_share(
 
 
 def test_every_part_of_a_ledger_object_fits_its_bound_and_the_whole_what_is_read_back() -> None:
-    caps = MAX_CAPS * (MAX_ENTRY_BYTES + NAMESPACE + 6)  # each cap keyed by its namespace
+    caps = MAX_CAPS_BYTES  # all of them, each keyed by its namespace
+    assert MAX_CAPS * (1_024 + NAMESPACE + 6) <= MAX_CAPS_BYTES, "200 caps of 1 KiB fit"
     rest = 65_536  # metadata, the removal counts by kind
     assert MAX_PENDING_BYTES + caps + MAX_SUMMARY_BYTES + rest <= MAX_OBJECT_BYTES
     assert MAX_OBJECT_BYTES * 3 // 2 <= ETCD_MAX_REQUEST_BYTES, "a third under etcd's limit"
@@ -233,3 +239,27 @@ def test_an_entry_measured_in_an_earlier_batch_counts_what_it_takes_now_never_le
     grown = [{**stamped[0], "replica": "r" * 500, "expires": "e2"}, *stamped[1:]]
     again = Room(POOL, grown, settings_, reused.sizes)
     assert again.bytes == reused.bytes - reused.sizes["u0"][2] + listed_size(grown[0])
+
+
+def test_the_entry_of_a_sub_tenant_with_the_widest_budget_fits_one_entry_and_a_share() -> None:
+    # A sub-tenant's entry carries its budget twice (what it adds, what it is expected to show):
+    # 64 keys of the longest a budget takes, each with a quantity of the most digits parsed, in
+    # the longest namespace, under the longest name, written by the longest replica name. At
+    # 1 KiB a budget counting each of the 31 kinds was refused for good.
+    budget = {
+        f"{index:02d}{'k' * (MAX_KEY_CHARS - 2)}": "9" * MAX_DIGITS + "Ei"
+        for index in range(MAX_BUDGET_KEYS)
+    }
+    entry = {
+        "id": "u" * UID,
+        "application": f"KubernetesNodes/{'n' * NAMESPACE}/{'x' * NAME}",
+        "charge": budget,
+        "expected": {key: value + "0" for key, value in budget.items()},
+        "expires": "2026-12-02T07:40:00.000000Z",
+        "replica": "r" * NAME,
+        "update": True,
+        "revision": "9" * REVISION_BYTES,
+    }
+    assert size(entry) <= MAX_ENTRY_BYTES
+    settings_ = LedgerSettings(replica="a")
+    assert listed_size(entry) <= settings_.share_bytes_limit <= MAX_PENDING_BYTES

@@ -113,6 +113,19 @@ async def test_a_chunked_body_over_7_mib_gets_413(client: Client) -> None:
     assert response.status == 413
 
 
+async def test_an_update_of_a_vm_whose_cloud_init_holds_a_json_file_is_decided(
+    client: Client,
+) -> None:
+    # A JSON file of 75,000 numbers in each version's cloudInit: 150,000 commas in the review,
+    # all inside strings. It was refused with 413, "more than 120000 JSON values".
+    content = json.dumps([index % 10 for index in range(75_000)])
+    spec = {**VM, "cloudInit": f"#cloud-config\nwrite_files:\n- content: '{content}'\n"}
+    body = review("VMInstance", "tenant-acme", "vm", spec, operation="UPDATE", old_spec=spec)
+    status, answer = await post(client, "/validate", body)
+    assert status == 200
+    assert answer["response"]["allowed"], answer["response"]
+
+
 async def test_validate_answers_with_the_decision_and_the_uid(client: Client) -> None:
     status, body = await post(
         client, "/validate", review("VMInstance", "tenant-acme", "vm", VM, uid="abc")

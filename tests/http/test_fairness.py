@@ -20,7 +20,7 @@ from tests.builders import review, state
 from webhook.admission.admit import Admission
 from webhook.core.admission.decisions import Decision, Policy
 from webhook.core.admission.reviews import AdmissionRequest
-from webhook.http.app import create_app, fairness_key, metrics_key
+from webhook.http.app import MAX_REVIEW_VALUES, create_app, fairness_key, metrics_key
 from webhook.http.fairness import FairAdmission, peek
 from webhook.settings import Settings
 
@@ -260,7 +260,7 @@ async def test_a_body_of_seven_mib_of_empty_lists_is_denied_before_it_is_decoded
     assert not result["allowed"]
     assert result["uid"] == "big"
     assert result["status"]["code"] == 413
-    assert "more than 120000 JSON values" in result["status"]["message"]
+    assert f"more than {MAX_REVIEW_VALUES} JSON values" in result["status"]["message"]
     assert admission.order == []  # never decoded, never decided
 
 

@@ -22,8 +22,8 @@ from tests.apiserver.server import EmulatedAPIServer
 from tests.cluster import kube_client
 from tests.kube.reflecting import THINGS, EmptyList, Mirror, following, reflector, running, thing
 from tests.waiting import eventually
+from webhook.core.base.kube_limits import ETCD_MAX_REQUEST_BYTES
 from webhook.kube.client import (
-    ETCD_MAX_REQUEST_BYTES,
     MAX_WATCH_EVENT_BYTES,
     ApiError,
     KubeClient,

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final, Protocol
 
+from webhook.core.admission.answers import finish
 from webhook.core.admission.decisions import (
     WARNING_LIMIT,
     Decision,
@@ -26,6 +27,7 @@ from webhook.core.admission.decisions import (
 )
 from webhook.core.admission.reviews import AdmissionRequest, parse_review, review_response
 from webhook.core.admission.state import ReservationState
+from webhook.core.admission.storable import unstorable
 from webhook.core.admission.warn_caps import explain_cap, warn_cap, with_cap_warning
 from webhook.core.capacity.guard import QuotaBook, guard_warning
 from webhook.core.capacity.room import RoomBook, room_warning
@@ -99,6 +101,11 @@ class Admission:
         return self._state()
 
     async def validate(self, request: AdmissionRequest) -> Decision:
+        mode = self.policy.mode_for(request.kind)
+        if mode != "off":  # off holds nothing; warn allows it, warned, and holds nothing either
+            too_large = unstorable(request)
+            if too_large is not None:
+                return finish(mode, too_large, request)
         await self.know_keys(request)
         if self.reserver is not None:
             decision = existing(request, self.state, self.policy) or await self.reserver.admit(

@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from aiohttp import web
@@ -36,7 +36,7 @@ from webhook.core.admission.reviews import (
     parse_review,
     review_response,
 )
-from webhook.core.base.json_codec import decode_json, encode_json, json_values_at_most
+from webhook.core.base.json_codec import decode_json, encode_json, json_values_beyond
 from webhook.http.edges import EdgeLog
 from webhook.http.fair_metrics import tenant_label
 from webhook.http.fairness import FairAdmission, Throttled, peek
@@ -60,11 +60,13 @@ log = logging.getLogger("webhook.requests")
 
 UNKNOWN_KIND_LABEL = "other"
 _LOGGED_CHARS = 253  # a Kubernetes name at most; a longer value is hostile and cut
-# JSON values one review may hold, counted before decoding: an object and its old version, each
-# with values up to their bound (20,000 entries) and managedFields listing as many paths, come
-# to some 80,000 (real ones: a few thousand); decoding 120,000 empty lists takes some 25 ms,
-# where 7 MiB of them took 1.7 s.
-MAX_REVIEW_VALUES: Final = 120_000
+# JSON values one review may hold, counted before decoding, strings' contents left out: an
+# UPDATE of an application at its values bound (20,000 entries) brings it twice, each time with
+# managedFields listing every map key it holds as ``"f:key":{}`` (two values more each), some
+# 61,000 a version through a real kube-apiserver; 200,000 leaves 78,000 for the rest of two
+# objects' metadata. Decoding 200,000 empty lists takes some 50 ms, where 7 MiB of them took
+# 1.7 s.
+MAX_REVIEW_VALUES: Final = 200_000
 # What ``web.json_response`` sent: the answer is encoded once, to bytes, and sent as it is.
 _JSON_HEADERS = {"Content-Type": "application/json; charset=utf-8"}
 
@@ -238,8 +240,8 @@ async def _decided(
 ) -> tuple[AdmissionRequest, Decision]:
     """The costly part, run in the flow's turn: decode, parse and decide (fail closed)."""
     if len(raw) > MAX_REVIEW_VALUES:  # a shorter body cannot hold more values than bytes
-        values = json_values_at_most(raw)
-        if values > MAX_REVIEW_VALUES:
+        values = json_values_beyond(raw, MAX_REVIEW_VALUES)
+        if values is not None:
             raise _Oversized(values)
     review = _parse_review(raw)
     try:  # the time waited for the turn is the decision's too (at most a quarter of it)
@@ -330,7 +332,7 @@ def _parse_review(raw: bytes) -> AdmissionRequest:
     except (ValueError, UnicodeDecodeError):
         raise web.HTTPBadRequest(text="the body is not JSON\n") from None
     try:
-        return parse_review(body)
+        return replace(parse_review(body), size=len(raw))
     except ReviewError as exc:
         raise web.HTTPBadRequest(text=f"{exc}\n") from None
 

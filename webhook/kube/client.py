@@ -23,6 +23,7 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
 from webhook.core.base.json_codec import decode_json, encode_json
+from webhook.core.base.kube_limits import ETCD_MAX_REQUEST_BYTES
 
 __all__ = [
     "METADATA_ONLY",
@@ -47,13 +48,12 @@ Obj = dict[str, Any]
 REQUEST_TIMEOUT: Final = 10.0
 TOKEN_SECONDS: Final = 10.0  # kubelet rotates projected tokens long before they expire
 # The longest watch event read: the API server's own limits, never ours. etcd refuses a request
-# over 1.5 MiB (its default --max-request-bytes), so no stored object is larger; served as JSON,
+# over 1.5 MiB (ETCD_MAX_REQUEST_BYTES), so no stored object is larger; served as JSON,
 # an object etcd holds as JSON (every custom resource, every application) is its stored bytes,
 # and one it holds as protobuf grows at most sixfold (Go's encoding/json writes "<" as "\u003c").
 # The event's framing ({"type":"MODIFIED","object":...} and the newline) is a few bytes; 64 KiB
 # covers it with room. kube-apiserver itself accepts request bodies up to 3 MiB (twice etcd's
 # limit) for the same reason; an event is read up to three times that, and never whole past it.
-ETCD_MAX_REQUEST_BYTES: Final = 1_572_864  # 1.5 MiB
 MAX_WATCH_EVENT_BYTES: Final = 6 * ETCD_MAX_REQUEST_BYTES + 65_536
 
 

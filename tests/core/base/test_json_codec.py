@@ -23,6 +23,7 @@ from webhook.core.base.json_codec import (
     decode_json,
     encode_json,
     json_values_at_most,
+    json_values_beyond,
     may_hold_long_integers,
 )
 from webhook.core.pricing.bounds import entries
@@ -260,3 +261,47 @@ def test_the_values_counted_before_decoding_are_never_fewer_than_decoded(
 ) -> None:
     raw = json.dumps(value, indent=indent).encode()
     assert json_values_at_most(raw) >= entries(decode_json(raw))
+
+
+def _blanked(value: object) -> object:
+    """``value`` with every string emptied and every key made a number: its shape alone."""
+    if isinstance(value, dict):
+        return {str(index): _blanked(child) for index, child in enumerate(value.values())}
+    if isinstance(value, list):
+        return [_blanked(child) for child in value]
+    return "" if isinstance(value, str) else value
+
+
+TEXT_WITH_PUNCTUATION = st.text(alphabet=',[]{}"\\:x ', max_size=12)
+PUNCTUATED_VALUES = st.recursive(
+    st.none() | st.integers() | TEXT_WITH_PUNCTUATION,
+    lambda inner: (
+        st.lists(inner, max_size=5) | st.dictionaries(TEXT_WITH_PUNCTUATION, inner, max_size=5)
+    ),
+    max_leaves=30,
+)
+
+
+@given(JSON_VALUES | PUNCTUATED_VALUES, st.integers(min_value=0, max_value=40))
+def test_a_body_holding_more_values_than_the_bound_is_never_counted_within_it(
+    value: object, bound: int
+) -> None:
+    raw = json.dumps(value).encode()
+    if entries(value) > bound:
+        assert json_values_beyond(raw, bound) is not None
+
+
+@given(PUNCTUATED_VALUES, st.integers(min_value=0, max_value=40), st.sampled_from([None, 1]))
+def test_commas_and_brackets_inside_strings_never_count_against_the_bound(
+    value: object, bound: int, indent: int | None
+) -> None:
+    raw = json.dumps(value, indent=indent).encode()
+    shape = json.dumps(_blanked(value), indent=indent).encode()
+    assert (json_values_beyond(raw, bound) is None) == (json_values_at_most(shape) <= bound)
+
+
+def test_a_cloud_init_holding_a_json_file_counts_as_one_value() -> None:
+    content = json.dumps({f"key{i}": [i, i] for i in range(50_000)})  # 100,000 commas
+    raw = json.dumps({"spec": {"cloudInit": content}}).encode()
+    assert json_values_at_most(raw) > 150_000
+    assert json_values_beyond(raw, 10) is None

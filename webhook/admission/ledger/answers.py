@@ -73,12 +73,15 @@ def full(pool: str, *, in_bytes: bool = False) -> Decision:
     )
 
 
-def too_many_caps(pool: str) -> Decision:
+def too_many_caps(pool: str, *, in_bytes: bool = False) -> Decision:
+    """Pool ``pool`` lists :data:`~.bounds.MAX_CAPS` caps, or (``in_bytes``) they would take
+    more than :data:`~.bounds.MAX_CAPS_BYTES`."""
+    held = f"{bounds.MAX_CAPS_BYTES} bytes of" if in_bytes else f"{bounds.MAX_CAPS}"
     return errored(
         429,
         "TooManyRequests",
         "ledger-full",
-        f"tenant reservations: pool {pool} has {bounds.MAX_CAPS} sub-tenants admitted in warn mode "
+        f"tenant reservations: pool {pool} has {held} sub-tenants admitted in warn mode "
         "beyond what fits; fix their quotas, then try again",
     )
 
@@ -125,10 +128,10 @@ def behind(pool: str) -> Decision:
     )
 
 
-def too_large() -> Decision:
+def too_large(limit: int = bounds.MAX_ENTRY_BYTES) -> Decision:
     return errored(
         400,
         "BadRequest",
         "invalid",
-        f"tenant reservations: the request's ledger entry exceeds {bounds.MAX_ENTRY_BYTES} bytes",
+        f"tenant reservations: the request's ledger entry exceeds {limit} bytes",
     )

@@ -2,11 +2,11 @@
 
 A pool's ``TenantReservation`` holds at most :data:`MAX_ENTRIES` entries of at most
 :data:`MAX_ENTRY_BYTES` each, and at most :data:`MAX_PENDING_BYTES` of them together; its caps
-and its summary have bounds of their own, so the whole object stays within
-:data:`MAX_OBJECT_BYTES`, well under etcd's 1.5 MiB object limit and the watch's event bound
-(:data:`webhook.kube.client.MAX_WATCH_EVENT_BYTES`): at the bound a request is told to try
-again, no write is ever attempted that the API server would refuse for its size, and every
-object written is read back by every replica's watch.
+(at most :data:`MAX_CAP_BYTES` each) and its summary have bounds of their own, so the whole
+object stays within :data:`MAX_OBJECT_BYTES`, well under etcd's 1.5 MiB object limit and the
+watch's event bound (:data:`webhook.kube.client.MAX_WATCH_EVENT_BYTES`): at the bound a request
+is told to try again, no write is ever attempted that the API server would refuse for its size,
+and every object written is read back by every replica's watch.
 :class:`LedgerSettings` says for how long an entry is held (its grace period), how often a
 conflicting write is retried, how long a decision waits for the state to catch up, and what
 share of a pool's entries and caps one tenant may take. The other modules read the bounds as
@@ -20,6 +20,8 @@ from typing import Final
 
 __all__ = [
     "MAX_CAPS",
+    "MAX_CAPS_BYTES",
+    "MAX_CAP_BYTES",
     "MAX_ENTRIES",
     "MAX_ENTRY_BYTES",
     "MAX_OBJECT_BYTES",
@@ -30,17 +32,27 @@ __all__ = [
     "LedgerSettings",
 ]
 
-# 1,000 entries of at most 1 KiB (a real one is about 300 bytes: a uid, kind/namespace/name,
-# two small charges, an expiry, a replica name) stay under 1 MiB, against etcd's 1.5 MiB.
+# A real entry is about 300 bytes: a uid, kind/namespace/name, two small charges, an expiry, a
+# replica name. A sub-tenant's carries its budget as the charge it is expected to show, and a
+# budget may hold 64 keys of up to 317 characters (webhook.core.tenancy.counts): with 40-digit
+# quantities, the longest names and the longest replica name, some 47,500 bytes. One entry may
+# take that (a budget counting each of the 31 kinds passed the 1 KiB this bound was, and such
+# a sub-tenant could never be created); the entries together are bounded by MAX_PENDING_BYTES,
+# and one tenant's by its share of them, so the object's bound is unchanged.
 # At 1,000 admissions/s with objects observed within 100 ms, about 100 entries are listed.
 MAX_ENTRIES: Final = 1_000
-MAX_ENTRY_BYTES: Final = 1_024
+MAX_ENTRY_BYTES: Final = 49_152
 # Previews one entry replaces: in one batch a write replaces at most the previews of its object
 # (each preview replaces the one before it, so there is one at a time, or a few in flight).
 MAX_REPLACES: Final = 16
-# Sub-tenants admitted in warn beyond what fits, per pool: about 200 bytes each, at most
-# MAX_ENTRY_BYTES (with their namespaces, about 215 KiB in all).
+# Sub-tenants admitted in warn beyond what fits, per pool: about 200 bytes each. A cap lists the
+# keys it caps twice (declared, counted), so one may take what an entry may (a cap of the 31
+# kinds' counts passed the 1 KiB this bound was, and warn refused the sub-tenant for good); the
+# caps together, keyed by their namespaces, take at most MAX_CAPS_BYTES (what 200 caps of 1 KiB
+# took), so the object's bound is unchanged.
 MAX_CAPS: Final = 200
+MAX_CAP_BYTES: Final = MAX_ENTRY_BYTES
+MAX_CAPS_BYTES: Final = 218_600
 # The whole object as JSON, at most: two thirds of etcd's 1.5 MiB, a ninth of the watch's
 # event bound. It is the sum of what each part may take: the entries together (600 KiB: 1,000
 # real entries are about 300 KiB; 1,000 with the longest names Kubernetes allows, about 830
@@ -83,7 +95,8 @@ class LedgerSettings:
     def share_bytes_limit(self) -> int:
         """How many bytes one tenant's listed entries may take in one pool's ledger (never
         less than one entry of the largest size, as later writes list it)."""
-        return max(2 * MAX_ENTRY_BYTES, int(MAX_PENDING_BYTES * self.namespace_share))
+        largest = MAX_ENTRY_BYTES + 64  # and what listing it adds: its revision, a comma
+        return max(largest, int(MAX_PENDING_BYTES * self.namespace_share))
 
     @property
     def cap_share_limit(self) -> int:

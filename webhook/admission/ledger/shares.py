@@ -206,8 +206,8 @@ class Caps:
             "counted": rl.to_strings(cap.counted),
             "expires": expiry(book.clock() + settings.grace_seconds),
         }
-        if size(raw) > bounds.MAX_ENTRY_BYTES:
-            return answers.too_large()
+        if size(raw) > bounds.MAX_CAP_BYTES:
+            return answers.too_large(bounds.MAX_CAP_BYTES)
         async with book.locked([pool]):
             for _ in range(settings.attempts):
                 try:
@@ -220,6 +220,8 @@ class Caps:
                 caps = {**raw_caps(status), owned: raw}
                 if len(caps) > bounds.MAX_CAPS:
                     return answers.too_many_caps(pool)
+                if size(caps) > bounds.MAX_CAPS_BYTES:
+                    return answers.too_many_caps(pool, in_bytes=True)
                 mine = sum(1 for other in caps if _cap_holder(pool, str(other)) == who)
                 if mine > settings.cap_share_limit:
                     return answers.cap_share_full(pool, who, settings)

@@ -25,8 +25,9 @@ record. ``Decision``, ``Policy`` and the names the adapters use are importable f
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from webhook.core.admission.annotation_room import beyond_annotation_limit, left_off
 from webhook.core.admission.answers import (
     BAD_BUDGET_KEY,
     CHARGE_POINTER,
@@ -220,15 +221,18 @@ def _check(prepared: Prepared) -> Decision:
 def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -> Decision:
     """The mutating side: record the object's charge on it, signed, idempotently.
 
-    It never denies; the validating side decides. Whatever the mode, only two charge records
-    survive it: the stored object's own record carried unchanged (an UPDATE whose values it
-    still verifies for), and the record computed for this request, which replaces anything else
-    (forged, copied, replayed, minted by a dry run); with no record to write (mode ``off``,
-    values that cannot be evaluated: validation then decides) anything else is removed. A
-    factor annotation carried from the stored object that its record does not vouch for is
-    removed (or set back to the vouched factor); a change in this request is left for the
-    validating side to decide. A second call on an object that already carries the right
-    record patches nothing.
+    It denies only a write its patch would take past the 256 KiB Kubernetes allows all
+    annotations (:mod:`webhook.core.admission.annotation_room`), which the API server would
+    refuse naming the tenant's annotations, and only in enforce (in warn the record is left off,
+    with a warning); the validating side decides. Whatever the mode,
+    only two charge records survive it: the stored object's own record carried unchanged (an
+    UPDATE whose values it still verifies for), and the record computed for this request,
+    which replaces anything else (forged, copied, replayed, minted by a dry run); with no
+    record to write (mode ``off``, values that cannot be evaluated: validation then decides)
+    anything else is removed. A factor annotation carried from the stored object that its
+    record does not vouch for is removed (or set back to the vouched factor); a change in this
+    request is left for the validating side to decide. A second call on an object that already
+    carries the right record patches nothing.
     """
     if request.operation not in ("CREATE", "UPDATE") or request.object is None:
         return skipped(f"{request.operation} needs no reservation")
@@ -274,6 +278,12 @@ def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -
     if not operations:
         reason = "charge already recorded" if recorded else "no reservation recorded"
         return skipped("signed record kept" if carried else reason, kind=request.kind)
+    beyond = beyond_annotation_limit(request.object, operations)
+    if beyond is not None:
+        mode = policy.mode_for(request.kind)
+        if mode == "enforce":
+            return replace(beyond, kind=request.kind)
+        return left_off(beyond, operations, kind=request.kind, mode=mode)
     return Decision(
         allowed=True,
         outcome="allowed",

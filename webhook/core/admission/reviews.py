@@ -78,6 +78,8 @@ class AdmissionRequest:
     old_object: Mapping[str, Any] | None
     user: str
     groups: tuple[str, ...] = ()
+    # The review's bytes as received (0: unknown): its objects are never larger.
+    size: int = 0
 
 
 def parse_review(body: object) -> AdmissionRequest:

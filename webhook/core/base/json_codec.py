@@ -29,7 +29,13 @@ from typing import Any, Final
 
 import orjson
 
-__all__ = ["decode_json", "encode_json", "json_values_at_most", "may_hold_long_integers"]
+__all__ = [
+    "decode_json",
+    "encode_json",
+    "json_values_at_most",
+    "json_values_beyond",
+    "may_hold_long_integers",
+]
 
 # Digits become "0", the three characters a number may follow become ":", anything else "x";
 # whitespace and minus signs are dropped, so ":" then 19 zeros is a long integer token, or a
@@ -57,6 +63,31 @@ def json_values_at_most(raw: bytes) -> int:
     costs per value made (some 60 ns each, a seven-MiB body of empty lists past 100 ms), so a
     body is bounded by this before it is decoded; the count itself is three passes in C."""
     return raw.count(b",") + raw.count(b"[") + raw.count(b"{") + 1
+
+
+def json_values_beyond(raw: bytes, bound: int) -> int | None:
+    """``None`` when ``raw`` decodes to at most ``bound`` values, counted without decoding it;
+    else about how many it holds (more than ``bound``).
+
+    :func:`json_values_at_most` first; past ``bound``, the commas and brackets inside strings
+    are taken out of the count: a cloud-init holding a JSON file, or the
+    ``kubectl.kubernetes.io/last-applied-configuration`` annotation holding the whole object,
+    carries thousands, and a body is bounded by the values it holds, not by what its strings
+    say. Escaped quotes and backslashes are dropped first (they occur in strings only), so every
+    quote left opens or closes a string. Taking the strings out costs some 100 ns a string (a
+    split in C), so a body with more than ``4 * bound`` quotes is not split: every string is a
+    key or a value, and every key has a value, so it holds more than ``bound`` values."""
+    counted = json_values_at_most(raw)
+    if counted <= bound:
+        return None
+    if b'"' not in raw:
+        return counted
+    plain = raw.replace(b"\\\\", b"").replace(b'\\"', b"") if b"\\" in raw else raw
+    strings = plain.count(b'"') // 2
+    if strings > 2 * bound:
+        return strings // 2
+    outside = json_values_at_most(b"".join(plain.split(b'"')[::2]))
+    return outside if outside > bound else None
 
 
 def decode_json(raw: bytes) -> Any:
