@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tests.builders import review
 from tests.cluster import cluster, tenant
-from tests.test_live import BURST_READ_TIMEOUT, MICRO, Caller, replica, wait_ready
+from tests.test_live import MICRO, Caller, replica, wait_ready
 from tests.test_live import caller as caller  # the fixtures, shared
 from tests.test_live import certs as certs
 from tests.waiting import eventually
@@ -21,9 +21,7 @@ async def test_a_burst_answered_from_a_slice_still_admits_exactly_what_fits(
     room = 40
     async with cluster(tmp_path) as (server, kubeconfig):
         server.create(tenant("tenant-root", "acme", {"memory": f"{room}Gi"}))
-        async with replica(
-            kubeconfig, certs, escrow=True, watch_read_timeout=BURST_READ_TIMEOUT
-        ) as webhook:
+        async with replica(kubeconfig, certs, escrow=True) as webhook:
             await wait_ready(caller, webhook.port)
             first = [
                 review("VMInstance", "tenant-acme", f"warm{i}", MICRO, uid=f"w{i}")
