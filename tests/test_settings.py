@@ -60,6 +60,20 @@ def test_escrow_is_off_unless_the_operator_turns_it_on() -> None:
         load_settings({"escrow": "maybe"}, environ={})
 
 
+def test_an_unobserved_admission_is_held_until_its_request_can_no_longer_be_stored() -> None:
+    # kube-apiserver stores an admitted request within its --request-timeout or never; the
+    # hold must outlive that, plus the skew between replicas' clocks, whatever the timeout.
+    assert load_settings({}, environ={}).grace_seconds == 65.0
+    assert load_settings({"timeout_seconds": 30}, environ={}).grace_seconds == 65.0
+    slow = load_settings({}, environ={"WEBHOOK_API_REQUEST_TIMEOUT_SECONDS": "120"})
+    assert slow.grace_seconds == 125.0
+    assert slow.api_request_timeout_seconds == 120.0
+    chosen = {"WEBHOOK_PENDING_GRACE_SECONDS": "30"}
+    assert load_settings({}, environ=chosen).grace_seconds == 30.0  # the operator's choice
+    with pytest.raises(SettingsError, match="api-request-timeout-seconds: must be positive"):
+        load_settings({}, environ={"WEBHOOK_API_REQUEST_TIMEOUT_SECONDS": "0"})
+
+
 def test_dry_runs_are_held_unless_the_operator_turns_it_off() -> None:
     assert load_settings({}, environ={}).dry_run_holds is True
     assert load_settings({"dry_run_holds": "off"}, environ={}).dry_run_holds is False

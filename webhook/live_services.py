@@ -74,6 +74,7 @@ class LiveServices:
             LedgerSettings(
                 replica=settings.replica,
                 grace_seconds=settings.grace_seconds,
+                store_seconds=settings.api_request_timeout_seconds,
                 read_timeout=settings.watch_read_timeout,
                 dry_run_holds=settings.dry_run_holds,
                 escrow=settings.escrow,

@@ -34,6 +34,8 @@ LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 # controller-runtime's bound: two 1.5 MB etcd objects (object and oldObject) plus envelope.
 MAX_REQUEST_BYTES: Final = 7 * 1024 * 1024
+# Wall clocks of two replicas may differ by up to this much (docs/escrow.md, "Bounds").
+SKEW_SECONDS: Final = 5.0
 
 
 class SettingsError(ValueError):
@@ -67,7 +69,10 @@ class Settings:
     namespace: str = "cozy-reservation"
     replica: str = field(default_factory=socket.gethostname)
     lease_name: str = "reservation-webhook"
-    pending_grace_seconds: float = 0.0  # 0: twice the webhook timeout plus five seconds
+    # kube-apiserver's --request-timeout: a request the webhook admitted at t is stored before
+    # t plus this, or never (the webhook call is part of that request).
+    api_request_timeout_seconds: float = 60.0
+    pending_grace_seconds: float = 0.0  # 0: the longer of the store bound and 2 x timeout + 5 s
     # Hold a dry run's increase like a write's: cozystack-api stores what it calls a dry run.
     dry_run_holds: bool = True
     # Admit CREATEs from escrowed slices of busy pools' room, in memory (docs/escrow.md).
@@ -83,8 +88,11 @@ class Settings:
 
     @property
     def grace_seconds(self) -> float:
-        """How long an admitted charge is held before it is released unobserved."""
-        return self.pending_grace_seconds or 2.0 * self.timeout_seconds + 5.0
+        """How long an admitted charge is held before it is released unobserved: never before
+        the request it admitted can no longer be stored (the store bound plus five seconds of
+        clock skew between replicas), so a slow write is never stored uncounted."""
+        store_bound = self.api_request_timeout_seconds + SKEW_SECONDS
+        return self.pending_grace_seconds or max(store_bound, 2.0 * self.timeout_seconds + 5.0)
 
     @property
     def policy(self) -> Policy:
@@ -138,6 +146,10 @@ _SPELLINGS: Final = {
     "namespace": ("POD_NAMESPACE", "namespace"),
     "replica": ("POD_NAME", "replica"),
     "lease_name": ("WEBHOOK_LEASE_NAME", "leaseName"),
+    "api_request_timeout_seconds": (
+        "WEBHOOK_API_REQUEST_TIMEOUT_SECONDS",
+        "apiRequestTimeoutSeconds",
+    ),
     "pending_grace_seconds": ("WEBHOOK_PENDING_GRACE_SECONDS", "pendingGraceSeconds"),
     "dry_run_holds": ("WEBHOOK_DRY_RUN_HOLDS", "dryRunHolds"),
     "escrow": ("WEBHOOK_ESCROW", "escrow"),
@@ -219,6 +231,7 @@ def _build(raw: Mapping[str, Any]) -> Settings:
     for name in (
         "cert_reload_seconds",
         "shutdown_seconds",
+        "api_request_timeout_seconds",
         "pending_grace_seconds",
         "watch_read_timeout",
     ):

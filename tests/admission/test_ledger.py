@@ -31,6 +31,8 @@ from webhook.state.manifests import read_manifests
 
 POLICY = Policy()
 POOL = "tenant-acme"
+# How long an unobserved entry is held by default: past it, plus a second.
+PAST_GRACE = LedgerSettings("a").grace_seconds + 1
 
 
 class Clock:
@@ -233,7 +235,7 @@ async def test_a_hold_outlives_its_grace_while_the_watch_is_silent() -> None:
     assert (await a.admit(create("x", "1Gi"))).allowed
     # The object is stored, but the watch is silent: the state never hears of it.
     cluster.bump()
-    clock.now += 26  # past the grace period
+    clock.now += PAST_GRACE
     decision = await a.admit(create("y", "1Gi"))
     assert not decision.allowed, "the expired hold is all that keeps x counted"
     assert cluster.entries() == [], "dropped from the ledger, still counted here"
@@ -244,6 +246,20 @@ async def test_a_hold_outlives_its_grace_while_the_watch_is_silent() -> None:
     assert len(a.state.pending) == 0
 
 
+async def test_a_create_stored_thirty_seconds_after_its_decision_is_still_counted() -> None:
+    # kube-apiserver may store an admitted request until its --request-timeout (60 s) has
+    # passed: a slow etcd or a slow later admission step. Its entry must outlive that, or the
+    # room is given to another first and the late write lands on top of it.
+    cluster = Cluster()
+    clock = Clock()
+    a = Replica(cluster, "a", {POOL: {"memory": "1Gi"}}, clock=clock, catch_up_seconds=0.05)
+    assert (await a.admit(create("slow", "1Gi"))).allowed
+    clock.now += 30
+    a.seen = cluster.revision  # the state is caught up: "slow" is simply not stored yet
+    assert not (await a.admit(create("next", "1Gi"))).allowed
+    assert len(cluster.entries()) == 1, "still listed, so every replica counts it"
+
+
 async def test_an_admission_that_never_became_an_object_is_released_once_the_state_caught_up() -> (
     None
 ):
@@ -251,7 +267,7 @@ async def test_an_admission_that_never_became_an_object_is_released_once_the_sta
     clock = Clock()
     a = Replica(cluster, "a", {POOL: {"memory": "1Gi"}}, clock=clock, catch_up_seconds=0.05)
     assert (await a.admit(create("ghost", "1Gi"))).allowed
-    clock.now += 26
+    clock.now += PAST_GRACE
     a.seen = 0  # silent watch
     assert not (await a.admit(create("next", "1Gi"))).allowed
     a.seen = cluster.revision
@@ -265,7 +281,7 @@ async def test_another_replicas_expired_entry_stays_counted_until_this_state_cau
     b = Replica(cluster, "b", {POOL: {"memory": "1Gi"}}, clock=clock, catch_up_seconds=0.05)
     assert (await a.admit(create("x", "1Gi"))).allowed
     b.deliver()
-    clock.now += 26
+    clock.now += PAST_GRACE
     assert not (await a.admit(create("y", "1Gi"))).allowed  # a drops x's entry from the ledger
     b.deliver()
     assert cluster.entries() == []
@@ -352,7 +368,7 @@ async def test_a_label_patch_read_before_a_shrink_keeps_the_old_size_on_every_re
         refused = await replica.admit(create("y", "1Gi", uid=uid))
         assert not refused.allowed, f"{uid}: the label patch may still write 4Gi back"
         assert "Thing tenant-acme/x at the size an update admitted moments ago" in refused.message
-    clock.now += 60  # past the label patch's grace: stored by now, or never
+    clock.now += PAST_GRACE  # past the label patch's grace: stored by now, or never
     # b drops the expired entry, but its state has not yet seen past that drop: the label
     # patch may have been stored just before its expiry, where b's watch has not looked yet.
     assert not (await b.admit(create("y", "1Gi", uid="early"))).allowed
@@ -403,7 +419,7 @@ async def test_a_stale_label_patch_of_a_sub_tenant_cannot_write_its_old_quota_ba
     for replica, uid in ((a, "ya"), (b, "yb")):
         refused = await replica.admit(create("y", "3Gi", uid=uid))
         assert not refused.allowed, f"{uid}: the label patch may still write the 4Gi quota back"
-    clock.now += 60  # past the label patch's grace: stored by now, or never
+    clock.now += PAST_GRACE  # past the label patch's grace: stored by now, or never
     for replica in (a, b):
         await replica.ledger.reconcile()
         replica.deliver()
@@ -780,7 +796,7 @@ async def test_an_unobserved_preview_is_released_after_its_grace() -> None:
     a = Replica(cluster, "a", {POOL: {"memory": "1Gi"}}, clock=clock, catch_up_seconds=0.05)
     assert (await a.admit(preview("x", "1Gi"))).allowed  # a server that honours dry runs
     assert not (await a.admit(create("y", "1Gi"))).allowed
-    clock.now += 26
+    clock.now += PAST_GRACE
     a.seen = 0  # silent watch: dropped from the ledger, still counted until the state catches up
     assert not (await a.admit(create("y", "1Gi", uid="uid-y2"))).allowed
     assert cluster.entries() == []

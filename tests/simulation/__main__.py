@@ -18,7 +18,11 @@ import time
 
 from tests.simulation import escrow
 from tests.simulation.escrow.broken import PATCHES, broken
-from tests.simulation.reverted import reverted_settle_rule, reverted_stale_write_rule
+from tests.simulation.reverted import (
+    reverted_grace_rule,
+    reverted_settle_rule,
+    reverted_stale_write_rule,
+)
 from tests.simulation.simulator import explore, replay_command, run
 
 
@@ -38,6 +42,11 @@ def main(argv: list[str] | None = None) -> int:
         help="skip unchanged updates unheld and free a decrease at once (the old, wrong rule)",
     )
     parser.add_argument(
+        "--revert-grace",
+        action="store_true",
+        help="drop unobserved entries after 25 s, before their requests can no longer be stored",
+    )
+    parser.add_argument(
         "--escrow", action="store_true", help="run the escrow simulation (replicas hold slices)"
     )
     parser.add_argument(
@@ -52,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     with (
         reverted_settle_rule(args.revert_settle),
         reverted_stale_write_rule(args.revert_stale_write),
+        reverted_grace_rule(args.revert_grace),
     ):
         if args.seed is not None:
             outcome = run(args.seed, escrow=args.live_escrow)
@@ -69,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         command = replay_command(summary.failure.seed, args.revert_settle)
         if args.revert_stale_write:
             command += " --revert-stale-write"
+        if args.revert_grace:
+            command += " --revert-grace"
         if args.live_escrow:
             command += " --live-escrow"
         print(summary.failure.report(command))

@@ -17,10 +17,12 @@ from collections.abc import Callable
 from tests.simulation.apiserver import SimAPI, SimClient
 from webhook.admission.ledger import Ledger, LedgerSettings
 from webhook.core.tenancy.records import RecordKeys
+from webhook.settings import Settings
 from webhook.state.live import LiveSettings, LiveState
 from webhook.waits import sleep_unless_stopped
 
-GRACE_SECONDS = 25.0  # the shipped defaults: what the simulation proves is what runs
+# The shipped default (the store bound plus the skew): what is proved is what runs.
+GRACE_SECONDS = Settings().grace_seconds
 READ_TIMEOUT = 90.0
 WATCH_TIMEOUT = 300
 RECONCILE_SECONDS = 2.0

@@ -11,6 +11,10 @@ entry arriving that the state may already show).
 :func:`reverted_stale_write_rule` puts back "an update replaces its oldObject": an update that
 changes nothing the reservation reads is skipped unheld, and a decrease frees room as soon as it
 is observed (no floor is kept for the writes of the application that may still be stored).
+
+:func:`reverted_grace_rule` puts back the old grace period, twice the webhook timeout plus 5 s
+(25 s): shorter than the 60 s within which kube-apiserver may still store a request the webhook
+admitted, so an entry dropped unobserved can be followed by its write.
 """
 
 from __future__ import annotations
@@ -31,6 +35,22 @@ from webhook.core.admission.resolve import unchanged
 from webhook.core.admission.reviews import AdmissionRequest
 from webhook.core.admission.state import ReservationState
 from webhook.core.tenancy.applications import AppKey
+
+
+@contextlib.contextmanager
+def reverted_grace_rule(enabled: bool = True) -> Iterator[None]:
+    """Within the block, new replicas drop an unobserved entry after 25 s."""
+    from tests.simulation import replica
+
+    if not enabled:
+        yield
+        return
+    shipped = replica.GRACE_SECONDS
+    replica.GRACE_SECONDS = 25.0
+    try:
+        yield
+    finally:
+        replica.GRACE_SECONDS = shipped
 
 
 @contextlib.contextmanager

@@ -49,10 +49,11 @@ import yaml
 
 from tests import builders
 from tests.builders import THING_DEFINITION
+from tests.simulation import replica as replica_module
 from tests.simulation.apiserver import SimAPI
 from tests.simulation.loop import VirtualLoop
 from tests.simulation.oracle import THINGS, Figures, lowered, overshoots, pools
-from tests.simulation.replica import GRACE_SECONDS, READ_TIMEOUT, Replica
+from tests.simulation.replica import READ_TIMEOUT, Replica
 from webhook.core.admission.decisions import Decision, Policy, mutate
 from webhook.core.admission.reviews import parse_review
 from webhook.core.admission.state import ReservationState
@@ -63,6 +64,7 @@ from webhook.core.tenancy.records import MIN_KEY_BYTES, RecordKeys
 from webhook.core.tenancy.tenants import parent_namespace
 from webhook.kube import reflector as reflector_module
 from webhook.kube.client import ApiError
+from webhook.settings import Settings
 from webhook.state import live as live_module
 from webhook.waits import sleep_unless_stopped
 
@@ -76,9 +78,9 @@ POLICY = Policy(mode="enforce")
 HEARTBEAT_SECONDS = 10.0
 # The API server's side of the contract the grace period relies on: a webhook call answered
 # after timeoutSeconds (10 s by default) fails the request, and an admitted request is stored
-# promptly after its last admission step or not at all.
+# within kube-apiserver's --request-timeout (60 s by default) of its answer or not at all.
 WEBHOOK_TIMEOUT = 10.0
-STORE_DEADLINE = 5.0
+STORE_DEADLINE = Settings().api_request_timeout_seconds
 QUIESCE_STEP = 5.0
 EPOCH = 1_800_000_000.0  # the wall clock at virtual time 0 (2027): entries carry wall times
 
@@ -316,7 +318,8 @@ class Simulation:
         self._advance(self.rng.choice((0.05, 0.2, 0.5, 1.0, 2.0)))
 
     def _tick_grace(self) -> None:
-        self._advance(GRACE_SECONDS + self.rng.uniform(-2.0, 4.0))
+        # Around the grace period the replicas hold entries for: the edge a rule must get right.
+        self._advance(replica_module.GRACE_SECONDS + self.rng.uniform(-2.0, 4.0))
 
     def _tick_read_timeout(self) -> None:
         self._advance(READ_TIMEOUT + self.rng.uniform(-5.0, 5.0))
@@ -812,7 +815,7 @@ class Simulation:
     def _quiesce(self) -> None:
         """Deliver everything, let every grace period pass, then wait for convergence."""
         self._log("quiesce")
-        deadline = self.loop.time() + GRACE_SECONDS + 4 * READ_TIMEOUT
+        deadline = self.loop.time() + replica_module.GRACE_SECONDS + 4 * READ_TIMEOUT
         quiet_since = self.loop.time()
         while True:
             progressed = bool(self.admitted or self.api.calls)
@@ -830,7 +833,7 @@ class Simulation:
             if progressed:
                 quiet_since = self.loop.time()
                 continue
-            settled = self.loop.time() > quiet_since + GRACE_SECONDS + 5
+            settled = self.loop.time() > quiet_since + replica_module.GRACE_SECONDS + 5
             if settled and not self.admitting and self._converged() is None:
                 return
             if self.loop.time() > deadline:

@@ -69,7 +69,11 @@ REVISION_BYTES: Final = 20
 @dataclass(frozen=True)
 class LedgerSettings:
     replica: str
-    grace_seconds: float = 25.0  # twice the default webhook timeout, plus a margin
+    # The default webhook settings' (Settings.grace_seconds): the store bound plus the skew.
+    grace_seconds: float = 65.0
+    # A request admitted at t is stored before t plus this, or never (kube-apiserver's
+    # --request-timeout): how long a slice's spend stays counted unobserved.
+    store_seconds: float = 60.0
     attempts: int = 3  # conflicting writes retried, as Kubernetes' quota admission does
     reconcile_seconds: float = 2.0
     read_timeout: float = 90.0

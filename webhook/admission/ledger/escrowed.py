@@ -76,7 +76,8 @@ class Escrowed:
         # The event loop's clock (monotonic): the holder's deadline is never a wall time.
         self.monotonic = monotonic or (lambda: asyncio.get_running_loop().time())
         incarnation = f"{book.settings.replica}.{secrets.token_hex(6)}"
-        self.escrow = core.Escrow(book.settings.replica, incarnation, bounds or core.EscrowBounds())
+        bounds = bounds or core.EscrowBounds(store_seconds=book.settings.store_seconds)
+        self.escrow = core.Escrow(book.settings.replica, incarnation, bounds)
         book.escrow = self.escrow
         self._spent: dict[str, tuple[AppKey, int, dict[str, Decimal]]] = {}  # uid -> key, after
         self._rates: dict[str, dict[str, float]] = {}  # pool -> key -> per second, decaying

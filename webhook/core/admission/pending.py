@@ -210,7 +210,9 @@ class PendingCharges:
             self._released.pop(pool, None)
         else:
             self._fence(pool, before, listed, released, version)
-        for hold_id in before.keys() - listed.keys():
+        for hold_id in before:  # in the ledger's order, not a set's: replays stay identical
+            if hold_id in listed:
+                continue
             slot = (pool, hold_id)
             if slot in self._counted and hold_id in taken_over and before[hold_id].preview:
                 self._uncount(slot)
