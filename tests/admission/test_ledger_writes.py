@@ -187,6 +187,16 @@ class Live:
         return None
 
 
+def one_gibibyte(book: Book, name: str) -> dict[str, Any]:
+    """A pending entry of 1Gi for the VMInstance ``name``, expiring now."""
+    return {
+        "id": "u",
+        "application": f"VMInstance/{POOL}/{name}",
+        "charge": {"memory": "1Gi"},
+        "expires": book.now(),
+    }
+
+
 @pytest.mark.kube
 async def test_a_real_api_server_keeps_the_managed_fields_a_status_write_leaves_out(
     tmp_path: Path,
@@ -194,12 +204,7 @@ async def test_a_real_api_server_keeps_the_managed_fields_a_status_write_leaves_
     async with reservations_on_real_apiserver(tmp_path / "kube", POOL) as client:
         book = Book(client, Live(), LedgerSettings(replica="a"), clock=Clock())
         current = await book.ensure(POOL)
-        entry = {
-            "id": "u",
-            "application": f"VMInstance/{POOL}/x",
-            "charge": {"memory": "1Gi"},
-            "expires": book.now(),
-        }
+        entry = one_gibibyte(book, "x")
         written = await book.write(POOL, current, {"pending": [entry]})
         managers = (written["metadata"] or {}).get("managedFields") or []
         assert {m.get("subresource") for m in managers} == {None, "status"}, managers
@@ -243,12 +248,7 @@ async def test_a_tenant_value_full_of_separators_is_written_byte_for_byte_in_com
             "spec": {"pool": POOL},
         }
         hostile = 'x, "y": {z}, '
-        entry = {
-            "id": "u",
-            "application": f"VMInstance/{POOL}/{hostile}",
-            "charge": {"memory": "1Gi"},
-            "expires": book.now(),
-        }
+        entry = one_gibibyte(book, hostile)
         written = await book.write(POOL, current, {"pending": [entry]})
     finally:
         await client.close()
