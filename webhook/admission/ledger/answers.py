@@ -6,16 +6,19 @@ names its cause so the caller knows what to do: the ledger cannot be written or 
 again), this replica has not yet seen what the ledger accounted for (503, try again), too many
 concurrent changes or a tenant tree that changed under the decision (409, try again), the pool's
 ledger or one tenant's share of it is full (429, try again in a few seconds, or fix the
-sub-tenants' quotas), or the entry is too large to list (400).
+sub-tenants' quotas), the room is there but escrowed in other replicas' slices (429, try again
+in a few seconds), or the entry is too large to list (400).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from decimal import Decimal
 
 from webhook.admission.ledger import bounds
 from webhook.admission.ledger.bounds import LedgerSettings
 from webhook.core.admission.decisions import Decision, errored
+from webhook.core.base import resources as rl
 
 __all__ = [
     "behind",
@@ -23,6 +26,7 @@ __all__ = [
     "changed",
     "contention",
     "full",
+    "held_in_slices",
     "share_full",
     "too_large",
     "too_many_caps",
@@ -45,6 +49,19 @@ def contention(pools: Iterable[str]) -> Decision:
         "Conflict",
         "contention",
         f"tenant reservations: too many concurrent changes in pool {', '.join(pools)}; try again",
+    )
+
+
+def held_in_slices(pool: str, held: Mapping[str, Decimal]) -> Decision:
+    """Pool ``pool`` has the room only in slices other replicas hold (``held``): they give it
+    back near the bound, so this is a "try again", not an "exceeded"."""
+    return errored(
+        429,
+        "TooManyRequests",
+        "escrowed",
+        f"tenant reservations: pool {pool} has room for this only in what other replicas hold "
+        f"escrowed ({rl.format_resources(held)}), which they give back near the bound; try "
+        "again in a few seconds",
     )
 
 

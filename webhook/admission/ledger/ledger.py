@@ -15,6 +15,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from webhook.admission.ledger import answers
 from webhook.admission.ledger.barrier import Barrier
 from webhook.admission.ledger.book import Book, StateSource
 from webhook.admission.ledger.bounds import LedgerSettings
@@ -33,7 +34,9 @@ from webhook.core.admission.decisions import (
     held_dry_run,
 )
 from webhook.core.admission.reviews import AdmissionRequest
+from webhook.core.admission.state import ReservationState
 from webhook.core.admission.warn_caps import explain_cap, over_in_warn
+from webhook.core.base import resources as rl
 from webhook.kube.client import KubeClient
 from webhook.kube.reflector import Reflector
 
@@ -156,7 +159,7 @@ class Ledger:
                 decision, state, self.settings.grace_seconds, request.namespace
             )
         if not decision.allowed or not decision.charged_pools:
-            return decision
+            return self._escrowed_elsewhere(decision, state)
         node = state.tree.get(request.namespace)
         if node is None or not node.declared:
             # A namespace no Tenant owns: the API server would not store the object (Cozystack
@@ -182,7 +185,23 @@ class Ledger:
             return held_dry_run(answer, self.settings.grace_seconds)
         if escrowed is not None and answer.allowed:
             escrowed.note(request, answer)
-        return answer
+        return self._escrowed_elsewhere(answer, self._book.current())
+
+    def _escrowed_elsewhere(self, decision: Decision, state: ReservationState) -> Decision:
+        """An "exceeded" the room in other replicas' slices would answer says "try again":
+        near the bound a holder gives its slice back, so that room comes back to the pool."""
+        if decision.allowed or decision.reason != "exceeded" or not decision.pool:
+            return decision
+        own = self._escrowed.escrow.incarnation if self._escrowed is not None else ""
+        held = self._book.slices.count.outstanding(decision.pool, besides=own)
+        node = state.tree.get(decision.pool)
+        if not any(held.values()) or node is None:
+            return decision
+        increase = rl.mask(rl.positive_part(decision.delta or {}), node.budget)
+        without = rl.add(rl.subtract(node.usage, held), increase)
+        if not increase or rl.exceeded(without, node.budget):
+            return decision
+        return answers.held_in_slices(decision.pool, rl.mask(held, increase))
 
     async def _exact(
         self,

@@ -96,6 +96,14 @@ class SliceCount:
                 total = rl.add(total, departed.room)
         return {key: value for key, value in total.items() if value}
 
+    def outstanding(self, pool: str, *, besides: str = "") -> dict[str, Decimal]:
+        """The outstanding room of ``pool``'s records but ``besides``'s (an incarnation)."""
+        return rl.total(
+            record.outstanding()
+            for incarnation, record in self._records.get(pool, {}).items()
+            if incarnation != besides
+        )
+
     def departed(self, pool: str) -> dict[str, Decimal]:
         """The room that left ``pool``'s slices and is still counted."""
         return rl.total(d.room for d in self._departed if d.pool == pool)
