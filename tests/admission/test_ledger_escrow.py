@@ -73,6 +73,21 @@ async def test_a_slice_is_never_spent_past_its_room_the_exact_path_takes_the_res
     assert cluster.writes == writes + 1, "the slice is spent: the exact path wrote an entry"
 
 
+async def test_reposting_one_uid_spends_the_slice_once() -> None:
+    # A retried call carries the request's uid again: it takes the exact path (counted again,
+    # never less), and the slice is spent once.
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "64Gi"}}, escrow=True)
+    await _busy(a)
+    await a.ledger.escrow()
+    writes = cluster.writes
+    assert (await a.admit(create("x", "1Gi", uid="same"))).allowed
+    assert cluster.writes == writes and a.ledger.spends == 1
+    assert (await a.admit(create("x", "1Gi", uid="same"))).allowed
+    assert a.ledger.spends == 1, "the repost was not answered from the slice"
+    assert cluster.writes == writes + 1, "the exact path wrote an entry for it"
+
+
 async def test_near_the_bound_no_slice_is_granted_so_the_last_byte_can_be_used() -> None:
     cluster = Cluster()
     a = Replica(cluster, "a", {POOL: {"memory": "4Gi"}}, escrow=True)

@@ -88,6 +88,22 @@ def test_a_slice_is_never_spent_past_its_room() -> None:
     assert escrow.available(POOL) == {M: _d(0)}
 
 
+def test_reposting_one_uid_spends_the_slice_once() -> None:
+    # The API server may call the webhook again with the same request uid (a retry): the second
+    # call takes the exact path, before and after the first spend is folded.
+    escrow = Escrow("r1", "a", BOUNDS)
+    _granted(escrow, 10)
+    assert escrow.spend("u1", {POOL: {M: _d(4)}}, kind=KIND, now=1.0)
+    assert not escrow.spend("u1", {POOL: {M: _d(4)}}, kind=KIND, now=1.5)
+    assert escrow.available(POOL) == {M: _d(6)}
+    escrow.observed("u1")
+    write = escrow.plan(POOL, now=2.0, wall=2.0, version=2)
+    assert write is not None
+    escrow.stored(write, write.record, 3)
+    assert not escrow.spend("u1", {POOL: {M: _d(4)}}, kind=KIND, now=2.5)
+    assert escrow.available(POOL) == {M: _d(6)}
+
+
 def test_a_spend_across_two_pools_takes_both_or_neither() -> None:
     escrow = Escrow("r1", "a", BOUNDS)
     _granted(escrow, 10)

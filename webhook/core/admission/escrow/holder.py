@@ -89,6 +89,9 @@ class Escrow:
         self.bounds = bounds
         self._slices: dict[str, _Slice] = {}
         self._observed: set[str] = set()  # request uids whose objects the state has observed
+        # Request uid -> when it was spent, until it can no longer be stored: a call again
+        # with the same uid (a retry) never spends a second time.
+        self._uids: dict[str, float] = {}
 
     # -- what may be spent -----------------------------------------------------------------
 
@@ -133,8 +136,22 @@ class Escrow:
     ) -> bool:
         """Spend ``charges`` (pool -> room) for request ``uid`` if every pool's slice is live,
         names ``kind`` and has the room on every key charged; whether it did (else nothing is
-        spent and the request takes the exact path)."""
+        spent and the request takes the exact path).
+
+        A uid spent within the store bound is refused, whether or not its spend was folded:
+        the exact path then counts the call again (a double count until observed or expired,
+        never an undercount). Answering it from the first spend instead would trust the caller
+        that the second call is the same object; a different object under a reused uid would
+        then be admitted on the first one's room."""
         if not charges:
+            return False
+        horizon = now - self.bounds.store_seconds
+        while self._uids:  # spent in order of a monotonic clock: the oldest first
+            oldest = next(iter(self._uids))
+            if self._uids[oldest] >= horizon:
+                break
+            del self._uids[oldest]
+        if uid in self._uids:
             return False
         for pool, room in charges.items():
             if not self.live(pool, now):
@@ -151,6 +168,7 @@ class Escrow:
             found = self._slices[pool]
             found.spends.append(Spend(uid, pool, positive, kind, now, update))
             found.last_spend = now
+        self._uids[uid] = now
         return True
 
     def observed(self, uid: str) -> None:
