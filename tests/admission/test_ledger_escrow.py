@@ -98,6 +98,37 @@ async def test_near_the_bound_no_slice_is_granted_so_the_last_byte_can_be_used()
     assert not (await a.admit(create("over", "1"))).allowed
 
 
+async def test_one_oversized_create_empties_no_slice() -> None:
+    # A create larger than the pool's free room and the slice's room together is refused on
+    # the exact path and leaves the slice as it is: no return, no pause of its refills.
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "64Gi"}}, escrow=True)
+    await _busy(a)
+    await a.ledger.escrow()
+    (record,) = _records(cluster).values()
+    held = int(record.outstanding()["memory"])
+    free = 64 * 1024**3 - 3 * 1024**3 - held
+    writes = cluster.writes
+    assert not (await a.admit(create("huge", str(free + held + 1)))).allowed
+    assert _records(cluster)[record.incarnation].returned == {}
+    assert cluster.writes == writes, "nothing given back"
+    assert (await a.admit(create("x", "1Gi"))).allowed
+    assert cluster.writes == writes and a.ledger.spends == 1, "still answered from the slice"
+
+
+async def test_a_create_the_slices_room_makes_fit_gets_it_given_back() -> None:
+    # Near the bound the slice's unspent room goes back to the pool so the last byte is used.
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "64Gi"}}, escrow=True)
+    await _busy(a)
+    await a.ledger.escrow()
+    (record,) = _records(cluster).values()
+    held = int(record.outstanding()["memory"])
+    free = 64 * 1024**3 - 3 * 1024**3 - held
+    assert (await a.admit(create("last", str(free + held)))).allowed
+    assert _records(cluster)[record.incarnation].returned == {"memory": held}
+
+
 async def test_a_new_life_of_the_same_pod_never_spends_the_old_lifes_slice() -> None:
     cluster = Cluster()
     old = Replica(cluster, "a", {POOL: {"memory": "64Gi"}}, escrow=True)

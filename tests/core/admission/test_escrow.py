@@ -32,6 +32,7 @@ from webhook.core.admission.escrow import (
     EscrowBounds,
     SliceCount,
     SliceRecord,
+    covers_shortfall,
     grant_size,
     reclaimable,
     within,
@@ -218,6 +219,16 @@ def test_a_removed_record_stays_counted_and_unseen_removals_fence_the_pool() -> 
     count.catch_up(lambda kind: 7)
     assert count.counted(POOL) == {}
     assert not count.fenced(POOL)
+
+
+def test_one_oversized_create_empties_no_slice() -> None:
+    budget = {M: _d(100)}
+    # 90 counted with the slice's 10 whole: 20 asked is 10 over, which the slice covers.
+    assert covers_shortfall({M: _d(10)}, {M: _d(110)}, budget)
+    # 11 over: the slice's room would not make it fit, so it is not given back for it.
+    assert not covers_shortfall({M: _d(10)}, {M: _d(111)}, budget)
+    assert not covers_shortfall({M: _d(10)}, {M: _d(100)}, budget), "not over: nothing to give"
+    assert not covers_shortfall({M: _d(10)}, {}, budget), "no figures: nothing given"
 
 
 def test_refill_asks_for_a_few_seconds_of_the_rate_once_under_a_second_is_left() -> None:

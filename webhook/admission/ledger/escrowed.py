@@ -156,11 +156,14 @@ class Escrowed:
         self._noted[pool] = now
         return rates
 
-    async def give_back(self, pool: str) -> bool:
-        """Return what this process's slice of ``pool`` holds unspent (an admission was refused
-        for the pool's budget: near the bound the exact path takes the room); whether anything
-        was given back."""
-        if not any(self.escrow.available(pool).values()):
+    async def give_back(self, refused: Decision) -> bool:
+        """Return what this process's slice of the refused admission's pool holds unspent, when
+        that room would make it fit (near the bound the exact path takes the room); whether
+        anything was given back. A request too large for the slice's room too leaves the slice
+        alone: it is refused either way."""
+        pool = refused.pool
+        available = self.escrow.available(pool)
+        if not core.covers_shortfall(available, refused.reserved_after, refused.budget):
             return False
         self._quiet[pool] = self.monotonic()  # no refill for a while: the pool is at its bound
         with contextlib.suppress(Conflict):
