@@ -82,7 +82,8 @@ async def test_reposting_one_uid_spends_the_slice_once() -> None:
     await a.ledger.escrow()
     writes = cluster.writes
     assert (await a.admit(create("x", "1Gi", uid="same"))).allowed
-    assert cluster.writes == writes and a.ledger.spends == 1
+    assert cluster.writes == writes
+    assert a.ledger.spends == 1
     assert (await a.admit(create("x", "1Gi", uid="same"))).allowed
     assert a.ledger.spends == 1, "the repost was not answered from the slice"
     assert cluster.writes == writes + 1, "the exact path wrote an entry for it"
@@ -96,6 +97,31 @@ async def test_near_the_bound_no_slice_is_granted_so_the_last_byte_can_be_used()
     assert _records(cluster) == {}
     assert (await a.admit(create("last", "1Gi"))).allowed
     assert not (await a.admit(create("over", "1"))).allowed
+
+
+async def test_a_trickle_of_tiny_creates_parks_no_bursts_slice() -> None:
+    # A burst sizes the slice from its rate; a create of 1Mi every 10 s afterwards keeps the
+    # slice from going idle. Each renewal gives back what it holds beyond a few seconds of the
+    # current rate, so the burst's room goes back to the pool instead of being parked there.
+    cluster = Cluster()
+    clock = Clock()
+    a = Replica(cluster, "a", {POOL: {"memory": "640Gi"}}, escrow=True, clock=clock)
+    escrowed = a.ledger._escrowed
+    assert escrowed is not None
+    now = [0.0]
+    escrowed.monotonic = lambda: now[0]
+    await _busy(a, count=20)
+    await a.ledger.escrow()
+    (record,) = _records(cluster).values()
+    assert record.outstanding()["memory"] >= 16 * 1024**3, "a burst's slice"
+    for index in range(8):
+        now[0] += 10.0
+        clock.now += 10.0
+        assert (await a.admit(create(f"tiny{index}", "1Mi"))).allowed
+        await a.ledger.escrow()
+    assert a.ledger.spends == 8, "the trickle is answered from the slice"
+    left = _records(cluster)[record.incarnation].outstanding()["memory"]
+    assert left < 1024**3, f"{left} bytes parked for a trickle of 1Mi every 10 s"
 
 
 async def test_one_oversized_create_empties_no_slice() -> None:
@@ -113,7 +139,8 @@ async def test_one_oversized_create_empties_no_slice() -> None:
     assert _records(cluster)[record.incarnation].returned == {}
     assert cluster.writes == writes, "nothing given back"
     assert (await a.admit(create("x", "1Gi"))).allowed
-    assert cluster.writes == writes and a.ledger.spends == 1, "still answered from the slice"
+    assert cluster.writes == writes, "still answered from the slice"
+    assert a.ledger.spends == 1
 
 
 async def test_a_create_the_slices_room_makes_fit_gets_it_given_back() -> None:

@@ -37,7 +37,7 @@ from webhook.core.admission.escrow import (
     reclaimable,
     within,
 )
-from webhook.core.admission.escrow.holder import refill_wanted
+from webhook.core.admission.escrow.holder import refill_wanted, surplus
 
 POOL = "tenant-a"
 KIND = "Thing"
@@ -229,6 +229,15 @@ def test_one_oversized_create_empties_no_slice() -> None:
     assert not covers_shortfall({M: _d(10)}, {M: _d(111)}, budget)
     assert not covers_shortfall({M: _d(10)}, {M: _d(100)}, budget), "not over: nothing to give"
     assert not covers_shortfall({M: _d(10)}, {}, budget), "no figures: nothing given"
+
+
+def test_a_trickle_of_tiny_creates_parks_no_bursts_slice() -> None:
+    # Sized for a burst (5 s of 20 a second), renewed while the rate is down to 1 a second:
+    # all but 5 s of it goes back, or the last charge if that is larger.
+    assert surplus({M: _d(1)}, {M: _d(100)}, BOUNDS) == {M: _d(95)}
+    assert surplus({M: _d(1)}, {M: _d(100)}, BOUNDS, least={M: _d(8)}) == {M: _d(92)}
+    assert surplus({M: _d(20)}, {M: _d(100)}, BOUNDS) == {}
+    assert surplus({}, {M: _d(3)}, BOUNDS) == {M: _d(3)}, "no rate left: all of it"
 
 
 def test_refill_asks_for_a_few_seconds_of_the_rate_once_under_a_second_is_left() -> None:

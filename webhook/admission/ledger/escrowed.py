@@ -34,7 +34,7 @@ from webhook.admission.ledger.slices import removals, slice_records
 from webhook.admission.ledger.status import Status
 from webhook.core.admission import escrow as core
 from webhook.core.admission.decisions import Decision, Policy, decide
-from webhook.core.admission.escrow.holder import refill_wanted
+from webhook.core.admission.escrow.holder import refill_wanted, surplus
 from webhook.core.admission.reviews import AdmissionRequest
 from webhook.core.admission.state import ReservationState
 from webhook.core.base import resources as rl
@@ -218,6 +218,10 @@ class Escrowed:
                     grow = {}
             if (over or give_all or escrow.idle(pool, now)) and any(available.values()):
                 give = available
+            elif not grow and escrow.renew_due(pool, now):
+                # A renewal keeps a few seconds of the current rate, not a past burst's room.
+                last = rl.mask(self._last.get(pool, {}), node.budget)
+                give = surplus(rl.mask(rate, node.budget), available, escrow.bounds, least=last)
             write = None
             if not grow and escrow.removable(pool, now):
                 gone.append(escrow.incarnation)  # idle and all given back: no more renewals

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from decimal import Decimal
+from decimal import ROUND_FLOOR, Decimal
 
 from webhook.core.admission.escrow.records import EscrowBounds, SliceRecord
 from webhook.core.base import resources as rl
 
-__all__ = ["Escrow", "Spend", "Write", "refill_wanted"]
+__all__ = ["Escrow", "Spend", "Write", "refill_wanted", "surplus"]
 
 _ZERO = Decimal(0)
 
@@ -78,6 +78,29 @@ def refill_wanted(
     target = Decimal(str(bounds.target_seconds))
     wanted = {key: value * target - available.get(key, _ZERO) for key, value in rate.items()}
     return {key: value for key, value in wanted.items() if value > 0}
+
+
+def surplus(
+    rate: Mapping[str, Decimal],
+    available: Mapping[str, Decimal],
+    bounds: EscrowBounds,
+    *,
+    least: Mapping[str, Decimal] | None = None,
+) -> dict[str, Decimal]:
+    """What a renewal gives back: the unspent room beyond ``target_seconds`` of ``rate`` (per
+    second) on each key, and beyond ``least`` (the last admission's charge, so the slice still
+    answers one more like it). A slice sized for a burst and kept alive by a trickle would
+    otherwise hold the burst's room for as long as the trickle lasts, room no other replica
+    and not the exact path may use. Whole units, rounded down."""
+    target = Decimal(str(bounds.target_seconds))
+    floor = least or {}
+    given: dict[str, Decimal] = {}
+    for key, held in sorted(available.items()):
+        keep = max(rate.get(key, _ZERO) * target, floor.get(key, _ZERO))
+        extra = (held - keep).to_integral_value(ROUND_FLOOR)
+        if extra > 0:
+            given[key] = extra
+    return given
 
 
 class Escrow:
