@@ -10,15 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.admission.test_ledger import POOL, Clock, Cluster, Replica, create, thing
+from tests.admission.test_ledger import POLICY, POOL, Clock, Cluster, Replica, create
 from tests.admission.test_ledger_writes import Live
+from tests.builders import review
 from tests.realkube import reservations_on_real_apiserver
 from webhook.admission.ledger import LedgerSettings
 from webhook.admission.ledger.book import Book
 from webhook.admission.ledger.entries import TENANT_RESERVATIONS
 from webhook.admission.ledger.escrowed import record_json
 from webhook.admission.ledger.slices import slice_records
+from webhook.core.admission.decisions import mutate
 from webhook.core.admission.escrow import SliceRecord
+from webhook.core.admission.reviews import AdmissionRequest, parse_review
+from webhook.core.tenancy.applications import CHARGE_ANNOTATION, Application
+from webhook.core.tenancy.records import parse_recorded_charge
 
 
 async def _busy(replica: Replica, count: int = 3, memory: str = "1Gi") -> None:
@@ -188,16 +193,63 @@ async def test_a_dead_replicas_slice_is_reclaimed_only_past_its_lease_and_the_st
     assert cluster.objects[POOL]["status"]["removals"] == 1
 
 
+def _minted(replica: Replica, name: str, memory: str, call: str) -> tuple[AdmissionRequest, str]:
+    """A CREATE as the validating call sees it, carrying the record the mutating call ``call``
+    wrote on it, and that record's annotation."""
+    body = create(name, memory, uid=call)
+    patch = mutate(body, replica.state, POLICY).patch
+    written = patch[0]["value"]
+    assert isinstance(written, dict)
+    text = written[CHARGE_ANNOTATION]
+    spec = {"memory": memory}
+    review_body = review("Thing", POOL, name, spec, uid=f"validate-{call}", annotations=written)
+    return parse_review(review_body), text
+
+
+def _stored(cluster: Cluster, name: str, memory: str, text: str | None) -> Application:
+    """The object as stored (at the next revision), with the record ``text`` on it."""
+    recorded = parse_recorded_charge(text) if text is not None else None
+    spec = {"memory": memory}
+    return Application("Thing", POOL, name, spec, recorded=recorded, version=cluster.bump())
+
+
 async def test_a_spend_is_folded_once_its_object_is_observed() -> None:
     cluster = Cluster()
     a = Replica(cluster, "a", {POOL: {"memory": "64Gi"}}, escrow=True)
     await _busy(a)
     await a.ledger.escrow()
-    assert (await a.admit(create("x", "1Gi"))).allowed
-    a.observe(thing(cluster, "x", "1Gi"))
+    request, text = _minted(a, "x", "1Gi", "mutate-1")
+    assert (await a.admit(request)).allowed
+    assert a.ledger.spends == 1
+    a.observe(_stored(cluster, "x", "1Gi", text))
     await a.ledger.escrow()
     (record,) = _records(cluster).values()
     assert record.folded == {"memory": 1024**3}
+
+
+async def test_a_delete_and_re_create_folds_no_spend_on_the_wrong_object() -> None:
+    # x is admitted from the slice and not stored yet; a create of x by the exact path (or
+    # another replica) is stored, deleted, and the first may still be stored after it. The
+    # second object has the same name and charge, but its record names its own request: the
+    # spend stays until its own object is observed (or it can no longer be stored).
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "64Gi"}}, escrow=True)
+    await _busy(a)
+    await a.ledger.escrow()
+    first, first_text = _minted(a, "x", "1Gi", "mutate-1")
+    assert (await a.admit(first)).allowed
+    assert a.ledger.spends == 1
+    _, second_text = _minted(a, "x", "1Gi", "mutate-2")
+    a.observe(_stored(cluster, "x", "1Gi", second_text))
+    await a.ledger.escrow()
+    (record,) = _records(cluster).values()
+    assert record.folded == {}, "folded on another create of the same name"
+    a.observe(_stored(cluster, "x", "1Gi", None))  # nor on one that carries no record
+    await a.ledger.escrow()
+    assert _records(cluster)[record.incarnation].folded == {}
+    a.observe(_stored(cluster, "x", "1Gi", first_text))
+    await a.ledger.escrow()
+    assert _records(cluster)[record.incarnation].folded == {"memory": 1024**3}
 
 
 @pytest.mark.kube
