@@ -10,15 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.admission.test_ledger import POOL, Clock, Cluster, Replica, create, thing
+from tests.admission.test_ledger import POLICY, POOL, Clock, Cluster, Replica, create
 from tests.admission.test_ledger_writes import Live
+from tests.builders import review
 from tests.realkube import reservations_on_real_apiserver
 from webhook.admission.ledger import LedgerSettings
 from webhook.admission.ledger.book import Book
 from webhook.admission.ledger.entries import TENANT_RESERVATIONS
 from webhook.admission.ledger.escrowed import record_json
 from webhook.admission.ledger.slices import slice_records
+from webhook.core.admission.decisions import mutate
 from webhook.core.admission.escrow import SliceRecord
+from webhook.core.admission.reviews import AdmissionRequest, parse_review
+from webhook.core.tenancy.applications import CHARGE_ANNOTATION, Application
+from webhook.core.tenancy.records import parse_recorded_charge
 
 
 async def _busy(replica: Replica, count: int = 3, memory: str = "1Gi") -> None:
@@ -73,6 +78,22 @@ async def test_a_slice_is_never_spent_past_its_room_the_exact_path_takes_the_res
     assert cluster.writes == writes + 1, "the slice is spent: the exact path wrote an entry"
 
 
+async def test_reposting_one_uid_spends_the_slice_once() -> None:
+    # A retried call carries the request's uid again: it takes the exact path (counted again,
+    # never less), and the slice is spent once.
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "64Gi"}}, escrow=True)
+    await _busy(a)
+    await a.ledger.escrow()
+    writes = cluster.writes
+    assert (await a.admit(create("x", "1Gi", uid="same"))).allowed
+    assert cluster.writes == writes
+    assert a.ledger.spends == 1
+    assert (await a.admit(create("x", "1Gi", uid="same"))).allowed
+    assert a.ledger.spends == 1, "the repost was not answered from the slice"
+    assert cluster.writes == writes + 1, "the exact path wrote an entry for it"
+
+
 async def test_near_the_bound_no_slice_is_granted_so_the_last_byte_can_be_used() -> None:
     cluster = Cluster()
     a = Replica(cluster, "a", {POOL: {"memory": "4Gi"}}, escrow=True)
@@ -81,6 +102,63 @@ async def test_near_the_bound_no_slice_is_granted_so_the_last_byte_can_be_used()
     assert _records(cluster) == {}
     assert (await a.admit(create("last", "1Gi"))).allowed
     assert not (await a.admit(create("over", "1"))).allowed
+
+
+async def test_a_trickle_of_tiny_creates_parks_no_bursts_slice() -> None:
+    # A burst sizes the slice from its rate; a create of 1Mi every 10 s afterwards keeps the
+    # slice from going idle. Each renewal gives back what it holds beyond a few seconds of the
+    # current rate, so the burst's room goes back to the pool instead of being parked there.
+    cluster = Cluster()
+    clock = Clock()
+    a = Replica(cluster, "a", {POOL: {"memory": "640Gi"}}, escrow=True, clock=clock)
+    escrowed = a.ledger._escrowed
+    assert escrowed is not None
+    now = [0.0]
+    escrowed.monotonic = lambda: now[0]
+    await _busy(a, count=20)
+    await a.ledger.escrow()
+    (record,) = _records(cluster).values()
+    assert record.outstanding()["memory"] >= 16 * 1024**3, "a burst's slice"
+    for index in range(8):
+        now[0] += 10.0
+        clock.now += 10.0
+        assert (await a.admit(create(f"tiny{index}", "1Mi"))).allowed
+        await a.ledger.escrow()
+    assert a.ledger.spends == 8, "the trickle is answered from the slice"
+    left = _records(cluster)[record.incarnation].outstanding()["memory"]
+    assert left < 1024**3, f"{left} bytes parked for a trickle of 1Mi every 10 s"
+
+
+async def test_one_oversized_create_empties_no_slice() -> None:
+    # A create larger than the pool's free room and the slice's room together is refused on
+    # the exact path and leaves the slice as it is: no return, no pause of its refills.
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "64Gi"}}, escrow=True)
+    await _busy(a)
+    await a.ledger.escrow()
+    (record,) = _records(cluster).values()
+    held = int(record.outstanding()["memory"])
+    free = 64 * 1024**3 - 3 * 1024**3 - held
+    writes = cluster.writes
+    assert not (await a.admit(create("huge", str(free + held + 1)))).allowed
+    assert _records(cluster)[record.incarnation].returned == {}
+    assert cluster.writes == writes, "nothing given back"
+    assert (await a.admit(create("x", "1Gi"))).allowed
+    assert cluster.writes == writes, "still answered from the slice"
+    assert a.ledger.spends == 1
+
+
+async def test_a_create_the_slices_room_makes_fit_gets_it_given_back() -> None:
+    # Near the bound the slice's unspent room goes back to the pool so the last byte is used.
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "64Gi"}}, escrow=True)
+    await _busy(a)
+    await a.ledger.escrow()
+    (record,) = _records(cluster).values()
+    held = int(record.outstanding()["memory"])
+    free = 64 * 1024**3 - 3 * 1024**3 - held
+    assert (await a.admit(create("last", str(free + held)))).allowed
+    assert _records(cluster)[record.incarnation].returned == {"memory": held}
 
 
 async def test_a_new_life_of_the_same_pod_never_spends_the_old_lifes_slice() -> None:
@@ -115,16 +193,63 @@ async def test_a_dead_replicas_slice_is_reclaimed_only_past_its_lease_and_the_st
     assert cluster.objects[POOL]["status"]["removals"] == 1
 
 
+def _minted(replica: Replica, name: str, memory: str, call: str) -> tuple[AdmissionRequest, str]:
+    """A CREATE as the validating call sees it, carrying the record the mutating call ``call``
+    wrote on it, and that record's annotation."""
+    body = create(name, memory, uid=call)
+    patch = mutate(body, replica.state, POLICY).patch
+    written = patch[0]["value"]
+    assert isinstance(written, dict)
+    text = written[CHARGE_ANNOTATION]
+    spec = {"memory": memory}
+    review_body = review("Thing", POOL, name, spec, uid=f"validate-{call}", annotations=written)
+    return parse_review(review_body), text
+
+
+def _stored(cluster: Cluster, name: str, memory: str, text: str | None) -> Application:
+    """The object as stored (at the next revision), with the record ``text`` on it."""
+    recorded = parse_recorded_charge(text) if text is not None else None
+    spec = {"memory": memory}
+    return Application("Thing", POOL, name, spec, recorded=recorded, version=cluster.bump())
+
+
 async def test_a_spend_is_folded_once_its_object_is_observed() -> None:
     cluster = Cluster()
     a = Replica(cluster, "a", {POOL: {"memory": "64Gi"}}, escrow=True)
     await _busy(a)
     await a.ledger.escrow()
-    assert (await a.admit(create("x", "1Gi"))).allowed
-    a.observe(thing(cluster, "x", "1Gi"))
+    request, text = _minted(a, "x", "1Gi", "mutate-1")
+    assert (await a.admit(request)).allowed
+    assert a.ledger.spends == 1
+    a.observe(_stored(cluster, "x", "1Gi", text))
     await a.ledger.escrow()
     (record,) = _records(cluster).values()
     assert record.folded == {"memory": 1024**3}
+
+
+async def test_a_delete_and_re_create_folds_no_spend_on_the_wrong_object() -> None:
+    # x is admitted from the slice and not stored yet; a create of x by the exact path (or
+    # another replica) is stored, deleted, and the first may still be stored after it. The
+    # second object has the same name and charge, but its record names its own request: the
+    # spend stays until its own object is observed (or it can no longer be stored).
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "64Gi"}}, escrow=True)
+    await _busy(a)
+    await a.ledger.escrow()
+    first, first_text = _minted(a, "x", "1Gi", "mutate-1")
+    assert (await a.admit(first)).allowed
+    assert a.ledger.spends == 1
+    _, second_text = _minted(a, "x", "1Gi", "mutate-2")
+    a.observe(_stored(cluster, "x", "1Gi", second_text))
+    await a.ledger.escrow()
+    (record,) = _records(cluster).values()
+    assert record.folded == {}, "folded on another create of the same name"
+    a.observe(_stored(cluster, "x", "1Gi", None))  # nor on one that carries no record
+    await a.ledger.escrow()
+    assert _records(cluster)[record.incarnation].folded == {}
+    a.observe(_stored(cluster, "x", "1Gi", first_text))
+    await a.ledger.escrow()
+    assert _records(cluster)[record.incarnation].folded == {"memory": 1024**3}
 
 
 @pytest.mark.kube

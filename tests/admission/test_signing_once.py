@@ -47,8 +47,10 @@ def eager_sign(
     uid: str = "",
     marks: Mapping[str, Decimal] = _EMPTY,
     dry: bool = False,
+    request: str = "",
 ) -> RecordedCharge:
-    """The old ``records.sign``, verbatim: the reference the lazy record must equal."""
+    """The old ``records.sign``, verbatim (and the request a CREATE's record names): the
+    reference the lazy record must equal."""
     committed = dict(committed) if dict(committed) != dict(charge) else {}
     own = dict(own) if own is not None else None
     source = source if factor else ""
@@ -65,6 +67,7 @@ def eager_sign(
         uid=uid,
         marks=marks,
         dry=dry,
+        request=request,
     )
     return RecordedCharge(
         dict(charge),
@@ -79,10 +82,13 @@ def eager_sign(
         uid,
         dict(marks),
         dry,
+        request,
     )
 
 
-def eager_signed(subject: Any, values: str, charge: Any, at: Any, own: Any, marks: Any) -> Any:
+def eager_signed(
+    subject: Any, values: str, charge: Any, at: Any, own: Any, marks: Any, *, request: str = ""
+) -> Any:
     """The old ``factors.signed``, over :func:`eager_sign`."""
     return eager_sign(
         subject.state.keys,
@@ -97,6 +103,7 @@ def eager_signed(subject: Any, values: str, charge: Any, at: Any, own: Any, mark
         uid=subject.uid,
         marks=marks,
         dry=subject.request.dry_run,
+        request=request,
     )
 
 
@@ -211,11 +218,13 @@ def test_what_the_state_observes_is_the_record_the_mutating_side_wrote() -> None
     current = state({NS: {"memory": "16Gi"}})
     body = request("Thing", NS, "x", {"memory": "5Gi", "storage": "9Gi"})
     patch = mutate(body, current, POLICY).patch
-    admitted = decide(body, current, POLICY).admitted
-    assert admitted is not None
-    assert admitted.recorded is not None
     written = patch[0]["value"]
     assert isinstance(written, dict)
+    # The validating call sees the object as patched, under a uid of its own.
+    patched = request("Thing", NS, "x", {"memory": "5Gi", "storage": "9Gi"}, annotations=written)
+    admitted = decide(replace(patched, uid="another-call"), current, POLICY).admitted
+    assert admitted is not None
+    assert admitted.recorded is not None
     assert written[CHARGE_ANNOTATION] == record_annotation(admitted.recorded)
 
 

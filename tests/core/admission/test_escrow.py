@@ -32,11 +32,12 @@ from webhook.core.admission.escrow import (
     EscrowBounds,
     SliceCount,
     SliceRecord,
+    covers_shortfall,
     grant_size,
     reclaimable,
     within,
 )
-from webhook.core.admission.escrow.holder import refill_wanted
+from webhook.core.admission.escrow.holder import refill_wanted, surplus
 
 POOL = "tenant-a"
 KIND = "Thing"
@@ -86,6 +87,22 @@ def test_a_slice_is_never_spent_past_its_room() -> None:
     assert not escrow.spend("u2", {POOL: {M: _d(6)}}, kind=KIND, now=1.0)
     assert escrow.spend("u3", {POOL: {M: _d(4)}}, kind=KIND, now=1.0)
     assert escrow.available(POOL) == {M: _d(0)}
+
+
+def test_reposting_one_uid_spends_the_slice_once() -> None:
+    # The API server may call the webhook again with the same request uid (a retry): the second
+    # call takes the exact path, before and after the first spend is folded.
+    escrow = Escrow("r1", "a", BOUNDS)
+    _granted(escrow, 10)
+    assert escrow.spend("u1", {POOL: {M: _d(4)}}, kind=KIND, now=1.0)
+    assert not escrow.spend("u1", {POOL: {M: _d(4)}}, kind=KIND, now=1.5)
+    assert escrow.available(POOL) == {M: _d(6)}
+    escrow.observed("u1")
+    write = escrow.plan(POOL, now=2.0, wall=2.0, version=2)
+    assert write is not None
+    escrow.stored(write, write.record, 3)
+    assert not escrow.spend("u1", {POOL: {M: _d(4)}}, kind=KIND, now=2.5)
+    assert escrow.available(POOL) == {M: _d(6)}
 
 
 def test_a_spend_across_two_pools_takes_both_or_neither() -> None:
@@ -202,6 +219,25 @@ def test_a_removed_record_stays_counted_and_unseen_removals_fence_the_pool() -> 
     count.catch_up(lambda kind: 7)
     assert count.counted(POOL) == {}
     assert not count.fenced(POOL)
+
+
+def test_one_oversized_create_empties_no_slice() -> None:
+    budget = {M: _d(100)}
+    # 90 counted with the slice's 10 whole: 20 asked is 10 over, which the slice covers.
+    assert covers_shortfall({M: _d(10)}, {M: _d(110)}, budget)
+    # 11 over: the slice's room would not make it fit, so it is not given back for it.
+    assert not covers_shortfall({M: _d(10)}, {M: _d(111)}, budget)
+    assert not covers_shortfall({M: _d(10)}, {M: _d(100)}, budget), "not over: nothing to give"
+    assert not covers_shortfall({M: _d(10)}, {}, budget), "no figures: nothing given"
+
+
+def test_a_trickle_of_tiny_creates_parks_no_bursts_slice() -> None:
+    # Sized for a burst (5 s of 20 a second), renewed while the rate is down to 1 a second:
+    # all but 5 s of it goes back, or the last charge if that is larger.
+    assert surplus({M: _d(1)}, {M: _d(100)}, BOUNDS) == {M: _d(95)}
+    assert surplus({M: _d(1)}, {M: _d(100)}, BOUNDS, least={M: _d(8)}) == {M: _d(92)}
+    assert surplus({M: _d(20)}, {M: _d(100)}, BOUNDS) == {}
+    assert surplus({}, {M: _d(3)}, BOUNDS) == {M: _d(3)}, "no rate left: all of it"
 
 
 def test_refill_asks_for_a_few_seconds_of_the_rate_once_under_a_second_is_left() -> None:

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from tests.builders import KEYS, request, signed, state, thing
 from webhook.core.admission.decisions import Policy, decide, mutate
 from webhook.core.admission.state import ReservationState
+from webhook.core.tenancy import records
 from webhook.core.tenancy.applications import CHARGE_ANNOTATION, Application
 from webhook.core.tenancy.records import (
     RecordKeys,
@@ -93,6 +94,26 @@ def test_a_record_signed_with_the_previous_key_verifies_during_a_rotation() -> N
     assert verifies(rotated, ("Thing", "ns", "a"), values, record)
     retired = RecordKeys(b"the-new-current-key-0123456789abcdef")
     assert not verifies(retired, ("Thing", "ns", "a"), values, record)
+
+
+def test_a_record_naming_a_request_verifies_only_with_that_request() -> None:
+    # The request a CREATE's record names is signed: changing it, or dropping it, breaks the
+    # MAC, and a record naming none is signed exactly as records were before the field.
+    values = values_digest({})
+    app = ("Thing", "ns", "a")
+    plain = sign(KEYS, app, values, {"memory": GI}, "sha256:c")
+    named = sign(KEYS, app, values, {"memory": GI}, "sha256:c", request="call-1")
+    assert named.mac != plain.mac
+    assert plain.mac == records.mac(KEYS.current, app, values, {"memory": GI}, "sha256:c")
+    assert verifies(KEYS, app, values, named)
+    for value in ("call-2", ""):
+        body = json.loads(record_annotation(named))
+        body["request"] = value
+        record = parse_recorded_charge(json.dumps(body))
+        assert record is not None
+        assert not verifies(KEYS, app, values, record), value
+    text = record_annotation(named)
+    assert len(text) - len(record_annotation(plain)) == len(',"request":"call-1"')
 
 
 def test_a_short_key_is_refused() -> None:
@@ -235,6 +256,44 @@ def test_mutate_replaces_a_forged_annotation_with_the_signed_record() -> None:
     assert record.resources["memory"] == 32 * GI
     vm = annotated(Application("VMInstance", "tenant-acme", "vm", BIG), operation["value"])
     assert current.trusted(vm) is not None
+
+
+def test_a_create_carrying_another_creates_record_gets_its_own() -> None:
+    # A record copied from an earlier object of the same name and values verifies, but it
+    # names that object's request: the mutating call mints one naming itself, which the
+    # validating call (under a uid of its own) accepts as written.
+    current = state({"tenant-acme": {"memory": "64Gi"}})
+    first = patch_of(mutate(request("Thing", "tenant-acme", "x", {}, uid="a"), current, ENFORCE))
+    copied = first[0]["value"][CHARGE_ANNOTATION]
+    carried = request(
+        "Thing", "tenant-acme", "x", {}, uid="b", annotations={CHARGE_ANNOTATION: copied}
+    )
+    (operation,) = patch_of(mutate(carried, current, ENFORCE))
+    record = parse_recorded_charge(operation["value"])
+    assert record is not None
+    assert record.request == "b"
+    validated = request(
+        "Thing",
+        "tenant-acme",
+        "x",
+        {},
+        uid="c",
+        annotations={CHARGE_ANNOTATION: operation["value"]},
+    )
+    decision = decide(validated, current, ENFORCE)
+    assert decision.allowed
+    assert decision.admitted is not None
+    assert decision.admitted.recorded is not None
+    assert decision.admitted.recorded.request == "b"
+    again = request(
+        "Thing",
+        "tenant-acme",
+        "x",
+        {},
+        uid="b",
+        annotations={CHARGE_ANNOTATION: operation["value"]},
+    )
+    assert patch_of(mutate(again, current, ENFORCE)) == [], "its own record is kept"
 
 
 def test_charge_planted_in_off_mode_is_removed() -> None:

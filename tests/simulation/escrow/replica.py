@@ -22,7 +22,7 @@ from typing import Any
 from tests.simulation.apiserver import SimAPI
 from webhook.core.admission import escrow as core
 from webhook.core.admission.escrow import records as escrow_records
-from webhook.core.admission.escrow.holder import refill_wanted
+from webhook.core.admission.escrow.holder import refill_wanted, surplus
 
 Obj = dict[str, Any]
 KIND = "Thing"
@@ -323,6 +323,8 @@ class Replica:
                 )
         if (self.over_budget(pool) or self.escrow.idle(pool, now)) and available.get(M):
             give = dict(available)
+        elif not grow and self.escrow.renew_due(pool, now):
+            give = surplus({M: self.rate}, available, BOUNDS)
         write = self.escrow.plan(
             pool,
             now=now,

@@ -34,11 +34,13 @@ from webhook.admission.ledger.slices import removals, slice_records
 from webhook.admission.ledger.status import Status
 from webhook.core.admission import escrow as core
 from webhook.core.admission.decisions import Decision, Policy, decide
-from webhook.core.admission.escrow.holder import refill_wanted
+from webhook.core.admission.escrow.holder import refill_wanted, surplus
+from webhook.core.admission.resolve import charge_annotation
 from webhook.core.admission.reviews import AdmissionRequest
 from webhook.core.admission.state import ReservationState
 from webhook.core.base import resources as rl
 from webhook.core.tenancy.applications import AppKey
+from webhook.core.tenancy.records import parse_recorded_charge
 from webhook.kube.client import ApiError
 
 __all__ = ["Escrowed", "record_json"]
@@ -79,7 +81,8 @@ class Escrowed:
         bounds = bounds or core.EscrowBounds(store_seconds=book.settings.store_seconds)
         self.escrow = core.Escrow(book.settings.replica, incarnation, bounds)
         book.escrow = self.escrow
-        self._spent: dict[str, tuple[AppKey, int, dict[str, Decimal]]] = {}  # uid -> key, after
+        # uid -> key, after, expected, the request its object's record names
+        self._spent: dict[str, tuple[AppKey, int, dict[str, Decimal], str]] = {}
         self._rates: dict[str, dict[str, float]] = {}  # pool -> key -> per second, decaying
         self._noted: dict[str, float] = {}  # pool -> when its rate was last brought up to date
         self._kinds: dict[str, set[str]] = {}  # pool -> kinds recently admitted there
@@ -125,12 +128,16 @@ class Escrowed:
             if not core.within(node.budget, node.usage):
                 return None
         charges = {pool: dict(room) for pool, room in charged.items()}
-        if not escrow.spend(request.uid, charges, kind=request.kind, now=now):
+        # The request the object's record names (it verified, or decide() would have refused):
+        # a spend is folded on observing an object whose record names it, and without one only
+        # once it can no longer be stored.
+        minted = _minted(request)
+        if not escrow.spend(request.uid, charges, kind=request.kind, now=now, update=not minted):
             return None
         # Only an object newer than everything this replica had seen may be this request's.
         seen = max(version(self.book.objects.get(pool) or {}) for pool in charges)
         after = max(seen, self.book.live.observed_version(request.kind))
-        self._spent[request.uid] = (key, after, dict(decision.expected or {}))
+        self._spent[request.uid] = (key, after, dict(decision.expected or {}), minted)
         self.spends += 1
         return decision
 
@@ -157,11 +164,14 @@ class Escrowed:
         self._noted[pool] = now
         return rates
 
-    async def give_back(self, pool: str) -> bool:
-        """Return what this process's slice of ``pool`` holds unspent (an admission was refused
-        for the pool's budget: near the bound the exact path takes the room); whether anything
-        was given back."""
-        if not any(self.escrow.available(pool).values()):
+    async def give_back(self, refused: Decision) -> bool:
+        """Return what this process's slice of the refused admission's pool holds unspent, when
+        that room would make it fit (near the bound the exact path takes the room); whether
+        anything was given back. A request too large for the slice's room too leaves the slice
+        alone: it is refused either way."""
+        pool = refused.pool
+        available = self.escrow.available(pool)
+        if not core.covers_shortfall(available, refused.reserved_after, refused.budget):
             return False
         self._quiet[pool] = self.monotonic()  # no refill for a while: the pool is at its bound
         with contextlib.suppress(Conflict):
@@ -216,6 +226,10 @@ class Escrowed:
                     grow = {}
             if (over or give_all or escrow.idle(pool, now)) and any(available.values()):
                 give = available
+            elif not grow and escrow.renew_due(pool, now):
+                # A renewal keeps a few seconds of the current rate, not a past burst's room.
+                last = rl.mask(self._last.get(pool, {}), node.budget)
+                give = surplus(rl.mask(rate, node.budget), available, escrow.bounds, least=last)
             write = None
             if not grow and escrow.removable(pool, now):
                 gone.append(escrow.incarnation)  # idle and all given back: no more renewals
@@ -270,17 +284,29 @@ class Escrowed:
         return status
 
     def _observe(self, state: ReservationState) -> None:
-        """Mark the spends whose object the state has observed newer than everything this
-        replica had seen at their decision, with the charge they expect (only a CREATE spends
-        here). The object is told by name: another create of the same name stored just before
-        the decision, then deleted before this one is stored, would be taken for it (a window
-        of the watch's lag; the request's uid in the signed record would close it)."""
+        """Mark the spends whose object the state has observed: newer than everything this
+        replica had seen at their decision, with the charge they expect, and its believed
+        record naming the very request (only a CREATE spends here). Told by name alone,
+        another create of the same name (the exact path's, after a delete) would be taken for
+        a request still to be stored, and its room folded early."""
         waiting = {spend.uid for spend in self.escrow.spends()}
         for uid in list(self._spent):
             if uid not in waiting:
                 del self._spent[uid]
                 continue
-            key, after, expected = self._spent[uid]
+            key, after, expected, minted = self._spent[uid]
             record = state.record(key)
-            if record is not None and record.version > after and record.resources == expected:
+            if (
+                record is not None
+                and minted
+                and record.request == minted
+                and record.version > after
+                and record.resources == expected
+            ):
                 self.escrow.observed(uid)
+
+
+def _minted(request: AdmissionRequest) -> str:
+    """The request the charge record on ``request``'s object names ("": none, or unreadable)."""
+    parsed = parse_recorded_charge(charge_annotation(request.object))
+    return parsed.request if parsed is not None and not parsed.dry else ""

@@ -145,7 +145,7 @@ class Ledger:
             decided = decided_replacing(request, state, policy)
             decision = decided.decision
         refused = not decision.allowed and decision.reason == "exceeded" and decision.pool
-        if refused and escrowed is not None and await escrowed.give_back(decision.pool):
+        if refused and escrowed is not None and await escrowed.give_back(decision):
             # Near the bound: what this replica's slice holds unspent goes back to the pool
             # (one write) and the exact path decides again, so the last byte can be used.
             state = self._book.current()
@@ -179,7 +179,7 @@ class Ledger:
         pools = sorted(decision.charged_pools)
         answer = await self._exact(pools, request, policy, decided)
         refused = not answer.allowed and answer.reason == "exceeded" and answer.pool
-        if refused and escrowed is not None and await escrowed.give_back(answer.pool):
+        if refused and escrowed is not None and await escrowed.give_back(answer):
             answer = await self._exact(pools, request, policy, None)  # the room given back
         if request.dry_run and answer.allowed and answer.charged_pools:
             return held_dry_run(answer, self.settings.grace_seconds)

@@ -48,6 +48,7 @@ from webhook.core.admission.factors import (
     factor,
     factor_change,
     factor_fix,
+    minted_for,
     record_content,
     signed,
 )
@@ -259,18 +260,21 @@ def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -
         volumes = held(subject, charge)
         charge = volumes.charge
         at = at_factor(subject, charge.resources, own)
-        content = record_content(subject, values, charge, at, own, volumes.marks)
+        minted = minted_for(subject)
+        content = record_content(subject, values, charge, at, own, volumes.marks, request=minted)
         parsed = parse_recorded_charge(claimed) if claimed is not None else None
         same = (
             parsed is not None
             and parsed.content() == content.content()
+            # A CREATE's record names the call that computed it: one carried in is re-minted.
+            and parsed.request == content.request
             # Under the current key only: one a rotation retired stops vouching at the end of
             # its window, so a write in the window re-signs what it carries.
             and parsed.kid == state.keys.current_id
             and verifies(state.keys, subject.app.key, values, parsed, uid=subject.uid)
         )
         if not same:  # signed only to be written: an object carrying it is left as it is
-            record = signed(subject, values, charge, at, own, volumes.marks)
+            record = signed(subject, values, charge, at, own, volumes.marks, request=minted)
             operations.append(set_annotation(request.object, record_annotation(record)))
         recorded = True
     elif claimed is not None and not carried:

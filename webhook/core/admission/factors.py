@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import NamedTuple
 
@@ -30,6 +30,7 @@ from webhook.core.admission.price import Priced
 from webhook.core.admission.resolve import (
     Factors,
     Subject,
+    charge_annotation,
     overcommit_annotation,
     record_problem,
     vouched_own,
@@ -43,7 +44,13 @@ from webhook.core.tenancy.overcommit import (
     format_factors,
     parse_factors,
 )
-from webhook.core.tenancy.records import RecordedCharge, RecordKeys, sign_record, unsigned
+from webhook.core.tenancy.records import (
+    RecordedCharge,
+    RecordKeys,
+    parse_recorded_charge,
+    sign_record,
+    unsigned,
+)
 from webhook.core.tenancy.tenants import TENANT_KIND
 
 __all__ = [
@@ -53,6 +60,7 @@ __all__ = [
     "factor",
     "factor_change",
     "factor_fix",
+    "minted_for",
     "record_content",
     "signed",
 ]
@@ -104,6 +112,12 @@ def factor(subject: Subject, priced: Priced, rules: OvercommitRules) -> Factored
     forged = record_problem(subject, priced.values, content)
     if forged:
         return errored(403, "Forbidden", "forged-charge", forged)
+    if subject.request.operation == "CREATE":
+        # The request the mutating call minted the record for, as the object carries it (it
+        # verified above): what the state holds until the watch delivers is what is stored.
+        claimed = parse_recorded_charge(charge_annotation(subject.request.object))
+        if claimed is not None and claimed.request:
+            content = replace(content, request=claimed.request)
     return Factored(own, changed, at, content, subject.app.key, subject.state.keys)
 
 
@@ -190,13 +204,27 @@ def signed(
     at: AtFactor,
     own: Factors | None,
     marks: Mapping[str, Decimal],
+    *,
+    request: str = "",
 ) -> RecordedCharge:
     """The record both sides write and expect: the mutating side signs exactly what the
     validating side will recompute, so neither can drift from the other. It is bound to what
     the tenant cannot choose: the stored object's uid (on UPDATE, from the old object the API
-    server read; a CREATE has none yet) and whether this is a dry run."""
-    content = record_content(subject, values, charge, at, own, marks)
+    server read; a CREATE has none yet), whether this is a dry run, and on a CREATE the
+    mutating call's uid (``request``, :func:`minted_for`), which only the validating call
+    cannot recompute and takes as written."""
+    content = record_content(subject, values, charge, at, own, marks, request=request)
     return sign_record(subject.state.keys, subject.app.key, content)
+
+
+def minted_for(subject: Subject) -> str:
+    """The request a record computed by this (mutating) call names: its own uid on a CREATE,
+    within the bound every uid the ledger keeps has (128 characters), else none. The API server
+    gives every webhook call a fresh random uid, so no other create carries it."""
+    request = subject.request
+    if request.operation != "CREATE" or not 0 < len(request.uid) <= 128:
+        return ""
+    return request.uid
 
 
 def record_content(
@@ -206,6 +234,8 @@ def record_content(
     at: AtFactor,
     own: Factors | None,
     marks: Mapping[str, Decimal],
+    *,
+    request: str = "",
 ) -> RecordedCharge:
     """:func:`signed`'s record, unsigned: the same :meth:`~RecordedCharge.content`."""
     return unsigned(
@@ -219,6 +249,7 @@ def record_content(
         uid=subject.uid,
         marks=marks,
         dry=subject.request.dry_run,
+        request=request,
     )
 
 

@@ -367,7 +367,10 @@ def record_problem(subject: Subject, values: str, computed: RecordedCharge) -> s
     record = parse_recorded_charge(claimed)
     uid = _uid(request.object) or subject.uid
     if record is not None and verifies(state.keys, subject.app.key, values, record, uid=uid):
-        if record.content() == computed.content():
+        # A CREATE's record names the mutating call that computed it, which this call cannot
+        # recompute: any request it verifies for (the mutating side re-mints one carried in).
+        fresh = request.operation == "CREATE" or record.request == computed.request
+        if record.content() == computed.content() and fresh:
             return ""
         if (
             request.operation == "UPDATE"

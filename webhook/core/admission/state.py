@@ -83,6 +83,9 @@ class AppRecord:
     # reads (a label, a status) moves ``version`` on, never this (see admission.floors).
     written: int = 0
     marks: dict[str, Decimal] | None = None  # its persistent volumes' high marks, when any
+    # The request its believed record was minted for (a CREATE's admission call), or "": the
+    # one thing a later create of the same name never carries (escrow folds on it).
+    request: str = ""
 
     @property
     def drifted(self) -> bool:
@@ -405,6 +408,7 @@ class ReservationState:
         record.factors = dict(factors) or None
         record.factor_source = source
         record.marks = dict(marks) or None
+        record.request = recorded.request if recorded is not None else ""
         return record, problem
 
     def _signed_marks(self, app: Application) -> Mapping[str, Decimal]:

@@ -8,7 +8,9 @@ what it records with a key only it holds (HMAC-SHA256), over everything the figu
     it one: every record written on an UPDATE), the digest of the (defaulted) values it charged,
     the charge, the charge digest (contract and catalog entries used), the overcommit factor
     applied, what was committed (declared) before the factor, the object's own factor, the high
-    marks of its persistent volumes, and whether it was computed for a dry run.
+    marks of its persistent volumes, whether it was computed for a dry run, and on a CREATE the
+    uid of the admission call that computed it (the request it was minted for: a later create
+    of the same name carries another, so the record names one request, not only the object).
 
 A record is believed only when its MAC verifies under the key its id names *and* its values
 digest matches the object's values as they stand *and* it was not minted by a dry run *and* its
@@ -122,6 +124,9 @@ class RecordedCharge:
     uid: str = ""  # the object's uid when the record was computed ("" on CREATE)
     marks: Mapping[str, Decimal] = field(default_factory=lambda: _EMPTY)  # volume high marks
     dry: bool = False  # computed for a dry run: never believed
+    # The uid of the admission call that computed it, on a CREATE ("" otherwise, and on every
+    # record from before it was kept): only the request it was minted for carries it.
+    request: str = ""
 
     @property
     def declared(self) -> Mapping[str, Decimal]:
@@ -129,8 +134,9 @@ class RecordedCharge:
         return self.committed or self.resources
 
     def content(self) -> tuple[object, ...]:
-        """Everything the record says, without who signed it (key id and MAC): two replicas
-        holding different keys during a rotation compute records of equal content."""
+        """Everything the record says, without who signed it (key id and MAC) and which call it
+        was minted for (:attr:`request`, which the validating call cannot recompute): two
+        replicas holding different keys during a rotation compute records of equal content."""
         return (
             self.values,
             rl.to_strings(self.resources),
@@ -236,8 +242,11 @@ def mac(
     uid: str = "",
     marks: Mapping[str, Decimal] = _EMPTY,
     dry: bool = False,
+    request: str = "",
 ) -> str:
-    """The MAC of one record under ``key``: ``hmac-sha256:<hex>``."""
+    """The MAC of one record under ``key``: ``hmac-sha256:<hex>``. A record naming no request
+    is signed exactly as before that field was kept, so records already stored still verify;
+    one naming a request is signed over it too, and verifies with it only."""
     kind, namespace, name = app
     message = _message_json(
         [
@@ -256,6 +265,7 @@ def mac(
             rl.to_strings(committed),
             None if own is None else rl.to_strings(own),
             source,
+            *([request] if request else []),
         ]
     )
     return MAC_PREFIX + hmac.new(key, message, hashlib.sha256).hexdigest()
@@ -281,13 +291,24 @@ def sign(
     uid: str = "",
     marks: Mapping[str, Decimal] = _EMPTY,
     dry: bool = False,
+    request: str = "",
 ) -> RecordedCharge:
     """The record of ``charge`` for this object and values, signed with the current key.
 
     ``committed`` is kept only when it differs from ``charge`` (a factor applied).
     """
     content = unsigned(
-        values, charge, digest, factor, committed, own, source, uid=uid, marks=marks, dry=dry
+        values,
+        charge,
+        digest,
+        factor,
+        committed,
+        own,
+        source,
+        uid=uid,
+        marks=marks,
+        dry=dry,
+        request=request,
     )
     return sign_record(keys, app, content)
 
@@ -304,6 +325,7 @@ def unsigned(
     uid: str = "",
     marks: Mapping[str, Decimal] = _EMPTY,
     dry: bool = False,
+    request: str = "",
 ) -> RecordedCharge:
     """What :func:`sign` would record, without the key id and MAC: its
     :meth:`~RecordedCharge.content` is the signed record's, at no HMAC's cost, for comparing a
@@ -322,6 +344,7 @@ def unsigned(
         uid,
         dict(marks),
         dry,
+        request,
     )
 
 
@@ -347,6 +370,7 @@ def _record_mac(key: bytes, app: tuple[str, str, str], record: RecordedCharge) -
         uid=record.uid,
         marks=record.marks,
         dry=record.dry,
+        request=record.request,
     )
 
 
@@ -387,7 +411,7 @@ def _verifies_v1(
     under any key held, so audit logs from before an upgrade still verify, and a stored object
     keeps its record until it is next written (every decided write replaces it with a v2
     record). Those never carry a uid, marks or the dry-run flag."""
-    if record.uid or record.marks or record.dry:
+    if record.uid or record.marks or record.dry or record.request:
         return False
     kind, namespace, name = app
     message = _message_json(
@@ -451,6 +475,8 @@ def record_annotation(record: RecordedCharge) -> str:
         body["uid"] = record.uid
     if record.dry:
         body["dry"] = True
+    if record.request:
+        body["request"] = record.request
     body["values"] = record.values
     body["kid"] = record.kid
     body["mac"] = record.mac
@@ -490,7 +516,7 @@ def parse_recorded_charge(text: object) -> RecordedCharge | None:
         factor, committed = body.get("factor") or {}, body.get("committed") or {}
         own, source = body.get("own"), body.get("source", "")
         kid, uid, marks = body.get("kid", ""), body.get("uid", ""), body.get("marks") or {}
-        dry = body.get("dry", False)
+        dry, request = body.get("dry", False), body.get("request", "")
         if not (
             isinstance(charge, Mapping)
             and isinstance(factor, Mapping)
@@ -498,7 +524,9 @@ def parse_recorded_charge(text: object) -> RecordedCharge | None:
             and isinstance(marks, Mapping)
             and (own is None or isinstance(own, Mapping))
             and isinstance(dry, bool)
-            and all(isinstance(v, str) for v in (digest, values, signature, source, kid, uid))
+            and all(
+                isinstance(v, str) for v in (digest, values, signature, source, kid, uid, request)
+            )
         ):
             return None
         resources = {str(k): parse_quantity(v) for k, v in charge.items()}
@@ -514,5 +542,17 @@ def parse_recorded_charge(text: object) -> RecordedCharge | None:
     ):
         return None
     return RecordedCharge(
-        resources, digest, values, signature, factors, declared, owned, source, kid, uid, held, dry
+        resources,
+        digest,
+        values,
+        signature,
+        factors,
+        declared,
+        owned,
+        source,
+        kid,
+        uid,
+        held,
+        dry,
+        request,
     )

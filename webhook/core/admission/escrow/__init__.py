@@ -12,6 +12,7 @@ from webhook.core.admission.escrow.holder import Escrow, Spend, Write
 from webhook.core.admission.escrow.records import (
     EscrowBounds,
     SliceRecord,
+    covers_shortfall,
     grant_size,
     reclaimable,
     within,
@@ -24,6 +25,7 @@ __all__ = [
     "SliceRecord",
     "Spend",
     "Write",
+    "covers_shortfall",
     "grant_size",
     "reclaimable",
     "within",

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from decimal import Decimal
+from decimal import ROUND_FLOOR, Decimal
 
 from webhook.core.admission.escrow.records import EscrowBounds, SliceRecord
 from webhook.core.base import resources as rl
 
-__all__ = ["Escrow", "Spend", "Write", "refill_wanted"]
+__all__ = ["Escrow", "Spend", "Write", "refill_wanted", "surplus"]
 
 _ZERO = Decimal(0)
 
@@ -80,6 +80,29 @@ def refill_wanted(
     return {key: value for key, value in wanted.items() if value > 0}
 
 
+def surplus(
+    rate: Mapping[str, Decimal],
+    available: Mapping[str, Decimal],
+    bounds: EscrowBounds,
+    *,
+    least: Mapping[str, Decimal] | None = None,
+) -> dict[str, Decimal]:
+    """What a renewal gives back: the unspent room beyond ``target_seconds`` of ``rate`` (per
+    second) on each key, and beyond ``least`` (the last admission's charge, so the slice still
+    answers one more like it). A slice sized for a burst and kept alive by a trickle would
+    otherwise hold the burst's room for as long as the trickle lasts, room no other replica
+    and not the exact path may use. Whole units, rounded down."""
+    target = Decimal(str(bounds.target_seconds))
+    floor = least or {}
+    given: dict[str, Decimal] = {}
+    for key, held in sorted(available.items()):
+        keep = max(rate.get(key, _ZERO) * target, floor.get(key, _ZERO))
+        extra = (held - keep).to_integral_value(ROUND_FLOOR)
+        if extra > 0:
+            given[key] = extra
+    return given
+
+
 class Escrow:
     """One process's slices, by pool: what it may spend, and the writes that change them."""
 
@@ -89,6 +112,9 @@ class Escrow:
         self.bounds = bounds
         self._slices: dict[str, _Slice] = {}
         self._observed: set[str] = set()  # request uids whose objects the state has observed
+        # Request uid -> when it was spent, until it can no longer be stored: a call again
+        # with the same uid (a retry) never spends a second time.
+        self._uids: dict[str, float] = {}
 
     # -- what may be spent -----------------------------------------------------------------
 
@@ -133,8 +159,22 @@ class Escrow:
     ) -> bool:
         """Spend ``charges`` (pool -> room) for request ``uid`` if every pool's slice is live,
         names ``kind`` and has the room on every key charged; whether it did (else nothing is
-        spent and the request takes the exact path)."""
+        spent and the request takes the exact path).
+
+        A uid spent within the store bound is refused, whether or not its spend was folded:
+        the exact path then counts the call again (a double count until observed or expired,
+        never an undercount). Answering it from the first spend instead would trust the caller
+        that the second call is the same object; a different object under a reused uid would
+        then be admitted on the first one's room."""
         if not charges:
+            return False
+        horizon = now - self.bounds.store_seconds
+        while self._uids:  # spent in order of a monotonic clock: the oldest first
+            oldest = next(iter(self._uids))
+            if self._uids[oldest] >= horizon:
+                break
+            del self._uids[oldest]
+        if uid in self._uids:
             return False
         for pool, room in charges.items():
             if not self.live(pool, now):
@@ -151,6 +191,7 @@ class Escrow:
             found = self._slices[pool]
             found.spends.append(Spend(uid, pool, positive, kind, now, update))
             found.last_spend = now
+        self._uids[uid] = now
         return True
 
     def observed(self, uid: str) -> None:

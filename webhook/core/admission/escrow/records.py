@@ -18,7 +18,14 @@ from decimal import ROUND_FLOOR, Decimal
 
 from webhook.core.base import resources as rl
 
-__all__ = ["EscrowBounds", "SliceRecord", "grant_size", "reclaimable", "within"]
+__all__ = [
+    "EscrowBounds",
+    "SliceRecord",
+    "covers_shortfall",
+    "grant_size",
+    "reclaimable",
+    "within",
+]
 
 _ZERO = Decimal(0)
 
@@ -88,6 +95,20 @@ def within(budget: Mapping[str, Decimal], counted: Mapping[str, Decimal]) -> boo
     only then (its own slice is counted whole, so a lowered budget stops it as it stops an
     admission today)."""
     return all(counted.get(key, _ZERO) <= limit for key, limit in budget.items())
+
+
+def covers_shortfall(
+    available: Mapping[str, Decimal],
+    after: Mapping[str, Decimal],
+    budget: Mapping[str, Decimal],
+) -> bool:
+    """Whether giving back ``available`` (a slice's unspent room) would make a refused
+    admission fit: it counted ``after`` against ``budget`` and went over on some key. Only then
+    is the slice given back; a create larger than the slice's room too would be refused anyway,
+    and giving back for it would let one oversized request empty every replica's slices."""
+    over = {key: after.get(key, _ZERO) - limit for key, limit in budget.items()}
+    over = {key: value for key, value in over.items() if value > 0}
+    return bool(over) and all(available.get(key, _ZERO) >= value for key, value in over.items())
 
 
 def grant_size(
