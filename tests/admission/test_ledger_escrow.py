@@ -5,12 +5,13 @@ life of the same pod."""
 
 from __future__ import annotations
 
+import asyncio
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
-from tests.admission.test_ledger import POLICY, POOL, Clock, Cluster, Replica, create
+from tests.admission.test_ledger import POLICY, POOL, Clock, Cluster, Replica, create, preview
 from tests.admission.test_ledger_writes import Live
 from tests.builders import review
 from tests.realkube import reservations_on_real_apiserver
@@ -273,3 +274,54 @@ async def test_a_real_api_server_keeps_a_slice_record_as_written(tmp_path: Path)
         stored = await client.get(TENANT_RESERVATIONS, POOL, POOL)
         assert slice_records(stored["status"]) == {"a.1": record}
         assert stored["status"]["removals"] == 2
+
+
+async def test_near_the_bound_a_holder_gives_its_slice_back_so_another_replica_uses_the_room() -> (
+    None
+):
+    # Two replicas behind one Service: a holds a slice, b is asked for the pool's last creates.
+    # Without the give-back, b answers "try again" until a's slice idles out (30 s).
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "16Gi"}}, escrow=True)
+    b = Replica(cluster, "b", {POOL: {"memory": "16Gi"}})
+    await _busy(a)
+    assert await a.ledger.escrow() == 1
+    (record,) = _records(cluster).values()
+    assert record.outstanding()["memory"] >= 1024**3
+    b.deliver()
+    admitted = 0
+    while (decision := await b.admit(create(f"b{admitted}", "1Gi"))).allowed:
+        admitted += 1
+    assert decision.reason == "escrowed", decision.message
+    a.deliver()
+    assert await a.ledger.escrow() == 1, "no room is left outside the slices: a gives its back"
+    (record,) = _records(cluster).values()
+    assert not any(record.outstanding().values())
+    b.deliver()
+    while (decision := await b.admit(create(f"b{admitted}", "1Gi"))).allowed:
+        admitted += 1
+    assert decision.reason == "exceeded", decision.message
+    assert admitted == 16 - 3, "every byte the pool has beside a's three creates"
+
+
+async def test_two_refusals_during_one_give_back_both_decide_again_after_it() -> None:
+    # The second refusal found nothing left to give back (the first was already returning it)
+    # and answered "exceeded" on a pool that had the room once that write was stored.
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "16Gi"}}, escrow=True)
+    b = Replica(cluster, "b", {POOL: {"memory": "16Gi"}})
+    await _busy(a)
+    assert await a.ledger.escrow() == 1
+    (record,) = _records(cluster).values()
+    assert record.outstanding()["memory"] >= 2 * 1024**3
+    b.deliver()
+    filled = 0
+    while (await b.admit(create(f"b{filled}", "1Gi"))).allowed:
+        filled += 1
+    a.deliver()
+    # Dry runs take the exact path: both are refused there first, then given the slice's room.
+    first, second = await asyncio.gather(
+        a.admit(preview("one", "1Gi", uid="one")), a.admit(preview("two", "1Gi", uid="two"))
+    )
+    assert first.allowed, first.message
+    assert second.allowed, second.message

@@ -818,7 +818,9 @@ class Simulation:
         deadline = self.loop.time() + replica_module.GRACE_SECONDS + 4 * READ_TIMEOUT
         quiet_since = self.loop.time()
         while True:
-            progressed = bool(self.admitted or self.api.calls)
+            # A read (a periodic resync, a consistent read) changes nothing: only what may
+            # (writes, stores, events) keeps the grace period from running.
+            progressed = bool(self.admitted) or any(c.method != "GET" for c in self.api.calls)
             for call in list(self.api.calls):
                 self.api.answer(call)
             for stream in list(self.api.streams):

@@ -88,6 +88,7 @@ class Escrowed:
         self._kinds: dict[str, set[str]] = {}  # pool -> kinds recently admitted there
         self._last: dict[str, dict[str, Decimal]] = {}  # pool -> the last admission's charge
         self._quiet: dict[str, float] = {}  # pool -> when a refusal gave its slice back
+        self._returning: set[str] = set()  # pools whose slice a refusal is giving back now
         self.spends = 0  # admissions answered from slices
         self.writes = 0  # writes of this process's records
 
@@ -170,12 +171,21 @@ class Escrowed:
         anything was given back. A request too large for the slice's room too leaves the slice
         alone: it is refused either way."""
         pool = refused.pool
+        if pool in self._returning:
+            # Another refusal's give-back is being written (its room is no longer spendable
+            # here, nor free yet): decide again once it is.
+            async with self.book.lock(pool):
+                return True
         available = self.escrow.available(pool)
         if not core.covers_shortfall(available, refused.reserved_after, refused.budget):
             return False
         self._quiet[pool] = self.monotonic()  # no refill for a while: the pool is at its bound
-        with contextlib.suppress(Conflict):
-            return await self._pool(pool, give_all=True) > 0
+        self._returning.add(pool)
+        try:
+            with contextlib.suppress(Conflict):
+                return await self._pool(pool, give_all=True) > 0
+        finally:
+            self._returning.discard(pool)
         return False
 
     # -- the duty --------------------------------------------------------------------------
@@ -224,8 +234,14 @@ class Escrowed:
                 last = rl.mask(self._last.get(pool, {}), node.budget)
                 if any(rl.add(available, grow).get(k, Decimal(0)) < v for k, v in last.items()):
                     grow = {}
-            if (over or give_all or escrow.idle(pool, now)) and any(available.values()):
+            # Near the bound (no room outside the slices for one more of the pool's last
+            # admission) the slices go back, so whichever replica is asked uses the last byte.
+            last = rl.mask(self._last.get(pool, {}), node.budget)
+            full = bool(last) and bool(rl.exceeded(rl.add(node.usage, last), node.budget))
+            if (over or give_all or full or escrow.idle(pool, now)) and any(available.values()):
                 give = available
+                if full:
+                    self._quiet[pool] = now  # no refill for a while: the pool is at its bound
             elif not grow and escrow.renew_due(pool, now):
                 # A renewal keeps a few seconds of the current rate, not a past burst's room.
                 last = rl.mask(self._last.get(pool, {}), node.budget)
