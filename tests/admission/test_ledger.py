@@ -653,6 +653,38 @@ async def test_a_tenant_past_its_share_through_requests_charging_two_pools_is_re
     assert other.allowed, "another tenant of the pool is not refused"
 
 
+async def test_creates_refused_downstream_hold_only_their_tenants_share_for_the_whole_grace() -> (
+    None
+):
+    # A tenant's creates admitted and then refused after admission (another webhook, a name
+    # its storage refuses) are never observed: each is held for the grace (the API server's
+    # request timeout plus the skew, 65 s). Repeating them fills only that tenant's share of
+    # the pool's ledger, for that long; a sibling sharing the pool is never refused for it.
+    cluster = Cluster()
+    clock = Clock()
+    tenants = {POOL: {"memory": "1000Gi"}, "tenant-acme-a": None, "tenant-acme-b": None}
+    a = Replica(cluster, "a", tenants, clock=clock, catch_up_seconds=0.05)
+    share = a.ledger.settings.share_limit
+    for i in range(share):
+        ghost = create(f"ghost{i}", "1Gi", namespace="tenant-acme-a", uid=f"g{i}")
+        assert (await a.admit(ghost)).allowed
+    refused = await a.admit(create("more", "1Gi", namespace="tenant-acme-a", uid="more-1"))
+    assert (refused.code, refused.reason) == (429, "ledger-share"), refused.message
+    sibling = await a.admit(create("db", "1Gi", namespace="tenant-acme-b", uid="b-1"))
+    assert sibling.allowed, sibling.message
+    clock.now += PAST_GRACE - 2  # still within the grace: the request may yet be stored
+    a.seen = cluster.revision
+    late = await a.admit(create("more", "1Gi", namespace="tenant-acme-a", uid="more-2"))
+    assert (late.code, late.reason) == (429, "ledger-share"), late.message
+    held = [e for e in cluster.entries() if "/tenant-acme-a/" in e["application"]]
+    assert len(held) == share, "never more than the tenant's share listed"
+    clock.now += 2  # past the grace, and the state has seen past the admissions
+    a.seen = cluster.revision
+    again = await a.admit(create("more", "1Gi", namespace="tenant-acme-a", uid="more-3"))
+    assert again.allowed, again.message
+    assert len(cluster.entries()) <= share + 2
+
+
 # ---------------------------------------------------------------------------------------------
 # Who can be held at all
 
