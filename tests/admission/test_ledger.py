@@ -1171,6 +1171,27 @@ def count_prices(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     return calls
 
 
+async def test_requests_across_two_pools_are_not_priced_again_in_each_pools_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A pool's batch runs on the loop outside every tenant's fair turn: a request across two
+    # pools priced again there, once per pool, cost its pools' other tenants two prices of its
+    # values (the costliest values take tens of milliseconds each) charged to nobody. Priced
+    # before it queued, in its own turn; each batch checks the pools only.
+    calls = count_prices(monkeypatch)
+    cluster = Cluster()
+    a = Replica(cluster, "a", TWO_POOLS)
+    answers = await asyncio.gather(
+        *(a.ledger.admit(across(f"vm{i}", uid=f"x{i}"), POLICY) for i in range(3))
+    )
+    assert sum(d.allowed for d in answers) == 2, "cpu: 2 in tenant-acme-dev"
+    assert calls["price"] == 3, "priced once each, before queueing"
+    for pool in ("tenant-acme", "tenant-acme-dev"):
+        assert {e["id"] for e in cluster.entries(pool)} == {
+            q for q, d in zip(("x0", "x1", "x2"), answers, strict=True) if d.allowed
+        }
+
+
 @pytest.mark.parametrize("observed", ["x", "y"])
 async def test_a_stored_object_observed_while_its_update_waits_in_the_queue_is_priced_again(
     monkeypatch: pytest.MonkeyPatch, observed: str
