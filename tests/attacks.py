@@ -92,7 +92,7 @@ class Answer:
 
     @property
     def reason(self) -> str:
-        status = (self.validated or {}).get("status") or {}
+        status = (self.validated or self.mutated or {}).get("status") or {}
         return str(status.get("message", ""))
 
     def record(self) -> Minted | None:
@@ -175,6 +175,8 @@ class ApiServer:
         mutated = validated = None
         if calls["MutatingWebhookConfiguration"]:
             mutated = await self.post("/mutate", _review(request))
+            if not mutated["allowed"]:  # the API server refuses it: no validation, nothing stored
+                return Answer(False, None, mutated)
             request["object"] = patched(request["object"], mutated)
         if calls["ValidatingWebhookConfiguration"]:
             validated = await self.post("/validate", _review(request))

@@ -653,6 +653,38 @@ async def test_a_tenant_past_its_share_through_requests_charging_two_pools_is_re
     assert other.allowed, "another tenant of the pool is not refused"
 
 
+async def test_creates_refused_downstream_hold_only_their_tenants_share_for_the_whole_grace() -> (
+    None
+):
+    # A tenant's creates admitted and then refused after admission (another webhook, a name
+    # its storage refuses) are never observed: each is held for the grace (the API server's
+    # request timeout plus the skew, 65 s). Repeating them fills only that tenant's share of
+    # the pool's ledger, for that long; a sibling sharing the pool is never refused for it.
+    cluster = Cluster()
+    clock = Clock()
+    tenants = {POOL: {"memory": "1000Gi"}, "tenant-acme-a": None, "tenant-acme-b": None}
+    a = Replica(cluster, "a", tenants, clock=clock, catch_up_seconds=0.05)
+    share = a.ledger.settings.share_limit
+    for i in range(share):
+        ghost = create(f"ghost{i}", "1Gi", namespace="tenant-acme-a", uid=f"g{i}")
+        assert (await a.admit(ghost)).allowed
+    refused = await a.admit(create("more", "1Gi", namespace="tenant-acme-a", uid="more-1"))
+    assert (refused.code, refused.reason) == (429, "ledger-share"), refused.message
+    sibling = await a.admit(create("db", "1Gi", namespace="tenant-acme-b", uid="b-1"))
+    assert sibling.allowed, sibling.message
+    clock.now += PAST_GRACE - 2  # still within the grace: the request may yet be stored
+    a.seen = cluster.revision
+    late = await a.admit(create("more", "1Gi", namespace="tenant-acme-a", uid="more-2"))
+    assert (late.code, late.reason) == (429, "ledger-share"), late.message
+    held = [e for e in cluster.entries() if "/tenant-acme-a/" in e["application"]]
+    assert len(held) == share, "never more than the tenant's share listed"
+    clock.now += 2  # past the grace, and the state has seen past the admissions
+    a.seen = cluster.revision
+    again = await a.admit(create("more", "1Gi", namespace="tenant-acme-a", uid="more-3"))
+    assert again.allowed, again.message
+    assert len(cluster.entries()) <= share + 2
+
+
 # ---------------------------------------------------------------------------------------------
 # Who can be held at all
 
@@ -1137,6 +1169,27 @@ def count_prices(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 
     monkeypatch.setattr(decisions, "price", counted)
     return calls
+
+
+async def test_requests_across_two_pools_are_not_priced_again_in_each_pools_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A pool's batch runs on the loop outside every tenant's fair turn: a request across two
+    # pools priced again there, once per pool, cost its pools' other tenants two prices of its
+    # values (the costliest values take tens of milliseconds each) charged to nobody. Priced
+    # before it queued, in its own turn; each batch checks the pools only.
+    calls = count_prices(monkeypatch)
+    cluster = Cluster()
+    a = Replica(cluster, "a", TWO_POOLS)
+    answers = await asyncio.gather(
+        *(a.ledger.admit(across(f"vm{i}", uid=f"x{i}"), POLICY) for i in range(3))
+    )
+    assert sum(d.allowed for d in answers) == 2, "cpu: 2 in tenant-acme-dev"
+    assert calls["price"] == 3, "priced once each, before queueing"
+    for pool in ("tenant-acme", "tenant-acme-dev"):
+        assert {e["id"] for e in cluster.entries(pool)} == {
+            q for q, d in zip(("x0", "x1", "x2"), answers, strict=True) if d.allowed
+        }
 
 
 @pytest.mark.parametrize("observed", ["x", "y"])

@@ -59,7 +59,6 @@ from webhook.core.admission.decisions import (
     Decided,
     Decision,
     Policy,
-    decide,
     decide_again,
     decide_prepared,
 )
@@ -233,12 +232,14 @@ class Commit:
         for other, increase in own:
             pending.adjust(other, rl.scale(increase, Decimal(-1)))
         try:
+            # Priced before it queued, in its tenant's turn; a batch runs in nobody's, so only
+            # the pools are checked here while nothing that price read has changed.
             if request.dry_run:  # checked like a write of another name: no replacing
-                decision = decide(request, state, waiter.policy)
+                decision = decide_again(request, state, waiter.policy, waiter.prepared)
             else:
                 # Never refused for the object's own previews; they stay held beside this entry
                 # (whichever the server stores is covered) until observed or expired.
-                decision = decide_replacing(request, state, waiter.policy)
+                decision = _replacing_again(request, state, waiter)
         finally:
             for other, increase in own:  # undone exactly: another pool's batch keeps its own
                 pending.adjust(other, increase)
@@ -337,6 +338,20 @@ def decide_replacing(
 ) -> Decision:
     """``decide``, without the holds of the object's own previews (the write replaces them)."""
     return decided_replacing(request, state, policy).decision
+
+
+def _replacing_again(
+    request: AdmissionRequest, state: ReservationState, waiter: Waiter
+) -> Decision:
+    """:func:`decide_replacing`, with the price ``waiter`` brought reused while still true."""
+    held = state.pending.previews(_key(request))
+    for hold in held:
+        state.pending.adjust(hold.namespace, rl.scale(hold.increase, Decimal(-1)))
+    try:
+        return decide_again(request, state, waiter.policy, waiter.prepared)
+    finally:
+        for hold in held:  # undone exactly: a batch being written keeps its adjustments
+            state.pending.adjust(hold.namespace, hold.increase)
 
 
 def decided_replacing(

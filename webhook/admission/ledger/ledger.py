@@ -29,6 +29,7 @@ from webhook.core.admission.decisions import (
     Decided,
     Decision,
     Policy,
+    Prepared,
     decide,
     errored,
     held_dry_run,
@@ -211,13 +212,17 @@ class Ledger:
         decided: Decided | None,
     ) -> Decision:
         """The exact path: the pool's batched conditional write, or a part in each pool's."""
+        prepared = decided.prepared if decided is not None else None
         if len(pools) == 1:
-            prepared = decided.prepared if decided is not None else None
             return await self._queues.enqueue(pools[0], request, policy, prepared)
-        return await self._across(pools, request, policy)
+        return await self._across(pools, request, policy, prepared)
 
     async def _across(
-        self, pools: list[str], request: AdmissionRequest, policy: Policy
+        self,
+        pools: list[str],
+        request: AdmissionRequest,
+        policy: Policy,
+        prepared: Prepared | None,
     ) -> Decision:
         """``request`` charging every pool of ``pools`` (sorted): its part in each pool's batch
         in turn, holding no pool while it waits for another; refused anywhere (or its caller
@@ -225,7 +230,9 @@ class Ledger:
         decision: Decision | None = None
         try:
             for pool in pools:
-                decision = await self._queues.enqueue(pool, request, policy, pools=tuple(pools))
+                decision = await self._queues.enqueue(
+                    pool, request, policy, prepared, pools=tuple(pools)
+                )
                 if not decision.allowed:
                     break
         except asyncio.CancelledError:

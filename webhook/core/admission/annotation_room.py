@@ -8,8 +8,10 @@ of the limit the patched object was refused with a message about annotations the
 kept in bounds. The patch is measured here first: a write it would push past the limit is
 denied, saying what the record needs and how much the tenant's annotations take. In warn mode
 nothing is blocked: the write goes on without the record (priced as it stands, as one without a
-record always is), kubectl warned of what enforce would answer. An object already past the
-limit is left to the API server, whose message is then the right one.
+record always is), kubectl warned of what enforce would answer; but not one whose volumes are
+held at their high marks above what its values say (only the record keeps a mark: stored without
+it, a 100Gi PVC lowered to 1Gi would count 1Gi), which is refused as in enforce. An object already
+past the limit is left to the API server, whose message is then the right one.
 
 cozystack-api stores an application as a HelmRelease whose annotations are the application's,
 each key under ``apps.cozystack.io-`` (18 bytes more each), and the HelmRelease is held to the

@@ -256,9 +256,11 @@ def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -
             operations.append(fixed)
     recorded = False  # this request's record is on the object, or patched onto it
     carried = subject is not None and kept(subject, values)
+    marked = False  # a volume is charged above what the values say: only the record keeps it
     if subject is not None and charge is not None:
         volumes = held(subject, charge)
         charge = volumes.charge
+        marked = bool(volumes.held)
         at = at_factor(subject, charge.resources, own)
         minted = minted_for(subject)
         content = record_content(subject, values, charge, at, own, volumes.marks, request=minted)
@@ -285,8 +287,11 @@ def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -
     beyond = beyond_annotation_limit(request.object, operations)
     if beyond is not None:
         mode = policy.mode_for(request.kind)
-        if mode == "enforce":
-            return replace(beyond, kind=request.kind)
+        # Stored without the record, a volume held at its high mark would count only what the
+        # values now say (a 100Gi PVC lowered to 1Gi freed 99Gi for enforced writes): refused
+        # in warn too, as the API server refused it before the record was measured.
+        if mode == "enforce" or marked:
+            return replace(beyond, kind=request.kind, mode=mode)
         return left_off(beyond, operations, kind=request.kind, mode=mode)
     return Decision(
         allowed=True,
