@@ -16,6 +16,7 @@ import pytest
 from tests.builders import FIXTURES, KEYS, THING_DEFINITION, review
 from tests.builders import state as build_state
 from tests.cluster import app, cluster
+from tests.waiting import eventually
 from webhook.admission.ledger import MAX_ENTRIES, MAX_ENTRY_BYTES, Ledger, LedgerSettings
 from webhook.core.admission import decisions
 from webhook.core.admission.decisions import Decision, Policy
@@ -51,6 +52,11 @@ class Cluster:
         self.objects: dict[str, dict[str, Any]] = {}
         self.writes = 0
         self.faults: list[tuple[str, int]] = []  # (pool, status) the next writes to it fail with
+        self.stalls: dict[str, asyncio.Event] = {}  # pool -> writes to it wait until it is set
+
+    def stall(self, pool: str) -> asyncio.Event:
+        """Hold every write to ``pool``'s object until the returned event is set."""
+        return self.stalls.setdefault(pool, asyncio.Event())
 
     def bump(self) -> int:
         self.revision += 1
@@ -89,6 +95,8 @@ class StubClient:
     ) -> dict[str, Any]:
         await asyncio.sleep(0)
         name = obj["metadata"]["name"]
+        if name in self.cluster.stalls:
+            await self.cluster.stalls[name].wait()
         self.cluster.writes += 1
         for fault in self.cluster.faults:
             if fault[0] == name:
@@ -562,6 +570,70 @@ async def test_a_request_that_fails_on_the_second_pool_leaves_nothing_in_the_fir
     assert cluster.entries("tenant-acme-dev") == []
     assert len(a.state.pending) == 0
     assert (await a.ledger.admit(across("vm", uid="req-2"), POLICY)).allowed
+
+
+async def test_a_write_across_two_pools_makes_no_other_tenant_of_either_pool_wait_for_it() -> None:
+    # A carve-out's write charges its own pool and its parent's. Holding the parent while the
+    # child's write was in flight made every other tenant of the parent wait for that write.
+    cluster = Cluster()
+    a = Replica(cluster, "a", {**TWO_POOLS, "tenant-acme-ops": None})
+    child = cluster.stall("tenant-acme-dev")
+    carved = asyncio.create_task(a.ledger.admit(across("vm", uid="req-1"), POLICY))
+    other = create("db", "1Gi", namespace="tenant-acme-ops", uid="ops")
+    decision = await asyncio.wait_for(a.admit(other), timeout=10)
+    assert decision.allowed, decision.message
+    assert not carved.done(), "still waiting for the child pool's write"
+    assert {e["id"] for e in cluster.entries("tenant-acme")} == {"req-1", "ops"}
+    child.set()
+    assert (await carved).allowed
+    assert [e["id"] for e in cluster.entries("tenant-acme-dev")] == ["req-1"]
+    node = a.state.tree.get("tenant-acme")
+    assert node is not None
+    assert node.usage.get("memory") == 2 * 1024**3
+
+
+async def test_a_write_across_two_pools_whose_caller_goes_away_leaves_nothing_behind() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", TWO_POOLS)
+    child = cluster.stall("tenant-acme-dev")
+    carved = asyncio.create_task(a.ledger.admit(across("vm", uid="req-1"), POLICY))
+    await eventually(lambda: bool(cluster.entries("tenant-acme")))
+    carved.cancel()  # the webhook's deadline: no answer, so nothing will be stored
+    with pytest.raises(asyncio.CancelledError):
+        await carved
+    child.set()
+    await eventually(lambda: cluster.entries("tenant-acme") == [])
+    assert cluster.entries("tenant-acme-dev") == []
+    assert len(a.state.pending) == 0
+
+
+async def test_concurrent_writes_across_two_pools_and_within_one_never_pass_either_budget() -> None:
+    cluster = Cluster()
+    a = Replica(cluster, "a", {**TWO_POOLS, "tenant-acme-ops": None})
+    b = Replica(cluster, "b", {**TWO_POOLS, "tenant-acme-ops": None})
+    requests = [(a if i % 2 else b, across(f"vm{i}", uid=f"x{i}")) for i in range(8)]
+    requests += [
+        (b if i % 2 else a, create(f"db{i}", "1Gi", namespace="tenant-acme-ops", uid=f"o{i}"))
+        for i in range(8)
+    ]
+
+    async def admit(replica: Replica, request: AdmissionRequest) -> Decision:
+        decision = await replica.admit(request)
+        for pool in cluster.objects:  # every replica's watch delivers every write
+            a.deliver(pool)
+            b.deliver(pool)
+        return decision
+
+    decisions = await asyncio.gather(*(admit(r, q) for r, q in requests))
+    allowed = [q for (_, q), d in zip(requests, decisions, strict=True) if d.allowed]
+    across_allowed = sum(1 for q in allowed if q.namespace == "tenant-acme-dev")
+    assert 1 <= across_allowed <= 2, "cpu: 2 in tenant-acme-dev"
+    assert 1 <= len(allowed) <= 4, "memory: 4Gi in tenant-acme, 1Gi each"
+    held = {e["id"] for e in cluster.entries("tenant-acme")}
+    assert held == {q.uid for q in allowed}, "the refused hold nothing; the allowed are held"
+    assert {e["id"] for e in cluster.entries("tenant-acme-dev")} == {
+        q.uid for q in allowed if q.namespace == "tenant-acme-dev"
+    }
 
 
 async def test_a_tenant_past_its_share_through_requests_charging_two_pools_is_refused_alone() -> (

@@ -228,7 +228,7 @@ def test_warnings_reach_kubectl_and_a_dry_run_says_it_is_held(env: CozystackAPI)
     dry = create(env, alice, vm("preview", namespace), "--dry-run=server")
     assert dry.returncode == 0, dry.stderr
     assert "vminstance.apps.cozystack.io/preview created (server dry run)" in dry.stdout
-    assert "Warning: dry run: held like a write for up to 25s" in dry.stderr
+    assert "Warning: dry run: held like a write for up to 65s" in dry.stderr
     # cozystack-api stored it all the same, so the same write for real is refused as a
     # duplicate: by the webhook once its state shows the preview (409, before anything is
     # held), else by cozystack-api's HelmRelease create after admission (a 500, not 409).

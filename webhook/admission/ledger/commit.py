@@ -7,10 +7,16 @@ conditional on the object's resourceVersion that also drops the entries this rep
 settled and those past their grace period: two requests that each fit alone but not together
 never both pass. A conflict (another replica wrote first) re-reads the object and decides the
 batch again; after ``attempts`` conflicts the batch is denied with "try again" rather than
-guessed. A request charging several pools takes their locks in sorted order (as OpenShift's
-ClusterResourceQuota does) and writes them one after another: its entries carry its request
-uid, so a retry recognises and reuses them, a failure removes them (:meth:`Commit.roll_back`),
-and none is ever written twice.
+guessed.
+
+**Several pools.** A request charging several pools has a part in each pool's batch, in sorted
+order, one after another: each part decides the whole request again (its own entries in the
+other pools are its own, not somebody else's) and writes its entry in that pool with the pool's
+other requests. No lock is held across a write, so a carve-out's writes never make the parent
+pool's other tenants wait for the child pool's write. An entry written before a later part is
+refused holds its room meanwhile (never less than is committed) and is removed once the request
+is refused (:meth:`Commit.roll_back`); its entries carry its request uid, so a retry recognises
+and replaces them, and none is ever written twice.
 
 **Revisions.** Each entry records the ledger revision that admitted it: a new entry is
 unstamped (it was added by the write that produced the object's current resourceVersion) and
@@ -31,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from decimal import Decimal
 
 from webhook.admission.ledger import answers, bounds
@@ -43,7 +50,6 @@ from webhook.admission.ledger.entries import (
     listed,
     previews,
     quantities,
-    same,
     size,
 )
 from webhook.admission.ledger.queue import Waiter, answer
@@ -70,12 +76,12 @@ __all__ = ["Commit", "decide_replacing", "decided_replacing"]
 log = logging.getLogger("webhook.admission.ledger")  # one logger for all of the ledger
 
 
-class _Refused(Exception):
-    """The entry does not fit the pool's ledger (full, or its tenant's share is): the answer."""
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """A request's part in one pool's batch: its answer there, and its entry when it has one."""
 
-    def __init__(self, decision: Decision) -> None:
-        super().__init__(decision.message)
-        self.decision = decision
+    decision: Decision
+    entry: Obj | None = None
 
 
 class Commit:
@@ -124,6 +130,14 @@ class Commit:
                 for waiter in batch:
                     if waiter.future.done():
                         continue  # the caller is gone: hold nothing for it
+                    if waiter.pools:
+                        part = self._part(pool, waiter, state, room)
+                        if part.entry is not None:
+                            added.append(part.entry)
+                            if part.entry.get("dryRun") is True:
+                                fresh.append(part.entry)
+                        answered.append((waiter, part.decision))
+                        continue
                     taken_ids = previews(waiter.request, [*listed_previews, *fresh], replaced)
                     floor = self._absorb(pool, taken_ids, added, pending)
                     # Decided again against the pools as they are now; the price made before
@@ -204,91 +218,45 @@ class Commit:
             pending.adjust(pool, rl.scale(increase, Decimal(-1)))
         return floor
 
-    # -- several pools: one request at a time, its entries known by its uid ----------------
+    # -- several pools: a part in each pool's batch, its entries known by its uid ------------
 
-    async def across(self, pools: list[str], request: AdmissionRequest, policy: Policy) -> Decision:
-        """Admit ``request``, charging every pool of ``pools`` (sorted), or hold nothing."""
-        book, settings = self.book, self.book.settings
-        uid = request.uid
-        deadline = asyncio.get_running_loop().time() + settings.catch_up_seconds
-        async with book.locked(pools):
-            for _ in range(settings.attempts):
-                # Decide against each pool's ledger object exactly as it will be written: an
-                # object fetched (or changed) after the decision would list entries it missed.
-                try:
-                    for pool in pools:
-                        if pool not in book.objects:
-                            await book.ensure(pool)
-                except ApiError as exc:
-                    log.warning("ledger read failed", extra={"fields": {"error": str(exc)}})
-                    await self.roll_back(pools, uid)
-                    return answers.unavailable()
-                basis = {pool: book.objects.get(pool) for pool in pools}
-                state = book.current()
-                if any(book.fenced(pool) for pool in pools):
-                    if not await self.barrier.wait_unfenced(pools, deadline):
-                        await self.roll_back(pools, uid)
-                        return answers.behind(", ".join(pools))
-                    continue
-                for pool in pools:
-                    own = state.pending.counted(pool, uid)
-                    if own is not None:
-                        state.pending.adjust(pool, rl.scale(own.increase, Decimal(-1)))
-                try:
-                    if request.dry_run:  # checked like a write of another name: no replacing
-                        decision = decide(request, state, policy)
-                    else:
-                        # Never refused for the object's own previews; they stay held beside
-                        # this entry (whichever the server stores is covered) until observed
-                        # or expired.
-                        decision = decide_replacing(request, state, policy)
-                finally:
-                    for pool in pools:
-                        state.pending.clear_adjustments(pool)
-                if not decision.allowed or not decision.charged_pools:
-                    await self.roll_back(pools, uid)
-                    return decision
-                if set(decision.charged_pools) != set(pools):
-                    await self.roll_back(pools, uid)
-                    return answers.changed(", ".join(pools))
-                try:
-                    for pool in pools:
-                        entry = self._entry(request, decision, pool)
-                        await self._put_entry(pool, entry, state, basis[pool])
-                except Conflict:
-                    book.conflicts += 1
-                    continue  # what was written is ours (by uid): reused or replaced next time
-                except _Refused as exc:
-                    await self.roll_back(pools, uid)
-                    return exc.decision
-                except ApiError as exc:
-                    log.warning("ledger write failed", extra={"fields": {"error": str(exc)}})
-                    await self.roll_back(pools, uid)
-                    return answers.unavailable()
-                return decision
-            await self.roll_back(pools, uid)
-        return answers.contention(pools)
-
-    async def _put_entry(
-        self, pool: str, entry: Obj, state: ReservationState, current: Obj | None
-    ) -> None:
-        """Make ``pool``'s ledger list ``entry`` (replacing one with its id); one write at most,
-        conditional on ``current``, the version the decision counted (a newer one conflicts)."""
-        if current is None:
-            raise Conflict()
-        for known in listed(current):
-            if known.get("id") == entry["id"] and same(known, entry):
-                return  # written by an earlier attempt of this request: reuse it
-        kept = self.status.kept(pool, current, state, without={entry["id"]})
+    def _part(self, pool: str, waiter: Waiter, state: ReservationState, room: Room) -> _Part:
+        """``waiter``'s part in ``pool``'s batch: the whole request decided again, without its
+        own entries in its other pools (written by its earlier parts, or by an earlier attempt
+        of the same request), and its entry here when it fits (counted in ``room``)."""
+        request, pending = waiter.request, state.pending
+        own = [
+            (other, hold.increase)
+            for other in waiter.pools
+            if other != pool and (hold := pending.counted(other, request.uid)) is not None
+        ]
+        for other, increase in own:
+            pending.adjust(other, rl.scale(increase, Decimal(-1)))
+        try:
+            if request.dry_run:  # checked like a write of another name: no replacing
+                decision = decide(request, state, waiter.policy)
+            else:
+                # Never refused for the object's own previews; they stay held beside this entry
+                # (whichever the server stores is covered) until observed or expired.
+                decision = decide_replacing(request, state, waiter.policy)
+        finally:
+            for other, increase in own:  # undone exactly: another pool's batch keeps its own
+                pending.adjust(other, increase)
+        if not decision.allowed or not decision.charged_pools:
+            return _Part(decision)
+        if set(decision.charged_pools) != set(waiter.pools):
+            return _Part(answers.changed(", ".join(waiter.pools)))
+        entry = self._entry(request, decision, pool)
         refusal = (
-            answers.too_large()
-            if size(entry) > bounds.MAX_ENTRY_BYTES
-            else Room(pool, kept, self.book.settings).refusal(entry)
+            answers.too_large() if size(entry) > bounds.MAX_ENTRY_BYTES else room.refusal(entry)
         )
         if refusal is not None:
-            raise _Refused(refusal)
-        status = self.status.build(pool, current, state, [*kept, entry])
-        await self.book.write(pool, current, status)
+            return _Part(refusal)
+        room.take(entry)
+        hold = hold_of(entry, decision, pool)
+        pending.adjust(pool, hold.increase)
+        self.book.parsed.setdefault(pool, {})[entry["id"]] = (entry, hold)
+        return _Part(decision, entry)
 
     async def roll_back(self, pools: list[str], uid: str) -> None:
         """Remove ``uid``'s entries (a request that failed holds nothing); best effort: an entry
@@ -296,20 +264,25 @@ class Commit:
         book = self.book
         book.current().pending.withdraw(uid)  # never answered "allowed": nothing to wait for
         for pool in pools:
-            for _ in range(book.settings.attempts):
-                current = book.objects.get(pool)
-                if current is None or not any(e.get("id") == uid for e in listed(current)):
-                    break
-                state = book.current()
-                kept = self.status.kept(pool, current, state, without={uid})
-                try:
-                    await book.write(pool, current, self.status.build(pool, current, state, kept))
-                    break
-                except Conflict:
-                    continue
-                except ApiError as exc:
-                    log.warning("ledger roll-back failed", extra={"fields": {"error": str(exc)}})
-                    break
+            async with book.lock(pool):  # one pool at a time, after its batch's write
+                await self._remove(pool, uid)
+
+    async def _remove(self, pool: str, uid: str) -> None:
+        book = self.book
+        for _ in range(book.settings.attempts):
+            current = book.objects.get(pool)
+            if current is None or not any(e.get("id") == uid for e in listed(current)):
+                return
+            state = book.current()
+            kept = self.status.kept(pool, current, state, without={uid})
+            try:
+                await book.write(pool, current, self.status.build(pool, current, state, kept))
+                return
+            except Conflict:
+                continue
+            except ApiError as exc:
+                log.warning("ledger roll-back failed", extra={"fields": {"error": str(exc)}})
+                return
 
     def _entry(
         self,

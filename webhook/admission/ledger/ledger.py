@@ -5,12 +5,13 @@
 the pool's budget first has the pool's expired entries swept (:mod:`.settle`) and is decided
 again; a sub-Tenant allowed only in warn has its cap recorded (:mod:`.shares`); a namespace no
 Tenant owns holds nothing; a request charging one pool waits in that pool's queue
-(:mod:`.queue`) for its batch's commit, one charging several is committed across them
-(:mod:`.commit`). A held dry run's answer says for how long it is held.
+(:mod:`.queue`) for its batch's commit, one charging several has a part in each of their
+batches in turn (:mod:`.commit`). A held dry run's answer says for how long it is held.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
@@ -58,6 +59,7 @@ class Ledger:
         self._commit = Commit(self._book, self._status, self._barrier)
         self._queues = Queues(self._book, self._commit.batch)
         self._escrowed = Escrowed(self._book, self._status) if settings.escrow else None
+        self._rolling_back: set[asyncio.Task[None]] = set()  # cancelled requests' entries
 
     @property
     def client(self) -> KubeClient:
@@ -189,11 +191,37 @@ class Ledger:
         policy: Policy,
         decided: Decided | None,
     ) -> Decision:
-        """The exact path: the pool's batched conditional write, or one across pools."""
+        """The exact path: the pool's batched conditional write, or a part in each pool's."""
         if len(pools) == 1:
             prepared = decided.prepared if decided is not None else None
             return await self._queues.enqueue(pools[0], request, policy, prepared)
-        return await self._commit.across(pools, request, policy)
+        return await self._across(pools, request, policy)
+
+    async def _across(
+        self, pools: list[str], request: AdmissionRequest, policy: Policy
+    ) -> Decision:
+        """``request`` charging every pool of ``pools`` (sorted): its part in each pool's batch
+        in turn, holding no pool while it waits for another; refused anywhere (or its caller
+        gone), what its earlier parts wrote is removed."""
+        decision: Decision | None = None
+        try:
+            for pool in pools:
+                decision = await self._queues.enqueue(pool, request, policy, pools=tuple(pools))
+                if not decision.allowed:
+                    break
+        except asyncio.CancelledError:
+            self._roll_back_later(pools, request.uid)
+            raise
+        assert decision is not None
+        if not decision.allowed:
+            await self._commit.roll_back(pools, request.uid)
+        return decision
+
+    def _roll_back_later(self, pools: list[str], uid: str) -> None:
+        """Remove a cancelled request's entries off its caller's task (which is ending)."""
+        task = asyncio.get_running_loop().create_task(self._commit.roll_back(pools, uid))
+        self._rolling_back.add(task)
+        task.add_done_callback(self._rolling_back.discard)
 
     # -- every replica's and the leader's duties -------------------------------------------
 

@@ -32,6 +32,9 @@ class Waiter:
     policy: Policy
     future: asyncio.Future[Decision]
     prepared: Prepared | None = None  # the price decided before it queued, reused if still true
+    # Every pool a request charging several charges (sorted): this queue's batch writes its
+    # entry here only, and the others' batches their own, one after another (empty: one pool).
+    pools: tuple[str, ...] = ()
 
 
 @dataclass
@@ -55,10 +58,11 @@ class Queues:
         request: AdmissionRequest,
         policy: Policy,
         prepared: Prepared | None = None,
+        pools: tuple[str, ...] = (),
     ) -> Decision:
         queue = self._queues.setdefault(pool, _Queue())
         future = asyncio.get_running_loop().create_future()
-        waiter = Waiter(request, policy, future, prepared)
+        waiter = Waiter(request, policy, future, prepared, pools)
         queue.waiting.append(waiter)
         if queue.draining is None:
             queue.draining = asyncio.create_task(self._drain(pool, queue))
