@@ -86,6 +86,8 @@ class Escrowed:
         self._quiet: dict[str, float] = {}  # pool -> when a refusal gave its slice back
         self.spends = 0  # admissions answered from slices
         self.writes = 0  # writes of this process's records
+        # Told of each stored write of this process's record: (pool, refilled, returned).
+        self.on_write: Callable[[str, bool, bool], None] = lambda pool, grew, gave: None
 
     # -- the admission path ----------------------------------------------------------------
 
@@ -245,6 +247,7 @@ class Escrowed:
             if write is not None:
                 mine = slice_records(stored.get("status") or {}).get(escrow.incarnation)
                 escrow.stored(write, mine, version(stored))
+                self.on_write(pool, bool(grow), bool(give))
             self.writes += 1
             return 1
 
