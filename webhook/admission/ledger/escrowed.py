@@ -46,6 +46,7 @@ __all__ = ["Escrowed", "record_json"]
 log = logging.getLogger("webhook.admission.ledger")  # one logger for all of the ledger
 
 _RATE_SECONDS = 5.0  # the recent rate decays with this time constant
+_FOLD_SPENDS = 128  # spends waiting to be folded that are worth a write of their own
 
 
 def record_json(record: core.SliceRecord) -> Obj:
@@ -229,6 +230,7 @@ class Escrowed:
                     grow=grow,
                     give_back=give,
                     kinds=frozenset(self._kinds.get(pool, ())),
+                    fold=self._fold_due(pool, node.budget, node.usage, over or give_all),
                 )
             if write is None and not gone:
                 return 0
@@ -250,6 +252,28 @@ class Escrowed:
                 self.on_write(pool, bool(grow), bool(give))
             self.writes += 1
             return 1
+
+    def _fold_due(
+        self,
+        pool: str,
+        budget: Mapping[str, Decimal],
+        counted: Mapping[str, Decimal],
+        pressed: bool,
+    ) -> bool:
+        """Whether folds are worth a write of their own: the pool is over its budget or giving
+        back, many spends wait (each admission walks them), or the room they count twice
+        (spent and observed) is more than a grant's share of the free room. Else they ride on
+        the next refill or renewal."""
+        waiting = self.escrow.spends(pool)
+        if pressed or len(waiting) >= _FOLD_SPENDS:
+            return True
+        spent = rl.total(spend.room for spend in waiting)
+        share = self.escrow.bounds.share
+        return any(
+            value > (limit - counted.get(key, Decimal(0))) * share
+            for key, limit in budget.items()
+            if (value := spent.get(key, Decimal(0))) > 0
+        )
 
     def _status(
         self,
