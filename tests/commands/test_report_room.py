@@ -14,7 +14,8 @@ import yaml
 from tests.builders import state
 from tests.commands.test_cli import STATE, run
 from webhook.admission.ledger.entries import expiry
-from webhook.admission.report import build_report, render_report
+from webhook.admission.report import build_report
+from webhook.admission.room_report import add_room, render_room
 
 NOW = 1_800_000_000.0
 GI = 1024**3
@@ -68,8 +69,8 @@ def _reservation(pool: str, *, expires: float, past: float = NOW - 60) -> dict[s
 
 def test_the_room_of_a_pool_is_split_into_observed_pending_slices_and_free() -> None:
     current = state({"tenant-acme": {"memory": "16Gi", "cpu": "16"}})
-    report = build_report(
-        current, reservations=[_reservation("tenant-acme", expires=NOW + 30)], now=NOW
+    report = add_room(
+        build_report(current), current, [_reservation("tenant-acme", expires=NOW + 30)], now=NOW
     )
     (pool,) = report["room"]
     assert pool["pool"] == "tenant-acme"
@@ -84,7 +85,7 @@ def test_the_room_of_a_pool_is_split_into_observed_pending_slices_and_free() -> 
     assert holders["webhook-a"]["outstanding"] == {"cpu": "2", "memory": "2Gi"}
     assert not holders["webhook-a"]["expired"]
     assert holders["webhook-b"]["expired"]
-    text = render_report(report)
+    text = "\n".join(render_room(report["room"]))
     assert "Where each pool's room is" in text
     assert "webhook-a.0a1b2c" in text
     assert "(expired)" in text
@@ -95,7 +96,7 @@ def test_a_record_written_by_hand_with_garbage_is_reported_not_a_crash() -> None
     planted = _reservation("tenant-acme", expires=NOW + 30)
     planted["status"]["slices"]["junk"] = {"holder": 7, "granted": "lots", "expires": "soon"}
     planted["status"]["slices"]["worse"] = "a string"
-    report = build_report(current, reservations=[planted], now=NOW)
+    report = add_room(build_report(current), current, [planted], now=NOW)
     (pool,) = report["room"]
     junk = {s["incarnation"]: s for s in pool["slices"]}["junk"]
     assert junk["outstanding"] == {}
@@ -125,5 +126,7 @@ def test_webhook_report_reads_tenant_reservations_from_the_state(
 def test_a_namespace_report_shows_only_the_room_of_pools_in_its_scope() -> None:
     current = state({"tenant-acme": {"memory": "16Gi"}, "tenant-beta": {"memory": "4Gi"}})
     reservations = [_reservation(p, expires=NOW + 30) for p in ("tenant-acme", "tenant-beta")]
-    report = build_report(current, namespace="tenant-beta", reservations=reservations, now=NOW)
+    report = add_room(
+        build_report(current, namespace="tenant-beta"), current, reservations, now=NOW
+    )
     assert [pool["pool"] for pool in report["room"]] == ["tenant-beta"]

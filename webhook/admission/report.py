@@ -14,14 +14,12 @@ commands that import them from this module.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any, Final
 
 from webhook.admission.explanations import explain_charge, explain_factor, render_explanation
 from webhook.admission.rendering import dump, human_quantity, pairs, table
-from webhook.admission.room_report import build_room, render_room
 from webhook.core.admission.state import ReservationState
 from webhook.core.base import resources as rl
 from webhook.core.tenancy.counts import counted_plural, is_count_key
@@ -45,16 +43,8 @@ FAIL_ON: Final = ("unknown", "drift", "overcommitted")
 _ZERO = Decimal(0)
 
 
-def build_report(
-    state: ReservationState,
-    *,
-    namespace: str = "",
-    reservations: Iterable[Mapping[str, Any]] = (),
-    now: float | None = None,
-) -> dict[str, Any]:
-    """Every pool, or with ``namespace`` the pool it is in and every pool below it; with the
-    pools' ``reservations`` (TenantReservation objects), where each pool's room is
-    (:mod:`.room_report`)."""
+def build_report(state: ReservationState, *, namespace: str = "") -> dict[str, Any]:
+    """Every pool, or with ``namespace`` the pool it is in and every pool below it."""
     inside = _scope(state, namespace)
     pools = []
     discounts = state.pool_discounts()
@@ -140,13 +130,6 @@ def build_report(
         "pools": pools,
         "drift": drift,
     }
-    objects = [
-        obj
-        for obj in reservations
-        if inside is None or (obj.get("metadata") or {}).get("namespace") in inside["pools"]
-    ]
-    if objects:
-        report["room"] = build_room(state, objects, now=time.time() if now is None else now)
     if inside is not None:
         report["namespace"] = {
             "name": namespace,
@@ -269,7 +252,6 @@ def render_report(report: dict[str, Any], *, wide: bool = False) -> str:
             f"{pairs(pool['discount'])}, sold beyond budget {pairs(pool['soldBeyondBudget'])}"
             for pool in discounted
         ]
-    lines += render_room(report.get("room") or [])
     if report["drift"]:
         lines += ["", "Contract drift (recorded charge kept until the next write):"]
         lines += [

@@ -12,6 +12,7 @@ outstanding room, the room once every replica's watches have caught up.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from typing import Any
@@ -22,7 +23,7 @@ from webhook.admission.rendering import human_quantity, table
 from webhook.core.admission.state import ReservationState
 from webhook.core.base import resources as rl
 
-__all__ = ["build_room", "render_room"]
+__all__ = ["add_room", "build_room", "render_room", "reservations_in"]
 
 _ZERO = Decimal(0)
 
@@ -82,6 +83,34 @@ def build_room(
             }
         pools.append({"pool": pool, "keys": keys, "slices": slices, "removals": removals(status)})
     return pools
+
+
+def add_room(
+    report: dict[str, Any],
+    state: ReservationState,
+    reservations: Iterable[Mapping[str, Any]],
+    *,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """``report`` (:func:`webhook.admission.report.build_report`'s) with ``room``: where the
+    room of each pool it shows is, from those pools' ``reservations`` (none given: unchanged)."""
+    shown = {pool["pool"] for pool in report["pools"]}
+    objects = [o for o in reservations if (o.get("metadata") or {}).get("namespace") in shown]
+    if objects:
+        report["room"] = build_room(state, objects, now=time.time() if now is None else now)
+    return report
+
+
+def reservations_in(paths: Iterable[str]) -> list[dict[str, Any]]:
+    """The TenantReservation objects among the manifests under ``paths``."""
+    from webhook.state.manifests import read_manifests
+
+    return [
+        dict(m.body)
+        for m in read_manifests(paths)
+        if m.body.get("kind") == "TenantReservation"
+        and str(m.body.get("apiVersion", "")).startswith("reservation.cozystack.io/")
+    ]
 
 
 def render_room(room: list[dict[str, Any]]) -> list[str]:

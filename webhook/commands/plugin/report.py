@@ -68,6 +68,7 @@ async def _reservations(
 
 def _report(args: argparse.Namespace) -> int:
     from webhook.admission.report import build_report, dump, failures, render_report
+    from webhook.admission.room_report import add_room, render_room, reservations_in
 
     namespace = "" if args.all_namespaces else args.namespace
     if args.state:
@@ -79,9 +80,9 @@ def _report(args: argparse.Namespace) -> int:
                 f"--state {' '.join(args.state)}: no ApplicationDefinition found; add the "
                 "platform's definitions (e.g. --state fixtures/cozystack)"
             )
-        from webhook.commands.report import reservations_in
-
-        report = build_report(state, namespace=namespace, reservations=reservations_in(args.state))
+        report = add_room(
+            build_report(state, namespace=namespace), state, reservations_in(args.state)
+        )
         notes: list[str] = []
     else:
         notes = []
@@ -95,7 +96,9 @@ def _report(args: argparse.Namespace) -> int:
             return snapshot, await _reservations(client, pools, notes)
 
         snapshot, reservations = ask(args, question)
-        report = build_report(snapshot.state, namespace=namespace, reservations=reservations)
+        report = add_room(
+            build_report(snapshot.state, namespace=namespace), snapshot.state, reservations
+        )
         notes = [*snapshot.notes, *notes]
         if namespace:
             report["namespace"]["known"] = snapshot.known or report["namespace"]["known"]
@@ -107,7 +110,14 @@ def _report(args: argparse.Namespace) -> int:
     if args.output in ("json", "yaml"):
         print(dump(report, args.output))
     else:
-        print(render_report(report, wide=args.output == "wide"))
+        print(
+            "\n".join(
+                [
+                    render_report(report, wide=args.output == "wide"),
+                    *render_room(report.get("room") or []),
+                ]
+            )
+        )
         above = report.get("poolAbove")
         if above:
             pairs = ", ".join(f"{k}={v}" for k, v in above["budget"].items()) or "none"
