@@ -85,6 +85,7 @@ class Escrowed:
         self._kinds: dict[str, set[str]] = {}  # pool -> kinds recently admitted there
         self._last: dict[str, dict[str, Decimal]] = {}  # pool -> the last admission's charge
         self._quiet: dict[str, float] = {}  # pool -> when a refusal gave its slice back
+        self._since: dict[str, float] = {}  # pool -> when its recent rate started counting
         self.spends = 0  # admissions answered from slices
         self.writes = 0  # writes of this process's records
         # Told of each stored write of this process's record: (pool, refilled, returned).
@@ -141,6 +142,8 @@ class Escrowed:
         now = self.monotonic()
         for pool, room in decision.charged_pools.items():
             rates = self._rate(pool, now)
+            if not rates:
+                self._since[pool] = now
             for key, value in room.items():
                 rates[key] = rates.get(key, 0.0) + float(value) / _RATE_SECONDS
             self._kinds.setdefault(pool, set()).add(request.kind)
@@ -212,6 +215,7 @@ class Escrowed:
                 grow = core.grant_size(
                     budget=node.budget, counted=node.usage, want=wanted, bounds=escrow.bounds
                 )
+                grow = self._warmed(pool, now, rate, available, node.budget, node.usage) or grow
                 # A slice that would not hold the last admission's charge answers nothing.
                 last = rl.mask(self._last.get(pool, {}), node.budget)
                 if any(rl.add(available, grow).get(k, Decimal(0)) < v for k, v in last.items()):
@@ -252,6 +256,28 @@ class Escrowed:
                 self.on_write(pool, bool(grow), bool(give))
             self.writes += 1
             return 1
+
+    def _warmed(
+        self,
+        pool: str,
+        now: float,
+        rate: Mapping[str, Decimal],
+        available: Mapping[str, Decimal],
+        budget: Mapping[str, Decimal],
+        counted: Mapping[str, Decimal],
+    ) -> dict[str, Decimal]:
+        """A grant sized from ``rate`` scaled up while the rate is younger than its time
+        constant (a decayed sum that young holds only part of the rate, so the first grants
+        held a fraction of a second and admissions fell back), or ``{}`` when the pool has not
+        the room for it (the grant from the rate as it is stands)."""
+        age = now - self._since.get(pool, now - 10 * _RATE_SECONDS)
+        warm = max(0.2, 1.0 - math.exp(-age / _RATE_SECONDS))
+        if warm >= 0.99:
+            return {}
+        scaled = {k: v / Decimal(str(round(warm, 6))) for k, v in rate.items()}
+        bounds = self.escrow.bounds
+        wanted = refill_wanted(rl.mask(scaled, budget), available, bounds)
+        return core.grant_size(budget=budget, counted=counted, want=wanted, bounds=bounds)
 
     def _fold_due(
         self,
