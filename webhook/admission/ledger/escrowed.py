@@ -86,6 +86,7 @@ class Escrowed:
         self._last: dict[str, dict[str, Decimal]] = {}  # pool -> the last admission's charge
         self._quiet: dict[str, float] = {}  # pool -> when a refusal gave its slice back
         self._since: dict[str, float] = {}  # pool -> when its recent rate started counting
+        self._marked: set[str] = set()  # spends already marked observed
         self.spends = 0  # admissions answered from slices
         self.writes = 0  # writes of this process's records
         # Told of each stored write of this process's record: (pool, refilled, returned).
@@ -331,8 +332,12 @@ class Escrowed:
         for uid in list(self._spent):
             if uid not in waiting:
                 del self._spent[uid]
+                self._marked.discard(uid)
                 continue
+            if uid in self._marked:
+                continue  # marked once (the holder keeps it): spends wait to be folded together
             key, after, expected = self._spent[uid]
             record = state.record(key)
             if record is not None and record.version > after and record.resources == expected:
                 self.escrow.observed(uid)
+                self._marked.add(uid)
