@@ -827,7 +827,7 @@ def report(rows: dict[tuple[str, str], list[dict[str, float]]], args: argparse.N
         none = rows[("none", scenario)]
         for baseline in BASELINES:
             print(
-                f"  {baseline} / none, creates/s".ljust(44)
+                f"  {baseline} / none, creates/s".ljust(48)
                 + cell(ratio(rows[(baseline, scenario)], none, "creates/s"))
             )
         added = {
@@ -846,7 +846,7 @@ def report(rows: dict[tuple[str, str], list[dict[str, float]]], args: argparse.N
             throughput = ratio(ours, none, "creates/s")
             verdict = "met" if statistics.median(throughput) >= GOAL_THROUGHPUT else "NOT met"
             goal = f"goal >= {GOAL_THROUGHPUT}  {verdict}" if clients is None else ""
-            print(f"  {setup} / none, creates/s".ljust(44) + f"{cell(throughput)}   {goal}")
+            print(f"  {setup} / none, creates/s".ljust(48) + f"{cell(throughput)}   {goal}")
             for baseline in BASELINES:
                 against = ratio(ours, rows[(baseline, scenario)], "creates/s")
                 goal = ""
@@ -854,7 +854,7 @@ def report(rows: dict[tuple[str, str], list[dict[str, float]]], args: argparse.N
                 if setup == "escrow" and baseline == "do-nothing" and wanted is not None:
                     verdict = "met" if statistics.median(against) >= wanted else "NOT met"
                     goal = f"goal >= {wanted}  {verdict}"
-                print(f"  {setup} / {baseline}, creates/s".ljust(44) + f"{cell(against)}   {goal}")
+                print(f"  {setup} / {baseline}, creates/s".ljust(48) + f"{cell(against)}   {goal}")
             for baseline in BASELINES:
                 share = [
                     o / max(b, 1e-3) for o, b in zip(added[setup], added[baseline], strict=True)
@@ -864,14 +864,14 @@ def report(rows: dict[tuple[str, str], list[dict[str, float]]], args: argparse.N
                     limit = GOAL_ESCROW_ADDED if setup == "escrow" else GOAL_ADDED
                     verdict = "met" if statistics.median(share) <= limit else "NOT met"
                     goal = f"goal <= {limit}  {verdict}"
-                print(f"  p50 added: {setup} / {baseline}".ljust(44) + f"{cell(share)}   {goal}")
+                print(f"  p50 added: {setup} / {baseline}".ljust(48) + f"{cell(share)}   {goal}")
             writes = [row["tenantreservation writes/admission"] for row in ours]
             goal = ""
             if setup == "escrow":
                 verdict = "met" if statistics.median(writes) <= GOAL_ESCROW_WRITES else "NOT met"
                 goal = f"goal <= {GOAL_ESCROW_WRITES}  {verdict}"
             print(
-                f"  {setup}: tenantreservation writes/admission".ljust(44)
+                f"  {setup}: tenantreservation writes/admission".ljust(48)
                 + f"{cell(writes)}   {goal}"
             )
 
