@@ -113,6 +113,10 @@ class WebhookServer:
                 record_keys_read=lambda: services.record_keys_read,
                 previous_keys=lambda: float(len(services.live.keys.previous)),
             )
+            if ledger.escrowing:
+                metrics.escrow.watch(ledger.slices)
+                ledger.on_fallback = metrics.escrow.fell_back
+                ledger.on_escrow_write = metrics.escrow.wrote
             self.app[readiness_key].explain = services.live.explain
         self._runner = web.AppRunner(
             self.app,

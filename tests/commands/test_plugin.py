@@ -302,3 +302,39 @@ def test_explain_shows_a_volume_held_at_its_high_mark(
     )
     term = json.loads(out)["terms"][0]
     assert (term["volume"], term["heldAt"]) == ("kept", "100Gi")
+
+
+async def test_report_against_a_cluster_shows_where_each_pools_room_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with cluster(tmp_path) as (server, kubeconfig):
+        server.create(tenant("tenant-root", "acme", {"memory": "16Gi"}))
+        record = server.create(
+            {
+                "apiVersion": "reservation.cozystack.io/v1alpha1",
+                "kind": "TenantReservation",
+                "metadata": {"name": "tenant-acme", "namespace": "tenant-acme"},
+                "spec": {},
+            }
+        )
+        record["status"] = {
+            "slices": {
+                "webhook-a.0a1b2c": {
+                    "holder": "webhook-a",
+                    "kinds": ["Postgres"],
+                    "granted": {"memory": "2Gi"},
+                    "folded": {"memory": "512Mi"},
+                    "returned": {},
+                    "expires": "2096-01-01T00:00:00.000000Z",
+                }
+            }
+        }
+        server.update_status(record)
+        for argv in (["report"], ["report", "-n", "tenant-acme"]):
+            command = [*argv, "-o", "json", "--kubeconfig", str(kubeconfig)]
+            status = await asyncio.to_thread(main, command)
+            report = json.loads(capsys.readouterr().out)
+            assert status == 0
+            (pool,) = report["room"]
+            assert pool["keys"]["memory"]["slices"] == "1536Mi"
+            assert pool["slices"][0]["holder"] == "webhook-a"

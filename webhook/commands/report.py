@@ -33,11 +33,14 @@ def add_parser(commands: argparse._SubParsersAction[Any]) -> None:
 
 def _report(args: argparse.Namespace) -> int:
     from webhook.admission.report import build_report, dump, failures, render_report
+    from webhook.admission.room_report import add_room, render_room, reservations_in
     from webhook.core.capacity.guard import QuotaBook
 
     quotas = QuotaBook()
     state = load_state(args.state, quotas=quotas, keys=record_keys(args.record_key_file))
-    report = build_report(state, namespace=args.namespace)
+    report = add_room(
+        build_report(state, namespace=args.namespace), state, reservations_in(args.state)
+    )
     if args.output == "openreports":
         # What the leader writes: one OpenReports Report per tenant namespace, for kubectl apply.
         import yaml
@@ -49,7 +52,14 @@ def _report(args: argparse.Namespace) -> int:
     elif args.output in ("json", "yaml"):
         print(dump(report, args.output))
     else:
-        print(render_report(report, wide=args.output == "wide"))
+        print(
+            "\n".join(
+                [
+                    render_report(report, wide=args.output == "wide"),
+                    *render_room(report.get("room") or []),
+                ]
+            )
+        )
     found = failures(report, args.fail_on)
     if found:
         print(f"webhook report: --fail-on: {'; '.join(found)}", file=sys.stderr)

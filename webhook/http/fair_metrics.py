@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from webhook.core.admission.state import ReservationState
 
-__all__ = ["MAX_TENANT_LABELS", "OTHER_TENANT", "FairMetrics", "tenant_label"]
+__all__ = ["MAX_TENANT_LABELS", "OTHER_TENANT", "BoundedLabels", "FairMetrics", "tenant_label"]
 
 OTHER_TENANT: Final = "other"
 MAX_TENANT_LABELS: Final = 256
@@ -30,6 +30,23 @@ def tenant_label(state: ReservationState, flow: str) -> str:
     ``other``."""
     node = state.tree.get(flow)
     return flow if node is not None and node.declared else OTHER_TENANT
+
+
+class BoundedLabels:
+    """The label values a family of series may use: the first :data:`MAX_TENANT_LABELS` seen,
+    then ``other`` for the rest (a label, once given, stays given)."""
+
+    def __init__(self, limit: int = MAX_TENANT_LABELS) -> None:
+        self.limit = limit
+        self._given: set[str] = set()
+
+    def __call__(self, label: str) -> str:
+        if label in self._given or label == OTHER_TENANT:
+            return label
+        if len(self._given) >= self.limit:
+            return OTHER_TENANT
+        self._given.add(label)
+        return label
 
 
 class FairMetrics:
@@ -64,18 +81,16 @@ class FairMetrics:
             registry=registry,
         )
         self._tenants: dict[str, tuple[Counter, Counter]] = {}  # label -> (queued, cpu)
+        self._bound = BoundedLabels()
 
     def _tenant(self, label: str) -> tuple[str, tuple[Counter, Counter]]:
         """The label a tenant's series use (at most :data:`MAX_TENANT_LABELS`, then ``other``)
         and its two children, looked up once."""
+        label = self._bound(label)
         children = self._tenants.get(label)
         if children is None:
-            if len(self._tenants) >= MAX_TENANT_LABELS:
-                label = OTHER_TENANT
-            children = self._tenants.get(label)
-            if children is None:
-                children = (self.tenant_queued.labels(label), self.tenant_cpu.labels(label))
-                self._tenants[label] = children
+            children = (self.tenant_queued.labels(label), self.tenant_cpu.labels(label))
+            self._tenants[label] = children
         return label, children
 
     def observe_turn(self, tenant: str, waited: float, cpu: float) -> None:

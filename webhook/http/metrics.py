@@ -21,6 +21,7 @@ from webhook.core.admission.state import ReservationState
 from webhook.core.capacity.guard import QuotaBook, guard_room, namespace_need
 from webhook.core.pricing.metric_keys import fold, known_keys, label, quota_keys
 from webhook.core.pricing.platform import Platform
+from webhook.http.escrow_metrics import EscrowMetrics
 from webhook.http.fair_metrics import FairMetrics
 
 __all__ = ["Metrics"]
@@ -220,6 +221,7 @@ class Metrics:
         self._latency: dict[tuple[str, str], Histogram] = {}
         self._decisions: dict[tuple[str, str, str, str], Counter] = {}
         self.fair = FairMetrics(self.registry)
+        self.escrow = EscrowMetrics(self.registry, state)
 
     def observe_latency(self, endpoint: str, decision: str, seconds: float) -> None:
         """``latency.labels(endpoint, decision).observe(seconds)``, the child looked up once."""

@@ -115,12 +115,14 @@ class Book:
         """Whether ``pool`` waits for the state to pass entries or slices it never saw."""
         return self.current().pending.fenced(pool) or self.slices.fenced(pool)
 
-    def awaiting(self, pool: str | None = None) -> dict[str, int]:
+    def awaiting(self, pool: str | None = None, *, departed: bool = True) -> dict[str, int]:
         """What the state must reach, per kind, for ``pool``'s (or every pool's) fences to lift
-        and departed entries and room to be released."""
+        and departed entries and room to be released (``departed`` off: slices' fences only,
+        not their departed room)."""
         state = self.current()
         wanted = state.pending.awaiting(pool)
-        for kind, revision in self.slices.awaiting(sorted(state.platform.kinds)).items():
+        kinds = sorted(state.platform.kinds)
+        for kind, revision in self.slices.awaiting(kinds, departed=departed).items():
             wanted[kind] = max(wanted.get(kind, 0), revision)
         return wanted
 

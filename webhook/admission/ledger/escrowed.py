@@ -48,6 +48,7 @@ __all__ = ["Escrowed", "record_json"]
 log = logging.getLogger("webhook.admission.ledger")  # one logger for all of the ledger
 
 _RATE_SECONDS = 5.0  # the recent rate decays with this time constant
+_FOLD_SPENDS = 128  # spends waiting to be folded that are worth a write of their own
 
 
 def record_json(record: core.SliceRecord) -> Obj:
@@ -89,8 +90,12 @@ class Escrowed:
         self._last: dict[str, dict[str, Decimal]] = {}  # pool -> the last admission's charge
         self._quiet: dict[str, float] = {}  # pool -> when a refusal gave its slice back
         self._returning: set[str] = set()  # pools whose slice a refusal is giving back now
+        self._since: dict[str, float] = {}  # pool -> when its recent rate started counting
+        self._marked: set[str] = set()  # spends already marked observed
         self.spends = 0  # admissions answered from slices
         self.writes = 0  # writes of this process's records
+        # Told of each stored write of this process's record: (pool, refilled, returned).
+        self.on_write: Callable[[str, bool, bool], None] = lambda pool, grew, gave: None
 
     # -- the admission path ----------------------------------------------------------------
 
@@ -147,6 +152,8 @@ class Escrowed:
         now = self.monotonic()
         for pool, room in decision.charged_pools.items():
             rates = self._rate(pool, now)
+            if not rates:
+                self._since[pool] = now
             for key, value in room.items():
                 rates[key] = rates.get(key, 0.0) + float(value) / _RATE_SECONDS
             self._kinds.setdefault(pool, set()).add(request.kind)
@@ -230,6 +237,7 @@ class Escrowed:
                 grow = core.grant_size(
                     budget=node.budget, counted=node.usage, want=wanted, bounds=escrow.bounds
                 )
+                grow = self._warmed(pool, now, rate, available, node.budget, node.usage) or grow
                 # A slice that would not hold the last admission's charge answers nothing.
                 last = rl.mask(self._last.get(pool, {}), node.budget)
                 if any(rl.add(available, grow).get(k, Decimal(0)) < v for k, v in last.items()):
@@ -258,6 +266,7 @@ class Escrowed:
                     grow=grow,
                     give_back=give,
                     kinds=frozenset(self._kinds.get(pool, ())),
+                    fold=self._fold_due(pool, node.budget, node.usage, over or give_all),
                 )
             if write is None and not gone:
                 return 0
@@ -276,8 +285,53 @@ class Escrowed:
             if write is not None:
                 mine = slice_records(stored.get("status") or {}).get(escrow.incarnation)
                 escrow.stored(write, mine, version(stored))
+                self.on_write(pool, bool(grow), bool(give))
             self.writes += 1
             return 1
+
+    def _warmed(
+        self,
+        pool: str,
+        now: float,
+        rate: Mapping[str, Decimal],
+        available: Mapping[str, Decimal],
+        budget: Mapping[str, Decimal],
+        counted: Mapping[str, Decimal],
+    ) -> dict[str, Decimal]:
+        """A grant sized from ``rate`` scaled up while the rate is younger than its time
+        constant (a decayed sum that young holds only part of the rate, so the first grants
+        held a fraction of a second and admissions fell back), or ``{}`` when the pool has not
+        the room for it (the grant from the rate as it is stands)."""
+        age = now - self._since.get(pool, now - 10 * _RATE_SECONDS)
+        warm = max(0.2, 1.0 - math.exp(-age / _RATE_SECONDS))
+        if warm >= 0.99:
+            return {}
+        scaled = {k: v / Decimal(str(round(warm, 6))) for k, v in rate.items()}
+        bounds = self.escrow.bounds
+        wanted = refill_wanted(rl.mask(scaled, budget), available, bounds)
+        return core.grant_size(budget=budget, counted=counted, want=wanted, bounds=bounds)
+
+    def _fold_due(
+        self,
+        pool: str,
+        budget: Mapping[str, Decimal],
+        counted: Mapping[str, Decimal],
+        pressed: bool,
+    ) -> bool:
+        """Whether folds are worth a write of their own: the pool is over its budget or giving
+        back, many spends wait (each admission walks them), or the room they count twice
+        (spent and observed) is more than a grant's share of the free room. Else they ride on
+        the next refill or renewal."""
+        waiting = self.escrow.spends(pool)
+        if pressed or len(waiting) >= _FOLD_SPENDS:
+            return True
+        spent = rl.total(spend.room for spend in waiting)
+        share = self.escrow.bounds.share
+        return any(
+            value > (limit - counted.get(key, Decimal(0))) * share
+            for key, limit in budget.items()
+            if (value := spent.get(key, Decimal(0))) > 0
+        )
 
     def _status(
         self,
@@ -309,7 +363,10 @@ class Escrowed:
         for uid in list(self._spent):
             if uid not in waiting:
                 del self._spent[uid]
+                self._marked.discard(uid)
                 continue
+            if uid in self._marked:
+                continue  # marked once (the holder keeps it): spends wait to be folded together
             key, after, expected, minted = self._spent[uid]
             record = state.record(key)
             if (
@@ -320,6 +377,7 @@ class Escrowed:
                 and record.resources == expected
             ):
                 self.escrow.observed(uid)
+                self._marked.add(uid)
 
 
 def _minted(request: AdmissionRequest) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from decimal import Decimal
 
 from webhook.admission.ledger import answers
 from webhook.admission.ledger.barrier import Barrier
@@ -21,6 +22,7 @@ from webhook.admission.ledger.book import Book, StateSource
 from webhook.admission.ledger.bounds import LedgerSettings
 from webhook.admission.ledger.commit import Commit, decided_replacing
 from webhook.admission.ledger.escrowed import Escrowed
+from webhook.admission.ledger.fallbacks import fallback_reason
 from webhook.admission.ledger.queue import Queues
 from webhook.admission.ledger.settle import Settle, explain_floors
 from webhook.admission.ledger.shares import Caps, largest_share
@@ -44,6 +46,10 @@ from webhook.kube.reflector import Reflector
 __all__ = ["Ledger"]
 
 
+def _ignore_write(pool: str, refilled: bool, returned: bool) -> None:
+    return None
+
+
 class Ledger:
     """Admits increases through the cluster-wide ledger; one per replica."""
 
@@ -64,6 +70,9 @@ class Ledger:
         self._queues = Queues(self._book, self._commit.batch)
         self._escrowed = Escrowed(self._book, self._status) if settings.escrow else None
         self._rolling_back: set[asyncio.Task[None]] = set()  # cancelled requests' entries
+        # With escrow on, told of each admission the slices did not answer: (reason from
+        # :data:`.fallbacks.REASONS`, seconds the exact path took to answer it).
+        self.on_fallback: Callable[[str, float], None] = lambda reason, seconds: None
 
     @property
     def client(self) -> KubeClient:
@@ -133,11 +142,25 @@ class Ledger:
         ):
             return decide(request, state, policy)
         escrowed = self._escrowed
-        if escrowed is not None:
-            spent = escrowed.admit(request, policy, state)
-            if spent is not None:
-                escrowed.note(request, spent)
-                return spent
+        if escrowed is None:
+            return await self._admit_exact(request, policy, state, None)
+        spent = escrowed.admit(request, policy, state)
+        if spent is not None:
+            escrowed.note(request, spent)
+            return spent
+        started = time.monotonic()
+        answer = await self._admit_exact(request, policy, state, escrowed)
+        self.on_fallback(fallback_reason(escrowed, request, answer), time.monotonic() - started)
+        return answer
+
+    async def _admit_exact(
+        self,
+        request: AdmissionRequest,
+        policy: Policy,
+        state: ReservationState,
+        escrowed: Escrowed | None,
+    ) -> Decision:
+        """A CREATE or UPDATE the slices did not answer: the pool's ledger decides it."""
         decided = decided_replacing(request, state, policy)
         decision = decided.decision
         expired = not decision.allowed and decision.reason == "exceeded" and decision.pool
@@ -260,6 +283,30 @@ class Ledger:
         """Fold, refill, renew and return this process's slices, and reclaim expired ones
         (every ``escrow_seconds``, with ``escrow`` on); how many writes were made."""
         return await self._escrowed.duty() if self._escrowed is not None else 0
+
+    @property
+    def escrowing(self) -> bool:
+        return self._escrowed is not None
+
+    @property
+    def on_escrow_write(self) -> Callable[[str, bool, bool], None]:
+        """Called with (pool, refilled, returned) for each stored write of this replica's
+        slice record."""
+        return self._escrowed.on_write if self._escrowed is not None else _ignore_write
+
+    @on_escrow_write.setter
+    def on_escrow_write(self, on_write: Callable[[str, bool, bool], None]) -> None:
+        if self._escrowed is not None:
+            self._escrowed.on_write = on_write
+
+    def slices(self) -> dict[str, dict[str, Decimal]]:
+        """The room this replica's slices hold unspent now, by pool and key (empty with
+        escrow off)."""
+        escrowed = self._escrowed
+        if escrowed is None:
+            return {}
+        escrow = escrowed.escrow
+        return {pool: escrow.available(pool) for pool in escrow.pools()}
 
     @property
     def spends(self) -> int:

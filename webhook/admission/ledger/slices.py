@@ -116,10 +116,13 @@ class Slices:
     def fenced(self, pool: str) -> bool:
         return self.count.fenced(pool)
 
-    def awaiting(self, kinds: list[str]) -> dict[str, int]:
-        """What each kind's watch must reach for departed room and fences to go."""
+    def awaiting(self, kinds: list[str], *, departed: bool = True) -> dict[str, int]:
+        """What each kind's watch must reach for departed room and fences to go (``departed``
+        off: fences only)."""
         wanted = self.count.awaiting()
         every = wanted.pop(EVERY_KIND, 0)
+        if not departed:
+            wanted = {}
         if every:
             for kind in kinds:
                 wanted[kind] = max(wanted.get(kind, 0), every)

@@ -41,8 +41,34 @@ def add_parser(commands: argparse._SubParsersAction[Any]) -> None:
     report.set_defaults(handler=_report)
 
 
+async def _reservations(
+    client: Any, pools: list[str] | None, notes: list[str]
+) -> list[dict[str, Any]]:
+    """The TenantReservation of each of ``pools`` (where its room is; ``None``: every pool's,
+    listed at once), leaving out with a note what the caller may not read."""
+    from webhook.admission.ledger.entries import TENANT_RESERVATIONS
+    from webhook.kube.client import ApiError
+
+    found: list[dict[str, Any]] = []
+    try:
+        if pools is None:
+            listed = await client.request("GET", TENANT_RESERVATIONS.path())
+            items = listed.get("items") or []
+            return [item for item in items if isinstance(item, dict)]
+        for pool in pools:
+            try:
+                found.append(await client.get(TENANT_RESERVATIONS, pool, pool))
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+    except ApiError as exc:
+        notes.append(f"tenantreservations not read ({exc}): where each pool's room is left out")
+    return found
+
+
 def _report(args: argparse.Namespace) -> int:
     from webhook.admission.report import build_report, dump, failures, render_report
+    from webhook.admission.room_report import add_room, render_room, reservations_in
 
     namespace = "" if args.all_namespaces else args.namespace
     if args.state:
@@ -54,12 +80,26 @@ def _report(args: argparse.Namespace) -> int:
                 f"--state {' '.join(args.state)}: no ApplicationDefinition found; add the "
                 "platform's definitions (e.g. --state fixtures/cozystack)"
             )
-        report = build_report(state, namespace=namespace)
+        report = add_room(
+            build_report(state, namespace=namespace), state, reservations_in(args.state)
+        )
         notes: list[str] = []
     else:
-        snapshot = ask(args, lambda client: read_snapshot(client, args, namespace))
-        report = build_report(snapshot.state, namespace=namespace)
-        notes = snapshot.notes
+        notes = []
+
+        async def question(client: Any) -> Any:
+            snapshot = await read_snapshot(client, args, namespace)
+            pools: list[str] | None = None
+            if namespace:  # only the pools in scope: a tenant's user may read no others
+                scoped = build_report(snapshot.state, namespace=namespace)
+                pools = [pool["pool"] for pool in scoped["pools"]]
+            return snapshot, await _reservations(client, pools, notes)
+
+        snapshot, reservations = ask(args, question)
+        report = add_room(
+            build_report(snapshot.state, namespace=namespace), snapshot.state, reservations
+        )
+        notes = [*snapshot.notes, *notes]
         if namespace:
             report["namespace"]["known"] = snapshot.known or report["namespace"]["known"]
             if snapshot.pool_above is not None:
@@ -70,7 +110,14 @@ def _report(args: argparse.Namespace) -> int:
     if args.output in ("json", "yaml"):
         print(dump(report, args.output))
     else:
-        print(render_report(report, wide=args.output == "wide"))
+        print(
+            "\n".join(
+                [
+                    render_report(report, wide=args.output == "wide"),
+                    *render_room(report.get("room") or []),
+                ]
+            )
+        )
         above = report.get("poolAbove")
         if above:
             pairs = ", ".join(f"{k}={v}" for k, v in above["budget"].items()) or "none"

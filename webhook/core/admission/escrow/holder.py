@@ -256,10 +256,12 @@ class Escrow:
         grow: Mapping[str, Decimal] | None = None,
         give_back: Mapping[str, Decimal] | None = None,
         kinds: frozenset[str] = frozenset(),
+        fold: bool = True,
     ) -> Write | None:
         """The next write of the holder's record in ``pool`` (conditional on ``version``): it
         folds what is foldable, grows ``granted`` by ``grow``, returns what it can of
-        ``give_back`` and renews the lease. ``None`` while a write is in flight or suspended,
+        ``give_back`` and renews the lease (with ``fold`` off, folds only when something else
+        is written). ``None`` while a write is in flight or suspended,
         for a first grant with nothing to grant or no kinds, or with nothing to change before
         the lease is due."""
         found = self._slices.setdefault(pool, _Slice())
@@ -271,6 +273,8 @@ class Escrow:
                 return None
             base = SliceRecord(self.incarnation, self.holder, kinds)
         folds = tuple(s for s in found.spends if self._foldable(s, now))
+        if not fold and not grow and not give_back and not self.renew_due(pool, now):
+            folds = ()  # not worth a write of its own: they ride on the next one
         left = self.available(pool)
         give = {
             key: min(value, left.get(key, _ZERO))
