@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Final
 
 from aiohttp import web
@@ -332,7 +332,7 @@ def _parse_review(raw: bytes) -> AdmissionRequest:
     except (ValueError, UnicodeDecodeError):
         raise web.HTTPBadRequest(text="the body is not JSON\n") from None
     try:
-        return replace(parse_review(body), size=len(raw))
+        return parse_review(body, len(raw))
     except ReviewError as exc:
         raise web.HTTPBadRequest(text=f"{exc}\n") from None
 

@@ -177,31 +177,21 @@ class FairAdmission:
                 f"({self.queue.limits.queue_length}); denied to keep other tenants' "
                 "decisions on time",
             )
-        try:
-            await self._seat(ticket)
-        except BaseException:
-            work.close()
-            raise
+        if not self._dispatching:  # a free seat is taken at once, with nothing awaited
+            self._dispatch()
+        if ticket.state != "seated":
+            try:
+                await self._wait(ticket, self.wait_seconds)
+            except BaseException:
+                work.close()
+                raise
         waited = self._clock() - started
-        held = [ticket]  # the turn it holds now: its first, then one per resumption
-
-        async def resume() -> None:
-            """Wait for a turn again before the decision goes on after waiting on I/O, so no
-            step of it runs out of fair order (one carrying a record of an unknown key waits
-            for the key re-read, then decides in full)."""
-            again = self.queue.arrive(flow, BASE_SECONDS, self._clock(), resumed=True)
-            if again is not None:  # always: a resumption is never refused, it is under way
-                held.append(again)
-                await self._seat(again, limit=None)
-
-        metered = _Metered(
-            work, self._cpu, on_suspend=lambda: self._free(held[-1]), on_resume=resume
-        )
+        metered = _Metered(work, self._cpu, self, ticket)
         try:
             result = await metered
         finally:
             self.queue.charge(ticket, metered.cpu)  # all it took, on its first turn
-            for later in held[1:]:
+            for later in metered.later:
                 self.queue.charge(later, 0.0)
             if metered.cpu >= _COSTLY_SECONDS:
                 self._dispatch_soon()
@@ -211,6 +201,16 @@ class FairAdmission:
                 self.on_done(flow, waited, metered.cpu)
         return result, waited
 
+    async def _resume(self, metered: _Metered) -> None:
+        """Wait for a turn again before a decision goes on after waiting on I/O, so no step of
+        it runs out of fair order (one carrying a record of an unknown key waits for the key
+        re-read, then decides in full)."""
+        flow = metered.ticket.flow
+        again = self.queue.arrive(flow, BASE_SECONDS, self._clock(), resumed=True)
+        if again is not None:  # always: a resumption is never refused, it is under way
+            metered.later.append(again)
+            await self._seat(again, limit=None)
+
     async def _seat(self, ticket: Ticket, *, limit: float | None = -1.0) -> None:
         """Wait until ``ticket`` holds the seat, at most ``limit`` seconds (the wait limit by
         default; ``None``: as long as it takes, for a decision under way)."""
@@ -218,10 +218,14 @@ class FairAdmission:
             self._dispatch()
             if ticket.state == "seated":
                 return
+        await self._wait(ticket, self.wait_seconds if limit == -1.0 else limit)
+
+    async def _wait(self, ticket: Ticket, limit: float | None) -> None:
+        """Wait until ``ticket``, not seated, is dispatched, at most ``limit`` seconds."""
         future = asyncio.get_running_loop().create_future()
         self._seated[ticket] = future
         try:
-            async with asyncio.timeout(self.wait_seconds if limit == -1.0 else limit):
+            async with asyncio.timeout(limit):
                 await future
         except TimeoutError:
             if self.queue.withdraw(ticket):
@@ -278,22 +282,25 @@ class FairAdmission:
 
 
 class _Metered:
-    """Awaits a coroutine, adding the CPU of each of its own steps to :attr:`cpu`; calls
-    ``on_suspend`` each time it waits on something, and awaits ``on_resume`` before each
-    step after one."""
+    """Awaits a coroutine, adding the CPU of each of its own steps to :attr:`cpu`; frees the
+    turn it holds each time it waits on something, and waits for a turn again (one more
+    ticket, kept in :attr:`later`) before each step after one. Methods, not closures: a
+    decision that never waits (most) makes one object here."""
+
+    __slots__ = ("_clock", "_coro", "_fair", "cpu", "later", "ticket")
 
     def __init__(
         self,
         coro: Coroutine[Any, Any, Any],
         cpu: Callable[[], float],
-        *,
-        on_suspend: Callable[[], None],
-        on_resume: Callable[[], Coroutine[Any, Any, None]] | None = None,
+        fair: FairAdmission,
+        ticket: Ticket,
     ) -> None:
         self._coro = coro
         self._clock = cpu
-        self._on_suspend = on_suspend
-        self._on_resume = on_resume
+        self._fair = fair
+        self.ticket = ticket  # the review's first turn
+        self.later: list[Ticket] = []  # one more per resumption
         self.cpu = 0.0
 
     def __await__(self) -> Generator[Any, Any, Any]:
@@ -302,9 +309,9 @@ class _Metered:
         thrown: BaseException | None = None
         suspended = False
         while True:
-            if suspended and thrown is None and self._on_resume is not None:
+            if suspended and thrown is None:
                 try:  # its turn again before it goes on (an exception goes in at once)
-                    yield from self._on_resume().__await__()
+                    yield from self._fair._resume(self).__await__()
                 except BaseException as exc:
                     thrown = exc
             begun = self._clock()
@@ -317,7 +324,7 @@ class _Metered:
                 self.cpu += self._clock() - begun
                 raise
             self.cpu += self._clock() - begun
-            self._on_suspend()
+            self._fair._free(self.later[-1] if self.later else self.ticket)
             suspended = True
             thrown = None
             try:

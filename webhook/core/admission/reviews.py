@@ -82,8 +82,9 @@ class AdmissionRequest:
     size: int = 0
 
 
-def parse_review(body: object) -> AdmissionRequest:
-    """The request of an ``admission.k8s.io/v1`` AdmissionReview; raises :class:`ReviewError`."""
+def parse_review(body: object, size: int = 0) -> AdmissionRequest:
+    """The request of an ``admission.k8s.io/v1`` AdmissionReview; raises :class:`ReviewError`.
+    ``size`` is the review's bytes as received (0: unknown), set here rather than by a copy."""
     if not isinstance(body, _MAPPINGS):
         raise ReviewError("the body is not a JSON object")
     if body.get("apiVersion") != API_VERSION or body.get("kind") != "AdmissionReview":
@@ -121,6 +122,7 @@ def parse_review(body: object) -> AdmissionRequest:
         old_object=old,
         user=str(user.get("username") or "") if isinstance(user, _MAPPINGS) else "",
         groups=_groups(user),
+        size=size,
     )
 
 
