@@ -23,7 +23,7 @@ BROKEN_SEEDS = 3000
 
 
 # The ledger's own simulation with the replicas admitting from slices: seeds, in chunks.
-LIVE_SEEDS = 1000
+LIVE_SEEDS = 750
 LIVE_UNCOUNTED_SEEDS = 600
 
 

@@ -110,7 +110,7 @@ async def test_losing_many_events_costs_a_bounded_number_of_fetches_per_read(
             server.lose_next_events(6)
             for index in range(6):
                 server.create(app("VMInstance", "tenant-acme", f"vm{index}", MICRO))
-            await eventually(lambda: live.repairs.get("VMInstance", 0) >= 2, 15)
+            await eventually(lambda: live.repairs.get("VMInstance", 0) >= 2, 45)  # reads are spaced
             fetched = sum(gets(server, f"vm{index}") for index in range(6))
             assert fetched <= 2 * live.consistent_reads
             await eventually(lambda: memory(live) == 6 * GiB, 30)

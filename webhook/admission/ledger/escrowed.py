@@ -200,8 +200,17 @@ class Escrowed:
     async def duty(self) -> int:
         """One round over the pools this process holds or has admitted into; writes made."""
         written = 0
-        held = {p for p in self.book.objects if self.book.slices.count.records(p)}  # reclaims
-        pools = sorted(held | set(self.escrow.pools()) | {p for p, r in self._rates.items() if r})
+        count, now, mine = self.book.slices.count, self.book.clock(), self.escrow.incarnation
+        reclaims = {  # another life's record past its lease and the store bound
+            pool
+            for pool in self.book.objects
+            if any(
+                incarnation != mine and core.reclaimable(record, now, self.escrow.bounds)
+                for incarnation, record in count.records(pool).items()
+            )
+        }
+        rated = {pool for pool, rates in self._rates.items() if rates}
+        pools = sorted(reclaims | set(self.escrow.pools()) | rated)
         for pool in pools:
             with contextlib.suppress(Conflict):
                 written += await self._pool(pool)

@@ -11,6 +11,9 @@ its volumes (:func:`old_marks`), and the old charge an UPDATE is credited (:func
 Those come only from what the webhook itself computed or signed (a record a tenant could write
 would be a discount on its own budget): :func:`record_problem` and :func:`kept` say which charge
 annotation a write may carry. Pricing the new values is :mod:`webhook.core.admission.price`.
+
+Over 400 lines, and kept whole: what is believed of the stored object and which record a write
+may carry are one rule, read against each other.
 """
 
 from __future__ import annotations
