@@ -225,11 +225,7 @@ async def test_a_spend_is_folded_once_its_object_is_observed() -> None:
     a.observe(_stored(cluster, "x", "1Gi", text))
     # Far from the bound a fold is not worth a write of its own: it rides on the next one.
     assert await a.ledger.escrow() == 0
-    escrowed = a.ledger._escrowed
-    assert escrowed is not None
-    later = escrowed.monotonic() + escrowed.escrow.bounds.renew_seconds + 1
-    escrowed.monotonic = lambda: later  # the lease is due for renewal
-    assert await a.ledger.escrow() == 1
+    await _renewed(a)
     (record,) = _records(cluster).values()
     assert record.folded == {"memory": 1024**3}
 
