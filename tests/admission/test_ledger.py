@@ -607,6 +607,29 @@ async def test_a_write_across_two_pools_whose_caller_goes_away_leaves_nothing_be
     assert len(a.state.pending) == 0
 
 
+async def test_a_write_across_two_pools_cancelled_while_removing_its_entries_leaves_none() -> None:
+    # Refused in the second pool, the request removes what its first part wrote; its caller's
+    # deadline may cancel it during that removal, which must still finish.
+    cluster = Cluster()
+    a = Replica(cluster, "a", TWO_POOLS)
+    cluster.faults.extend([("tenant-acme-dev", 409)] * 3)  # the second part is refused
+    parent, child = cluster.stall("tenant-acme"), cluster.stall("tenant-acme-dev")
+    parent.set()
+    carved = asyncio.create_task(a.ledger.admit(across("vm", uid="req-1"), POLICY))
+    await eventually(lambda: bool(cluster.entries("tenant-acme")))
+    parent.clear()  # the removal's write to the first pool waits
+    child.set()
+    await eventually(lambda: not cluster.faults)
+    await asyncio.sleep(0.05)
+    assert not carved.done(), "removing its entry"
+    carved.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await carved
+    parent.set()
+    await eventually(lambda: cluster.entries("tenant-acme") == [])
+    assert len(a.state.pending) == 0
+
+
 async def test_concurrent_writes_across_two_pools_and_within_one_never_pass_either_budget() -> None:
     cluster = Cluster()
     a = Replica(cluster, "a", {**TWO_POOLS, "tenant-acme-ops": None})

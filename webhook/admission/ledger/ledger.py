@@ -257,13 +257,12 @@ class Ledger:
                     pool, request, policy, prepared, pools=tuple(pools)
                 )
                 if not decision.allowed:
+                    await self._commit.roll_back(pools, request.uid)
                     break
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # waiting for a part or removing them: finish off-task
             self._roll_back_later(pools, request.uid)
             raise
         assert decision is not None
-        if not decision.allowed:
-            await self._commit.roll_back(pools, request.uid)
         return decision
 
     def _roll_back_later(self, pools: list[str], uid: str) -> None:
