@@ -350,3 +350,63 @@ async def test_two_refusals_during_one_give_back_both_decide_again_after_it() ->
     )
     assert first.allowed, first.message
     assert second.allowed, second.message
+
+
+def _visits(replica: Replica) -> list[str]:
+    """The pools ``replica``'s escrow duty takes up from now on, one name per visit."""
+    escrowed = replica.ledger._escrowed
+    assert escrowed is not None
+    visited: list[str] = []
+    visit = escrowed._pool
+
+    async def counted(pool: str, *, give_all: bool = False) -> int:
+        visited.append(pool)
+        return await visit(pool, give_all=give_all)
+
+    escrowed._pool = counted  # type: ignore[method-assign]
+    return visited
+
+
+async def _rounds(replica: Replica, clock: Clock, now: list[float], seconds: float) -> int:
+    """The escrow duty every quarter second for ``seconds``; the writes it made."""
+    written = 0
+    for _ in range(int(seconds * 4)):
+        now[0] += 0.25
+        clock.now += 0.25
+        written += await replica.ledger.escrow()
+    return written
+
+
+async def test_a_pool_admitted_into_once_is_not_visited_for_good() -> None:
+    # The duty takes up each pool with a recent rate. Decayed every round, a rate never
+    # reached zero: every pool ever admitted into was taken up four times a second for good,
+    # under its lock, by every replica.
+    cluster, clock, now = Cluster(), Clock(), [0.0]
+    a = Replica(cluster, "a", {POOL: {"memory": "64Gi"}}, escrow=True, clock=clock)
+    assert a.ledger._escrowed is not None
+    a.ledger._escrowed.monotonic = lambda: now[0]
+    await _busy(a)
+    assert await a.ledger.escrow() == 1
+    await _rounds(a, clock, now, 40)  # idle: the slice goes back, then its record
+    assert _records(cluster) == {}
+    visited = _visits(a)
+    await _rounds(a, clock, now, 20)
+    assert visited == []
+
+
+async def test_a_record_waiting_for_its_spends_is_taken_up_only_to_be_written() -> None:
+    # A slice spent whole waits for its spend's object (or the store bound) before its record
+    # can go: a round over it then changes nothing, except to renew its lease or fold.
+    cluster, clock, now = Cluster(), Clock(), [0.0]
+    a = Replica(cluster, "a", {POOL: {"memory": "64Gi"}}, escrow=True, clock=clock)
+    assert a.ledger._escrowed is not None
+    a.ledger._escrowed.monotonic = lambda: now[0]
+    await _busy(a)
+    await a.ledger.escrow()
+    (record,) = _records(cluster).values()
+    assert (await a.admit(create("x", str(int(record.outstanding()["memory"]))))).allowed
+    await _rounds(a, clock, now, 31)  # the rate is forgotten; the spend is not foldable yet
+    visited = _visits(a)
+    written = await _rounds(a, clock, now, 40)  # past the store bound: folded, then removed
+    assert _records(cluster) == {}
+    assert 0 < len(visited) == written, f"{len(visited)} visits for {written} writes"

@@ -353,7 +353,8 @@ class SimClient(KubeClient):
                     return
                 wait = min(left, PLATFORM_BOOKMARK_SECONDS if platform else read_timeout)
                 try:
-                    event = await asyncio.wait_for(stream.queue.get(), wait)
+                    async with asyncio.timeout(wait):
+                        event = await stream.queue.get()
                 except TimeoutError:
                     if platform:
                         yield {"type": "BOOKMARK", "object": {"metadata": {}}}

@@ -30,6 +30,7 @@ from typing import Any
 
 from webhook.admission.ledger.book import Book, Conflict
 from webhook.admission.ledger.entries import Obj, expiry, version
+from webhook.admission.ledger.recent import RecentAdmissions
 from webhook.admission.ledger.slices import removals, slice_records
 from webhook.admission.ledger.status import Status
 from webhook.core.admission import escrow as core
@@ -47,7 +48,6 @@ __all__ = ["Escrowed", "record_json"]
 
 log = logging.getLogger("webhook.admission.ledger")  # one logger for all of the ledger
 
-_RATE_SECONDS = 5.0  # the recent rate decays with this time constant
 _FOLD_SPENDS = 128  # spends waiting to be folded that are worth a write of their own
 
 
@@ -84,13 +84,9 @@ class Escrowed:
         book.escrow = self.escrow
         # uid -> key, after, expected, the request its object's record names
         self._spent: dict[str, tuple[AppKey, int, dict[str, Decimal], str]] = {}
-        self._rates: dict[str, dict[str, float]] = {}  # pool -> key -> per second, decaying
-        self._noted: dict[str, float] = {}  # pool -> when its rate was last brought up to date
-        self._kinds: dict[str, set[str]] = {}  # pool -> kinds recently admitted there
-        self._last: dict[str, dict[str, Decimal]] = {}  # pool -> the last admission's charge
+        self.recent = RecentAdmissions(bounds.idle_seconds)
         self._quiet: dict[str, float] = {}  # pool -> when a refusal gave its slice back
         self._returning: set[str] = set()  # pools whose slice a refusal is giving back now
-        self._since: dict[str, float] = {}  # pool -> when its recent rate started counting
         self._marked: set[str] = set()  # spends already marked observed
         self.spends = 0  # admissions answered from slices
         self.writes = 0  # writes of this process's records
@@ -151,26 +147,7 @@ class Escrowed:
         """An allowed admission: it feeds the recent rate each pool's slice is sized from."""
         now = self.monotonic()
         for pool, room in decision.charged_pools.items():
-            rates = self._rate(pool, now)
-            if not rates:
-                self._since[pool] = now
-            for key, value in room.items():
-                rates[key] = rates.get(key, 0.0) + float(value) / _RATE_SECONDS
-            self._kinds.setdefault(pool, set()).add(request.kind)
-            self._last[pool] = dict(room)
-
-    def _rate(self, pool: str, now: float) -> dict[str, float]:
-        """``pool``'s recent rate per key, decayed to ``now`` (forgotten once idle)."""
-        rates = self._rates.setdefault(pool, {})
-        last = self._noted.get(pool, now)
-        if now - last > self.escrow.bounds.idle_seconds:
-            rates.clear()
-            self._kinds.pop(pool, None)
-        decay = math.exp(-(now - last) / _RATE_SECONDS)
-        for key in rates:
-            rates[key] *= decay
-        self._noted[pool] = now
-        return rates
+            self.recent.note(pool, room, request.kind, now)
 
     async def give_back(self, refused: Decision) -> bool:
         """Return what this process's slice of the refused admission's pool holds unspent, when
@@ -209,12 +186,27 @@ class Escrowed:
                 for incarnation, record in count.records(pool).items()
             )
         }
-        rated = {pool for pool, rates in self._rates.items() if rates}
-        pools = sorted(reclaims | set(self.escrow.pools()) | rated)
-        for pool in pools:
-            with contextlib.suppress(Conflict):
-                written += await self._pool(pool)
+        rated = self.recent.rated()
+        self._observe(self.book.current())
+        moment = self.monotonic()
+        for pool in sorted(reclaims | set(self.escrow.pools()) | rated):
+            if pool in reclaims or pool in rated or not self._resting(pool, moment):
+                with contextlib.suppress(Conflict):
+                    written += await self._pool(pool)
         return written
+
+    def _resting(self, pool: str, now: float) -> bool:
+        """Whether a round would leave ``pool``'s record as it is: nothing to spend or give
+        back, nothing to fold, no renewal due and not yet removable (a record waits so for
+        its spends' objects or the store bound, and a round over it is all the duty does
+        then)."""
+        escrow = self.escrow
+        return not (
+            any(escrow.available(pool).values())
+            or escrow.foldable(pool, now)
+            or escrow.renew_due(pool, now)
+            or escrow.removable(pool, now)
+        )
 
     async def _pool(self, pool: str, *, give_all: bool = False) -> int:
         book, escrow = self.book, self.escrow
@@ -239,7 +231,7 @@ class Escrowed:
             over = not core.within(node.budget, node.usage)
             grow: dict[str, Decimal] = {}
             give: dict[str, Decimal] = {}
-            rate = {k: Decimal(str(round(v, 6))) for k, v in self._rate(pool, now).items()}
+            rate = {k: Decimal(str(round(v, 6))) for k, v in self.recent.rate(pool, now).items()}
             quiet = now - self._quiet.get(pool, -math.inf) < escrow.bounds.idle_seconds
             if rate and not over and not quiet and not give_all and not book.fenced(pool):
                 wanted = refill_wanted(rl.mask(rate, node.budget), available, escrow.bounds)
@@ -248,12 +240,12 @@ class Escrowed:
                 )
                 grow = self._warmed(pool, now, rate, available, node.budget, node.usage) or grow
                 # A slice that would not hold the last admission's charge answers nothing.
-                last = rl.mask(self._last.get(pool, {}), node.budget)
+                last = rl.mask(self.recent.last(pool), node.budget)
                 if any(rl.add(available, grow).get(k, Decimal(0)) < v for k, v in last.items()):
                     grow = {}
             # Near the bound (no room outside the slices for one more of the pool's last
             # admission) the slices go back, so whichever replica is asked uses the last byte.
-            last = rl.mask(self._last.get(pool, {}), node.budget)
+            last = rl.mask(self.recent.last(pool), node.budget)
             full = bool(last) and bool(rl.exceeded(rl.add(node.usage, last), node.budget))
             if (over or give_all or full or escrow.idle(pool, now)) and any(available.values()):
                 give = available
@@ -261,7 +253,7 @@ class Escrowed:
                     self._quiet[pool] = now  # no refill for a while: the pool is at its bound
             elif not grow and escrow.renew_due(pool, now):
                 # A renewal keeps a few seconds of the current rate, not a past burst's room.
-                last = rl.mask(self._last.get(pool, {}), node.budget)
+                last = rl.mask(self.recent.last(pool), node.budget)
                 give = surplus(rl.mask(rate, node.budget), available, escrow.bounds, least=last)
             write = None
             if not grow and escrow.removable(pool, now):
@@ -274,7 +266,7 @@ class Escrowed:
                     version=version(current),
                     grow=grow,
                     give_back=give,
-                    kinds=frozenset(self._kinds.get(pool, ())),
+                    kinds=self.recent.kinds(pool),
                     fold=self._fold_due(pool, node.budget, node.usage, over or give_all),
                 )
             if write is None and not gone:
@@ -311,8 +303,7 @@ class Escrowed:
         constant (a decayed sum that young holds only part of the rate, so the first grants
         held a fraction of a second and admissions fell back), or ``{}`` when the pool has not
         the room for it (the grant from the rate as it is stands)."""
-        age = now - self._since.get(pool, now - 10 * _RATE_SECONDS)
-        warm = max(0.2, 1.0 - math.exp(-age / _RATE_SECONDS))
+        warm = self.recent.warmth(pool, now)
         if warm >= 0.99:
             return {}
         scaled = {k: v / Decimal(str(round(warm, 6))) for k, v in rate.items()}

@@ -1,0 +1,60 @@
+"""A pool's recent admissions: the decaying rate a slice is sized from, forgotten when idle."""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from webhook.admission.ledger.recent import RATE_SECONDS, RecentAdmissions
+
+GI = Decimal(1024**3)
+
+
+def test_a_rate_decays_with_its_time_constant() -> None:
+    recent = RecentAdmissions(idle_seconds=30)
+    recent.note("p", {"memory": GI}, "VMInstance", now=0.0)
+    first = recent.rate("p", 0.0)["memory"]
+    assert first == float(GI) / RATE_SECONDS
+    later = recent.rate("p", RATE_SECONDS)["memory"]
+    assert math.isclose(later, first / math.e)
+    assert recent.kinds("p") == {"VMInstance"}
+    assert recent.last("p") == {"memory": GI}
+
+
+def test_a_pool_no_admission_fed_for_the_idle_time_is_forgotten() -> None:
+    recent = RecentAdmissions(idle_seconds=30)
+    recent.note("p", {"memory": GI}, "VMInstance", now=0.0)
+    for moment in range(1, 31):  # brought up to date every second, as the duty does
+        assert recent.rate("p", float(moment))
+    assert recent.rated() == {"p"}
+    assert recent.rate("p", 30.5) == {}
+    assert recent.rated() == set()
+    assert recent.kinds("p") == frozenset()
+
+
+@given(st.lists(st.floats(min_value=0.0, max_value=5.0), min_size=1, max_size=40))
+def test_a_pool_is_rated_exactly_while_an_admission_fed_it_within_the_idle_time(
+    gaps: list[float],
+) -> None:
+    recent = RecentAdmissions(idle_seconds=30)
+    now, fed = 0.0, 0.0
+    recent.note("p", {"cpu": Decimal(1)}, "Thing", now)
+    for index, gap in enumerate(gaps):
+        now += gap * 10
+        if index % 3 == 0:
+            recent.note("p", {"cpu": Decimal(1)}, "Thing", now)
+            fed = now
+        else:
+            recent.rate("p", now)
+        assert ("p" in recent.rated()) == (now - fed <= 30)
+
+
+def test_a_young_rate_is_warmed_up_and_an_old_one_is_not() -> None:
+    recent = RecentAdmissions(idle_seconds=30)
+    recent.note("p", {"memory": GI}, "VMInstance", now=100.0)
+    assert recent.warmth("p", 100.0) == 0.2
+    assert recent.warmth("p", 100.0 + 5 * RATE_SECONDS) > 0.99
+    assert recent.warmth("never", 0.0) > 0.99
