@@ -66,10 +66,11 @@ MAX_PENDING_BYTES: Final = 614_400
 MAX_SUMMARY_BYTES: Final = 65_536
 # status.slices, every replica's records together, each counted at the largest it may grow to
 # before its next grant (webhook.admission.ledger.slices.largest_bytes: its folded and returned
-# holding every granted key at the widest quantity within the grant). A record of a budget's
-# usual keys takes 1 to 3 KiB so, and 80 KiB holds dozens of replicas' lives; one of 64 keys of
-# the longest names takes some 60 KiB, so a second replica's grant there is not made and it
-# admits by the exact path (ten such records would pass etcd's limit, and the pool would stop).
+# holding every granted key at the widest quantity within the grant). A record of a handful of
+# the usual keys takes under 1 KiB so, of all 31 kinds' counts and the 4 sizes about 5 KiB:
+# 80 KiB holds a dozen or more replicas' lives; one of 64 keys of the longest names takes some
+# 60 KiB, so a second replica's grant there is not made and it admits by the exact path (ten
+# such records would pass etcd's limit, and the pool would stop).
 MAX_SLICES_BYTES: Final = 81_920
 # What a new entry grows by once a later write stamps it with its revision (the digits of a
 # resourceVersion: at most 20, a 64-bit integer's).
