@@ -1,11 +1,12 @@
 """A pool's ledger object never outgrows what every replica's watch reads back.
 
 The ledger is bounded in bytes, not only in entries: its entries together take at most
-``MAX_PENDING_BYTES`` (one tenant at most its share of them), its caps and summary bounds of
-their own, so the whole ``TenantReservation`` stays within ``MAX_OBJECT_BYTES``, far under
-etcd's 1.5 MiB and the watch's event bound. The attack: a tenant admin whose budget-less
-sub-tenants have the longest namespaces and hold applications with the longest names Kubernetes
-allows fills the ledger; at the bound each of them is refused, cleanly and alone, in bytes.
+``MAX_PENDING_BYTES`` (one tenant at most its share of them), its caps, summary and escrowed
+slices bounds of their own, so the whole ``TenantReservation`` stays within
+``MAX_OBJECT_BYTES``, far under etcd's 1.5 MiB and the watch's event bound. The attack: a
+tenant admin whose budget-less sub-tenants have the longest namespaces and hold applications
+with the longest names Kubernetes allows fills the ledger; at the bound each of them is
+refused, cleanly and alone, in bytes.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from webhook.admission.ledger.bounds import (
     MAX_ENTRY_BYTES,
     MAX_OBJECT_BYTES,
     MAX_PENDING_BYTES,
+    MAX_SLICES_BYTES,
     MAX_SUMMARY_BYTES,
     REVISION_BYTES,
     LedgerSettings,
@@ -192,7 +194,8 @@ def test_every_part_of_a_ledger_object_fits_its_bound_and_the_whole_what_is_read
     caps = MAX_CAPS_BYTES  # all of them, each keyed by its namespace
     assert MAX_CAPS * (1_024 + NAMESPACE + 6) <= MAX_CAPS_BYTES, "200 caps of 1 KiB fit"
     rest = 65_536  # metadata, the removal counts by kind
-    assert MAX_PENDING_BYTES + caps + MAX_SUMMARY_BYTES + rest <= MAX_OBJECT_BYTES
+    slices = MAX_SLICES_BYTES  # every replica's escrowed slices, each at its largest
+    assert MAX_PENDING_BYTES + caps + MAX_SUMMARY_BYTES + slices + rest <= MAX_OBJECT_BYTES
     assert MAX_OBJECT_BYTES * 3 // 2 <= ETCD_MAX_REQUEST_BYTES, "a third under etcd's limit"
     assert MAX_OBJECT_BYTES <= MAX_WATCH_EVENT_BYTES // 8
 

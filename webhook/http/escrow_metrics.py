@@ -78,8 +78,8 @@ class EscrowMetrics:
         self.fallbacks = Counter(
             "reservation_escrow_fallbacks",
             "Admissions the slices did not answer, decided by the exact path, by reason "
-            "(update, dry-run, denied, warn, uncharged, fenced, no-slice, deadline, kind, "
-            "no-room, other).",
+            "(update, dry-run, denied, warn, uncharged, fenced, no-slice, slices-full, "
+            "deadline, kind, no-room, other).",
             ["reason"],
             registry=registry,
         )

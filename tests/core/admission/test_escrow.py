@@ -80,6 +80,24 @@ def _granted(escrow: Escrow, amount: int, *, now: float = 0.0, version: int = 1)
     escrow.stored(write, write.record, version + 1)
 
 
+def test_the_record_a_grant_is_checked_by_is_the_one_it_writes_before_its_folds() -> None:
+    escrow = Escrow("r1", "a", BOUNDS)
+    first = escrow.granting(POOL, {M: _d(10), "cpu": _d(0)}, frozenset({KIND}), 5.0)
+    assert first == SliceRecord(
+        "a", "r1", frozenset({KIND}), {M: _d(10)}, expires=5.0 + BOUNDS.lease_seconds
+    )
+    _granted(escrow, 10)
+    assert escrow.spend("u1", {POOL: {M: _d(4)}}, kind=KIND, now=1.0)
+    escrow.observed("u1")
+    checked = escrow.granting(POOL, {M: _d(5)}, frozenset({"Other"}), 2.0)
+    write = escrow.plan(POOL, now=2.0, wall=2.0, version=2, grow={M: _d(5)})
+    assert write is not None
+    assert checked.kinds == write.record.kinds == frozenset({KIND}), "kinds fixed at the first"
+    assert checked.granted == write.record.granted == {M: _d(15)}
+    assert checked.expires == write.record.expires
+    assert write.record.folded == {M: _d(4)}, "the folds the check counts at their widest"
+
+
 def test_a_slice_is_never_spent_past_its_room() -> None:
     escrow = Escrow("r1", "a", BOUNDS)
     _granted(escrow, 10)

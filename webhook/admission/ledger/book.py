@@ -6,7 +6,8 @@ has delivered yet), and counts what that copy lists into the live state's pendin
 (:meth:`Book.track`), following the state into every rebuilt copy of it. Every write of a pool's
 object goes through :meth:`Book.write`: conditional on the resourceVersion the decision read,
 under that pool's lock (one per pool, taken in sorted order when a request charges several),
-so a conflict (another replica wrote first) is told apart from any other failure and counted.
+so a conflict (another replica wrote first) is told apart from any other failure and counted;
+a write whose object would pass :data:`~.bounds.MAX_OBJECT_BYTES` is never sent (:class:`TooLarge`).
 """
 
 from __future__ import annotations
@@ -33,11 +34,12 @@ from webhook.admission.ledger.slices import Slices, slice_records
 from webhook.core.admission.escrow import Escrow
 from webhook.core.admission.pending import Hold
 from webhook.core.admission.state import ReservationState
+from webhook.core.base.json_codec import encode_json
 from webhook.core.tenancy.applications import resource_version
 from webhook.kube.client import ApiError, KubeClient
 from webhook.kube.reflector import Reflector
 
-__all__ = ["Book", "Conflict", "Outcome", "StateSource"]
+__all__ = ["Book", "Conflict", "Outcome", "StateSource", "TooLarge"]
 
 log = logging.getLogger("webhook.admission.ledger")  # one logger for all of the ledger
 
@@ -59,6 +61,16 @@ class StateSource(Protocol):
 
 class Conflict(Exception):
     """Another replica wrote the pool's object first: read it again, decide again."""
+
+
+class TooLarge(ApiError):
+    """A write whose object would pass :data:`~.bounds.MAX_OBJECT_BYTES`: never sent, so the
+    API server refuses nothing for its size (etcd's limit would stop the pool's every write)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(
+            413, "RequestEntityTooLarge", f"{size} bytes, over {bounds.MAX_OBJECT_BYTES}"
+        )
 
 
 class Book:
@@ -86,6 +98,7 @@ class Book:
         self.conflicts = 0
         self.writes = 0
         self.failures = 0  # writes refused for anything but a conflict
+        self.oversized = 0  # writes not sent: the object would pass MAX_OBJECT_BYTES
         self.reflector = Reflector(
             client,
             TENANT_RESERVATIONS,
@@ -168,6 +181,13 @@ class Book:
         metadata = dict(current.get("metadata") or {})
         metadata.pop("managedFields", None)
         body = {**current, "metadata": metadata, "status": status}
+        # Each part's bound keeps the whole within MAX_OBJECT_BYTES; checked here all the same,
+        # so a part a bound misses is refused here (TooLarge, an ApiError: the caller's
+        # failure path) and never by the API server, or by etcd for every later write.
+        size = len(encode_json(body))
+        if size > bounds.MAX_OBJECT_BYTES:
+            self.oversized += 1
+            raise TooLarge(size)
         self.writes += 1
         try:
             written = await self.client.replace(TENANT_RESERVATIONS, body, status=True)

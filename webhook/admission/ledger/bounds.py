@@ -2,8 +2,9 @@
 
 A pool's ``TenantReservation`` holds at most :data:`MAX_ENTRIES` entries of at most
 :data:`MAX_ENTRY_BYTES` each, and at most :data:`MAX_PENDING_BYTES` of them together; its caps
-(at most :data:`MAX_CAP_BYTES` each) and its summary have bounds of their own, so the whole
-object stays within :data:`MAX_OBJECT_BYTES`, well under etcd's 1.5 MiB object limit and the
+(at most :data:`MAX_CAP_BYTES` each), its summary and its escrowed slices
+(:data:`MAX_SLICES_BYTES`) have bounds of their own, so the whole object stays within
+:data:`MAX_OBJECT_BYTES`, well under etcd's 1.5 MiB object limit and the
 watch's event bound (:data:`webhook.kube.client.MAX_WATCH_EVENT_BYTES`): at the bound a request
 is told to try again, no write is ever attempted that the API server would refuse for its size,
 and every object written is read back by every replica's watch.
@@ -27,6 +28,7 @@ __all__ = [
     "MAX_OBJECT_BYTES",
     "MAX_PENDING_BYTES",
     "MAX_REPLACES",
+    "MAX_SLICES_BYTES",
     "MAX_SUMMARY_BYTES",
     "REVISION_BYTES",
     "LedgerSettings",
@@ -56,11 +58,20 @@ MAX_CAPS_BYTES: Final = 218_600
 # The whole object as JSON, at most: two thirds of etcd's 1.5 MiB, a ninth of the watch's
 # event bound. It is the sum of what each part may take: the entries together (600 KiB: 1,000
 # real entries are about 300 KiB; 1,000 with the longest names Kubernetes allows, about 830
-# KiB, so there the bytes bind first), the caps (215 KiB), the summary (64 KiB) and the rest
-# (metadata, the removal counts by kind: 64 KiB would hold 50 times an object's usual).
+# KiB, so there the bytes bind first), the caps (213.5 KiB), the summary (64 KiB), the slices
+# (80 KiB) and the rest (metadata, the removal counts by kind: 64 KiB would hold 50 times an
+# object's usual): 1,045,992 bytes, and a write past the whole is never sent (Book.write).
 MAX_OBJECT_BYTES: Final = 1_048_576
 MAX_PENDING_BYTES: Final = 614_400
 MAX_SUMMARY_BYTES: Final = 65_536
+# status.slices, every replica's records together, each counted at the largest it may grow to
+# before its next grant (webhook.admission.ledger.slices.largest_bytes: its folded and returned
+# holding every granted key at the widest quantity within the grant). A record of a handful of
+# the usual keys takes under 1 KiB so, of all 31 kinds' counts and the 4 sizes about 5 KiB:
+# 80 KiB holds a dozen or more replicas' lives; one of 64 keys of the longest names takes some
+# 60 KiB, so a second replica's grant there is not made and it admits by the exact path (ten
+# such records would pass etcd's limit, and the pool would stop).
+MAX_SLICES_BYTES: Final = 81_920
 # What a new entry grows by once a later write stamps it with its revision (the digits of a
 # resourceVersion: at most 20, a 64-bit integer's).
 REVISION_BYTES: Final = 20

@@ -28,10 +28,10 @@ from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any
 
-from webhook.admission.ledger.book import Book, Conflict
+from webhook.admission.ledger.book import Book, Conflict, TooLarge
 from webhook.admission.ledger.entries import Obj, expiry, version
 from webhook.admission.ledger.recent import RecentAdmissions
-from webhook.admission.ledger.slices import removals, slice_records
+from webhook.admission.ledger.slices import grant_fits, removals, slice_records
 from webhook.admission.ledger.status import Status
 from webhook.core.admission import escrow as core
 from webhook.core.admission.decisions import Decision, Policy, decide
@@ -89,6 +89,7 @@ class Escrowed:
         self._returning: set[str] = set()  # pools whose slice a refusal is giving back now
         self._marked: set[str] = set()  # spends already marked observed
         self.spends = 0  # admissions answered from slices
+        self.crowded: dict[str, bool] = {}  # pool -> its last grant would pass the slices' bound
         self.writes = 0  # writes of this process's records
         # Told of each stored write of this process's record: (pool, refilled, returned).
         self.on_write: Callable[[str, bool, bool], None] = lambda pool, grew, gave: None
@@ -243,6 +244,10 @@ class Escrowed:
                 last = rl.mask(self.recent.last(pool), node.budget)
                 if any(rl.add(available, grow).get(k, Decimal(0)) < v for k, v in last.items()):
                     grow = {}
+            if grow:  # not made if the records would pass their bound: the exact path admits
+                grown = escrow.granting(pool, grow, self.recent.kinds(pool), wall)
+                fits = grant_fits(current, escrow.incarnation, record_json(grown), gone)
+                grow, self.crowded[pool] = (grow if fits else {}), not fits
             # Near the bound (no room outside the slices for one more of the pool's last
             # admission) the slices go back, so whichever replica is asked uses the last byte.
             last = rl.mask(self.recent.last(pool), node.budget)
@@ -280,8 +285,8 @@ class Escrowed:
                 raise
             except ApiError as exc:
                 log.warning("escrow write failed", extra={"fields": {"error": str(exc)}})
-                if write is not None:
-                    escrow.unknown(write)
+                if write is not None:  # a write never sent (TooLarge) was not stored
+                    (escrow.refused if isinstance(exc, TooLarge) else escrow.unknown)(write)
                 return 0
             if write is not None:
                 mine = slice_records(stored.get("status") or {}).get(escrow.incarnation)

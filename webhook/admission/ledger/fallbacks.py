@@ -22,6 +22,7 @@ REASONS = (
     "uncharged",  # charges no pool
     "fenced",  # a pool's ledger is fenced
     "no-slice",  # this replica holds no slice of a pool it charges
+    "slices-full",  # a grant there was not made: the pool's records are at their byte bound
     "deadline",  # the slice's lease deadline passed (or its last write's outcome is unknown)
     "kind",  # the slice does not name the request's kind
     "no-room",  # the slice's unspent room does not hold the charge
@@ -49,7 +50,7 @@ def fallback_reason(escrowed: Escrowed, request: AdmissionRequest, answer: Decis
             return "fenced"
         record = escrow.record(pool)
         if record is None:
-            return "no-slice"
+            return "slices-full" if escrowed.crowded.get(pool) else "no-slice"
         if not escrow.live(pool, now):
             return "deadline"
         if request.kind not in record.kinds:
@@ -57,5 +58,5 @@ def fallback_reason(escrowed: Escrowed, request: AdmissionRequest, answer: Decis
     for pool, room in sorted(charged.items()):
         left = escrow.available(pool)
         if any(value > left.get(key, Decimal(0)) for key, value in room.items() if value > 0):
-            return "no-room"
+            return "slices-full" if escrowed.crowded.get(pool) else "no-room"
     return "other"

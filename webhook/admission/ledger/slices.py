@@ -8,24 +8,31 @@ until the state's watches of the record's kinds have reached the version it left
 still never admits into room another holds. A copy whose ``removals`` grew by more than the
 records this replica saw leave fences the pool until every kind's watch has reached it.
 Everything here reads what another writer may have put there: a malformed record counts what
-parses of it, an unreadable expiry as long past.
+parses of it, an unreadable expiry as long past. :func:`slices_bytes` is what the records take
+of :data:`~.bounds.MAX_SLICES_BYTES`, each at the largest it may grow to before its next grant.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from decimal import Decimal
-from typing import Any
+from decimal import ROUND_CEILING, Decimal
+from typing import Any, Final
 
+from webhook.admission.ledger import bounds
 from webhook.core.admission.escrow import SliceCount, SliceRecord
 from webhook.core.admission.escrow.counting import EVERY_KIND
 from webhook.core.admission.state import ReservationState
 from webhook.core.base import resources as rl
-from webhook.core.base.quantities import parse_quantity
+from webhook.core.base.json_codec import encode_json
+from webhook.core.base.quantities import format_quantity, parse_quantity
 
-__all__ = ["Slices", "removals", "slice_records"]
+__all__ = ["Slices", "grant_fits", "largest_bytes", "removals", "slice_records", "slices_bytes"]
+
+_NANO = Decimal("1e9")
+_ASCII: Final = json.JSONEncoder(separators=(",", ":"))  # encode_json's fallback
 
 
 def _quantities(values: object) -> dict[str, Decimal]:
@@ -63,6 +70,76 @@ def slice_records(status: Mapping[str, Any]) -> dict[str, SliceRecord]:
             expires=_seconds(fields.get("expires")),
         )
     return found
+
+
+def _json_bytes(value: object) -> int:
+    """``value``'s JSON bytes in whichever form the object is sent: :func:`encode_json`'s,
+    or the standard encoder's it falls back to for the whole object when any part (an integer
+    past 64 bits, a lone surrogate) is beyond orjson, escaping every character past ASCII."""
+    size = len(encode_json(value))
+    with contextlib.suppress(ValueError, TypeError, RecursionError):
+        size = max(size, len(_ASCII.encode(value)))
+    return size
+
+
+def _widest(value: object) -> int:
+    """The most characters any quantity from 0 to ``value`` formats to: a fraction takes
+    ``m``, ``u`` or ``n`` after at most the digits of ``value`` in nano-units (an integer
+    takes at most its digits), so a fold or a return of a grant is never wider than this."""
+    try:
+        granted = parse_quantity(value)
+    except Exception:
+        return _json_bytes(value)
+    if granted <= 0:
+        return len(format_quantity(granted))
+    nano = int((granted * _NANO).to_integral_value(ROUND_CEILING))
+    return max(len(format_quantity(granted)), len(str(nano)) + 1)
+
+
+def largest_bytes(incarnation: str, fields: object) -> int:
+    """The JSON bytes of ``{incarnation: fields}``, a record of ``status.slices``, at the
+    largest it may grow to before its holder's next grant: as it is, or with its ``folded``
+    and ``returned`` holding every granted key at :func:`_widest` of its grant, if that is
+    more. Between grants a record changes only there and in its expiry (one fixed form): its
+    grant, kinds and holder stay, and what is folded or returned of a key is within its grant."""
+    actual = _json_bytes({incarnation: fields})
+    if not isinstance(fields, Mapping):
+        return actual
+    raw = fields.get("granted")
+    granted: Mapping[Any, Any] = raw if isinstance(raw, Mapping) else {}
+    grown = dict(fields)
+    for name in ("folded", "returned"):
+        held = fields.get(name)
+        now: dict[str, Any] = (
+            {str(k): v for k, v in held.items()} if isinstance(held, Mapping) else {}
+        )
+        for key, value in granted.items():
+            width = max(_widest(value), _json_bytes(now.get(str(key), "")) - 2)
+            now[str(key)] = "9" * width
+        grown[name] = now
+    return max(actual, _json_bytes({incarnation: grown}))
+
+
+def slices_bytes(slices: Mapping[str, object]) -> int:
+    """The JSON bytes ``status.slices`` listing ``slices`` may take before any of its holders
+    grants again (each record at :func:`largest_bytes`): what a grant is checked against."""
+    inner = sum(largest_bytes(str(k), v) - 2 for k, v in slices.items())  # without its braces
+    return 2 + inner + max(0, len(slices) - 1)  # the braces, the commas
+
+
+def grant_fits(
+    current: Mapping[str, Any], incarnation: str, record: Mapping[str, Any], gone: list[str]
+) -> bool:
+    """Whether the ``status.slices`` of the object ``current``, with ``incarnation``'s
+    ``record`` as a grant would write it and without ``gone``, stays within
+    :data:`~.bounds.MAX_SLICES_BYTES`, each record at its :func:`largest_bytes`: a renewal, a
+    fold or a return never grows a record past that, so only a grant is checked (a budget of
+    64 keys of the longest names makes a record of some 60 KiB, and ten would pass etcd's
+    limit)."""
+    raw = (current.get("status") or {}).get("slices")
+    listed: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    kept = {str(k): v for k, v in listed.items() if k not in gone and k != incarnation}
+    return slices_bytes({**kept, incarnation: record}) <= bounds.MAX_SLICES_BYTES
 
 
 def removals(status: Mapping[str, Any]) -> int:

@@ -296,6 +296,18 @@ class Escrow:
             found.last_spend = max(found.last_spend, now)  # idle counts from the refill too
         return found.inflight
 
+    def granting(
+        self, pool: str, grow: Mapping[str, Decimal], kinds: frozenset[str], wall: float
+    ) -> SliceRecord:
+        """The holder's record of ``pool`` granted ``grow`` more, as :meth:`plan` would write
+        it before its folds and returns (a first grant's names ``kinds``): what a grant is
+        checked by before it is planned."""
+        found = self._slices.get(pool)
+        base = found.base if found is not None else None
+        base = base or SliceRecord(self.incarnation, self.holder, kinds)
+        grown = rl.add(base.granted, {k: v for k, v in grow.items() if v > 0})
+        return replace(base, granted=grown, expires=wall + self.bounds.lease_seconds)
+
     def stored(self, write: Write, record: SliceRecord | None, version: int) -> None:
         """``write`` was answered as stored, the object then at ``version`` listing ``record``
         as this incarnation's. Only what the answer lists counts: an API server that prunes
