@@ -309,7 +309,7 @@ async def test_a_real_api_server_keeps_a_want_as_written(tmp_path: Path) -> None
         clock = Clock()
         book = Book(client, Live(), LedgerSettings(replica="a"), clock=clock)
         await book.ensure(POOL)
-        assert await Wants(book).ask(POOL, {"memory": Decimal(2 * 1024**3)}, clock())
+        assert await Wants(book).ask(POOL, {"memory": Decimal(2 * 1024**3)})
         stored = await client.get(TENANT_RESERVATIONS, POOL, POOL)
         assert wanted_room(stored["status"], clock()) == {"memory": 2 * 1024**3}
 
@@ -352,6 +352,7 @@ async def test_escrowed_answer_only_when_holder_gives_back() -> None:
         cluster, clock = Cluster(), Clock()
         a = Replica(cluster, "a", {POOL: {"memory": "16Gi"}}, escrow=True, clock=clock)
         b = Replica(cluster, "b", {POOL: {"memory": "16Gi"}}, clock=clock)
+        b.ledger._wants.monotonic = clock
         await _busy(a)
         assert await a.ledger.escrow() == 1
         (record,) = _records(cluster).values()

@@ -229,12 +229,11 @@ class Ledger:
         without = rl.add(rl.subtract(node.usage, held), increase)
         if not increase or rl.exceeded(without, node.budget):
             return decision
-        pool, now = decision.pool, self._book.clock()
-        asked = self._wants.asked(pool, now)
-        if asked is None:
-            if not await self._wants.ask(pool, increase, now):
+        pool = decision.pool
+        if self._wants.asked(pool) is None:
+            if not await self._wants.ask(pool, increase):
                 return decision  # the holders were not asked: nothing says the room comes back
-        elif not asked.answering(now):
+        elif not self._wants.answering(pool):
             return decision  # asked, and what the holders still hold did not come back: spent
         return answers.held_in_slices(pool, rl.mask(held, increase))
 

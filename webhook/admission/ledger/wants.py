@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -100,21 +101,30 @@ class Asked:
 
 
 class Wants:
-    """The wants this replica posted or relied on, by pool, and the write that posts one."""
+    """The wants this replica posted or relied on, by pool, and the write that posts one. What
+    it asked is remembered by its monotonic clock (a wall clock set back would stretch the
+    promise); a want's expiry on the object is wall time, read by other processes."""
 
-    def __init__(self, book: Book) -> None:
+    def __init__(self, book: Book, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.book = book
+        self.monotonic = monotonic
         self._asked: dict[str, Asked] = {}
 
-    def asked(self, pool: str, now: float) -> Asked | None:
+    def asked(self, pool: str) -> Asked | None:
         """What this replica asked ``pool``'s holders for within :data:`WANT_SECONDS`."""
         found = self._asked.get(pool)
-        if found is not None and not found.lasts(now):
+        if found is not None and not found.lasts(self.monotonic()):
             del self._asked[pool]
             return None
         return found
 
-    async def ask(self, pool: str, room: Mapping[str, Decimal], now: float) -> bool:
+    def answering(self, pool: str) -> bool:
+        """Whether this replica asked ``pool``'s holders less than :data:`ANSWER_SECONDS` ago:
+        what they hold may still come back."""
+        found = self.asked(pool)
+        return found is not None and found.answering(self.monotonic())
+
+    async def ask(self, pool: str, room: Mapping[str, Decimal]) -> bool:
         """Record on ``pool``'s object that a refusal wants ``room`` (a want already there that
         covers it is taken as is, a smaller one grown to it), so that every holder treats the
         pool as full for it; whether the stored object asks for it now."""
@@ -124,10 +134,11 @@ class Wants:
                 current = book.objects.get(pool)
                 if current is None:
                     return False
+                now = book.clock()
                 status = dict(current.get("status") or {})
                 there = wanted_room(status, now)
                 if covers(there, room):
-                    self._asked[pool] = Asked(there, now)
+                    self._asked[pool] = Asked(there, self.monotonic())
                     return True
                 status["wanted"] = want_json(rl.maximum(there, room), now)
                 try:
@@ -142,6 +153,6 @@ class Wants:
                 asked = wanted_room(stored.get("status") or {}, now)
                 if not covers(asked, room):
                     return False
-                self._asked[pool] = Asked(asked, now)
+                self._asked[pool] = Asked(asked, self.monotonic())
                 return True
         return False
