@@ -20,6 +20,7 @@ from webhook.admission.ledger.book import Book
 from webhook.admission.ledger.entries import TENANT_RESERVATIONS
 from webhook.admission.ledger.escrowed import record_json
 from webhook.admission.ledger.slices import slice_records
+from webhook.admission.ledger.wants import ANSWER_SECONDS, Wants, wanted_room
 from webhook.core.admission.decisions import mutate
 from webhook.core.admission.escrow import SliceRecord
 from webhook.core.admission.reviews import AdmissionRequest, parse_review
@@ -301,6 +302,18 @@ async def test_a_real_api_server_keeps_a_slice_record_as_written(tmp_path: Path)
         assert stored["status"]["removals"] == 2
 
 
+@pytest.mark.kube
+async def test_a_real_api_server_keeps_a_want_as_written(tmp_path: Path) -> None:
+    # A pruned want would be asked of no holder: the refusal would promise room for nothing.
+    async with reservations_on_real_apiserver(tmp_path / "kube", POOL) as client:
+        clock = Clock()
+        book = Book(client, Live(), LedgerSettings(replica="a"), clock=clock)
+        await book.ensure(POOL)
+        assert await Wants(book).ask(POOL, {"memory": Decimal(2 * 1024**3)})
+        stored = await client.get(TENANT_RESERVATIONS, POOL, POOL)
+        assert wanted_room(stored["status"], clock()) == {"memory": 2 * 1024**3}
+
+
 async def test_near_the_bound_a_holder_gives_its_slice_back_so_another_replica_uses_the_room() -> (
     None
 ):
@@ -327,6 +340,46 @@ async def test_near_the_bound_a_holder_gives_its_slice_back_so_another_replica_u
         admitted += 1
     assert decision.reason == "exceeded", decision.message
     assert admitted == 16 - 3, "every byte the pool has beside a's three creates"
+
+
+async def test_escrowed_answer_only_when_holder_gives_back() -> None:
+    # "Try again" promised room that never came back: what another replica's slice holds may
+    # be spent already (in its memory, not yet folded), and a holder whose last charge was
+    # small never took the pool for full on a large request refused elsewhere. The refusal
+    # now asks the holders (status.wanted); a few seconds later what they still hold is spent.
+    giga = 1024**3
+    for spent in (True, False):
+        cluster, clock = Cluster(), Clock()
+        a = Replica(cluster, "a", {POOL: {"memory": "16Gi"}}, escrow=True, clock=clock)
+        b = Replica(cluster, "b", {POOL: {"memory": "16Gi"}}, clock=clock)
+        b.ledger._wants.monotonic = clock
+        await _busy(a)
+        assert await a.ledger.escrow() == 1
+        (record,) = _records(cluster).values()
+        held = int(record.outstanding()["memory"])
+        assert held >= 2 * giga
+        # a spends its whole slice (or a trickle's 1Mi of it), from memory: no replica sees it
+        assert (await a.admit(create("mine", str(held) if spent else "1Mi"))).allowed
+        assert a.ledger.spends == 1
+        b.deliver()
+        assert (await b.admit(create("fill", str(13 * giga - held - giga // 2)))).allowed
+        big = create("big", "2Gi" if not spent else "1Gi", uid="big-1")
+        first = await b.admit(big)  # fits only were a's slice free: a is asked to give back
+        assert (first.code, first.reason) == (429, "escrowed"), first.message
+        a.deliver()
+        writes = await a.ledger.escrow()
+        b.deliver()
+        clock.now += ANSWER_SECONDS
+        retry = await b.admit(create("big", "2Gi" if not spent else "1Gi", uid="big-2"))
+        if spent:
+            assert writes == 0, "nothing unspent to give back"
+            assert (retry.allowed, retry.reason) == (False, "exceeded"), retry.message
+            clock.now += 10
+            again = await b.admit(create("big", "1Gi", uid="big-3"))
+            assert again.reason == "exceeded", "no client loops on room already spent"
+        else:
+            assert writes == 1, "the want makes the pool full for 2Gi, not a's last 1Mi"
+            assert retry.allowed, retry.message
 
 
 async def test_two_refusals_during_one_give_back_both_decide_again_after_it() -> None:

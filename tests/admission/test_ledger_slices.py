@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.admission.test_ledger import POOL, Cluster, Replica, create, thing
+from tests.admission.test_ledger import POOL, Clock, Cluster, Replica, create, thing
+from webhook.admission.ledger.wants import ANSWER_SECONDS
 
 
 def _slices(cluster: Cluster, slices: dict[str, Any], *, removals: int = 0) -> int:
@@ -52,6 +53,25 @@ async def test_a_tenant_cannot_be_admitted_into_room_another_replica_holds_as_a_
     assert "memory=3Gi" in decision.message
     assert "try again" in decision.message
     assert (await a.admit(create("y", "1Gi"))).allowed
+
+
+async def test_a_tenant_repeating_a_refused_create_writes_one_want() -> None:
+    # Each refusal that others' slices could answer asks their holders, which is a write: a
+    # tenant repeating one costs one write per pool and want, not one per call, and once the
+    # holders had their few seconds the answer is final.
+    cluster, clock = Cluster(), Clock()
+    a = Replica(cluster, "a", {POOL: {"memory": "4Gi"}}, clock=clock)
+    a.ledger._wants.monotonic = clock
+    _slices(cluster, {"b.1": _record("3Gi")})
+    a.deliver()
+    writes = cluster.writes
+    answers = [await a.admit(create(f"x{i}", "2Gi", uid=f"uid-{i}")) for i in range(20)]
+    assert {d.reason for d in answers} == {"escrowed"}
+    assert cluster.writes == writes + 1, "one want for twenty refusals"
+    clock.now += ANSWER_SECONDS
+    late = await a.admit(create("late", "2Gi", uid="uid-late"))
+    assert late.reason == "exceeded", "b gave nothing back: what it holds is spent"
+    assert cluster.writes == writes + 1
 
 
 async def test_a_pool_full_even_without_the_slices_others_hold_says_exceeded() -> None:

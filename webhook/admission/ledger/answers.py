@@ -53,14 +53,15 @@ def contention(pools: Iterable[str]) -> Decision:
 
 
 def held_in_slices(pool: str, held: Mapping[str, Decimal]) -> Decision:
-    """Pool ``pool`` has the room only in slices other replicas hold (``held``): they give it
-    back near the bound, so this is a "try again", not an "exceeded"."""
+    """Pool ``pool`` may have the room only in slices other replicas hold (``held``), and they
+    were asked to give back what they hold unspent: a "try again", for a few seconds only
+    (:mod:`.wants`); then what they still hold is spent and the answer is "exceeded"."""
     return errored(
         429,
         "TooManyRequests",
         "escrowed",
         f"tenant reservations: pool {pool} has room for this only in what other replicas hold "
-        f"escrowed ({rl.format_resources(held)}), which they give back near the bound; try "
+        f"escrowed ({rl.format_resources(held)}), which they are asked to give back; try "
         "again in a few seconds",
     )
 

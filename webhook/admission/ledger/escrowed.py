@@ -33,6 +33,7 @@ from webhook.admission.ledger.entries import Obj, expiry, version
 from webhook.admission.ledger.recent import RecentAdmissions
 from webhook.admission.ledger.slices import grant_fits, removals, slice_records
 from webhook.admission.ledger.status import Status
+from webhook.admission.ledger.wants import asks_past
 from webhook.core.admission import escrow as core
 from webhook.core.admission.decisions import Decision, Policy, decide
 from webhook.core.admission.escrow.holder import refill_wanted, surplus
@@ -252,6 +253,10 @@ class Escrowed:
             # admission) the slices go back, so whichever replica is asked uses the last byte.
             last = rl.mask(self.recent.last(pool), node.budget)
             full = bool(last) and bool(rl.exceeded(rl.add(node.usage, last), node.budget))
+            # Or for the room a refusal asked for, whatever this holder's own last charge was.
+            asked = asks_past(current.get("status") or {}, node.usage, node.budget, book.clock())
+            if full or asked:
+                full, grow = True, {}
             if (over or give_all or full or escrow.idle(pool, now)) and any(available.values()):
                 give = available
                 if full:
@@ -272,7 +277,7 @@ class Escrowed:
                     grow=grow,
                     give_back=give,
                     kinds=self.recent.kinds(pool),
-                    fold=self._fold_due(pool, node.budget, node.usage, over or give_all),
+                    fold=self._fold_due(pool, node.budget, node.usage, over or give_all or asked),
                 )
             if write is None and not gone:
                 return 0

@@ -27,6 +27,7 @@ from webhook.admission.ledger.queue import Queues
 from webhook.admission.ledger.settle import Settle, explain_floors
 from webhook.admission.ledger.shares import Caps, largest_share
 from webhook.admission.ledger.status import Status
+from webhook.admission.ledger.wants import Wants
 from webhook.core.admission.decisions import (
     Decided,
     Decision,
@@ -70,6 +71,7 @@ class Ledger:
         self._queues = Queues(self._book, self._commit.batch)
         self._escrowed = Escrowed(self._book, self._status) if settings.escrow else None
         self._rolling_back: set[asyncio.Task[None]] = set()  # cancelled requests' entries
+        self._wants = Wants(self._book)  # room this replica asked others' slices to give back
         # With escrow on, told of each admission the slices did not answer: (reason from
         # :data:`.fallbacks.REASONS`, seconds the exact path took to answer it).
         self.on_fallback: Callable[[str, float], None] = lambda reason, seconds: None
@@ -183,7 +185,7 @@ class Ledger:
                 decision, state, self.settings.grace_seconds, request.namespace
             )
         if not decision.allowed or not decision.charged_pools:
-            return self._escrowed_elsewhere(decision, state)
+            return await self._escrowed_elsewhere(decision, state)
         node = state.tree.get(request.namespace)
         if node is None or not node.declared:
             # A namespace no Tenant owns: the API server would not store the object (Cozystack
@@ -209,11 +211,13 @@ class Ledger:
             return held_dry_run(answer, self.settings.grace_seconds)
         if escrowed is not None and answer.allowed:
             escrowed.note(request, answer)
-        return self._escrowed_elsewhere(answer, self._book.current())
+        return await self._escrowed_elsewhere(answer, self._book.current())
 
-    def _escrowed_elsewhere(self, decision: Decision, state: ReservationState) -> Decision:
-        """An "exceeded" the room in other replicas' slices would answer says "try again":
-        near the bound a holder gives its slice back, so that room comes back to the pool."""
+    async def _escrowed_elsewhere(self, decision: Decision, state: ReservationState) -> Decision:
+        """An "exceeded" the room in other replicas' slices would answer says "try again" only
+        while that room may come back: the pool's holders are asked for it (``status.wanted``,
+        :mod:`.wants`) and give back what they hold unspent; a few seconds after asking, what
+        they still hold is spent, and the answer is "exceeded" again."""
         if decision.allowed or decision.reason != "exceeded" or not decision.pool:
             return decision
         own = self._escrowed.escrow.incarnation if self._escrowed is not None else ""
@@ -225,7 +229,13 @@ class Ledger:
         without = rl.add(rl.subtract(node.usage, held), increase)
         if not increase or rl.exceeded(without, node.budget):
             return decision
-        return answers.held_in_slices(decision.pool, rl.mask(held, increase))
+        pool = decision.pool
+        if self._wants.asked(pool) is None:
+            if not await self._wants.ask(pool, increase):
+                return decision  # the holders were not asked: nothing says the room comes back
+        elif not self._wants.answering(pool):
+            return decision  # asked, and what the holders still hold did not come back: spent
+        return answers.held_in_slices(pool, rl.mask(held, increase))
 
     async def _exact(
         self,

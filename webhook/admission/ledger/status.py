@@ -31,6 +31,7 @@ from webhook.admission.ledger.entries import (
     released,
     whole_second,
 )
+from webhook.admission.ledger.wants import wanted_room
 from webhook.core.admission.state import ReservationState
 from webhook.core.base import resources as rl
 from webhook.core.base.json_codec import encode_json
@@ -70,6 +71,8 @@ class Status:
         old = current.get("status") or {}
         summary = _bounded(self._summary(pool, state, old))
         status = {**old, **summary, "pending": entries}
+        if "wanted" in old and not wanted_room(old, self.book.clock()):
+            status["wanted"] = None  # expired: no holder gives back for it any more
         caps = raw_caps(old)
         if caps:  # a cap stays while its Tenant declares its quota, or within its grace
             now = self.book.now()
