@@ -576,6 +576,31 @@ async def test_a_request_that_fails_on_the_second_pool_leaves_nothing_in_the_fir
     assert (await a.ledger.admit(across("vm", uid="req-2"), POLICY)).allowed
 
 
+async def test_a_request_across_two_pools_retried_under_its_uid_after_a_roll_back_is_counted() -> (
+    None
+):
+    # Refused in the second pool (its entries withdrawn), the answer lost, the API server
+    # sends the request again under the same uid and it is admitted: counted in both pools,
+    # so the room it holds is not given to the next request.
+    cluster = Cluster()
+    a = Replica(cluster, "a", TWO_POOLS)
+    cluster.faults.extend([("tenant-acme-dev", 409)] * 3)  # every attempt conflicts
+    assert not (await a.ledger.admit(across("vm", uid="req-1"), POLICY)).allowed
+    assert (await a.ledger.admit(across("vm", uid="req-1"), POLICY)).allowed
+    for pool in ("tenant-acme", "tenant-acme-dev"):
+        assert [e["id"] for e in cluster.entries(pool)] == ["req-1"]
+    assert {(h.namespace, h.id) for h in a.state.pending.holds()} == {
+        ("tenant-acme", "req-1"),
+        ("tenant-acme-dev", "req-1"),
+    }
+    node = a.state.tree.get("tenant-acme")
+    assert node is not None
+    assert node.usage.get("memory") == 1024**3
+    assert (await a.ledger.admit(across("vm2", uid="req-2"), POLICY)).allowed
+    third = await a.ledger.admit(across("vm3", uid="req-3"), POLICY)
+    assert not third.allowed, "cpu: 2 in tenant-acme-dev, both held"
+
+
 async def test_a_write_across_two_pools_makes_no_other_tenant_of_either_pool_wait_for_it() -> None:
     # A carve-out's write charges its own pool and its parent's. Holding the parent while the
     # child's write was in flight made every other tenant of the parent wait for that write.

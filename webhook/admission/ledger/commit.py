@@ -274,6 +274,7 @@ class Commit:
         room.take(entry)
         hold = hold_of(entry, decision, pool)
         pending.adjust(pool, hold.increase)
+        pending.readmit(request.uid)  # refused before under this uid: this entry is new
         self.book.parsed.setdefault(pool, {})[entry["id"]] = (entry, hold)
         return _Part(decision, entry)
 
