@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.builders import FIXTURES, KEYS, THING_DEFINITION, review
 from tests.builders import state as build_state
@@ -51,6 +53,7 @@ class Cluster:
         self.revision = 1
         self.objects: dict[str, dict[str, Any]] = {}
         self.writes = 0
+        self.written: dict[str, int] = {}  # pool -> writes of its object that reached the server
         self.faults: list[tuple[str, int]] = []  # (pool, status) the next writes to it fail with
         self.stalls: dict[str, asyncio.Event] = {}  # pool -> writes to it wait until it is set
 
@@ -98,6 +101,7 @@ class StubClient:
         if name in self.cluster.stalls:
             await self.cluster.stalls[name].wait()
         self.cluster.writes += 1
+        self.cluster.written[name] = self.cluster.written.get(name, 0) + 1
         for fault in self.cluster.faults:
             if fault[0] == name:
                 self.cluster.faults.remove(fault)
@@ -572,6 +576,31 @@ async def test_a_request_that_fails_on_the_second_pool_leaves_nothing_in_the_fir
     assert (await a.ledger.admit(across("vm", uid="req-2"), POLICY)).allowed
 
 
+async def test_a_request_across_two_pools_retried_under_its_uid_after_a_roll_back_is_counted() -> (
+    None
+):
+    # Refused in the second pool (its entries withdrawn), the answer lost, the API server
+    # sends the request again under the same uid and it is admitted: counted in both pools,
+    # so the room it holds is not given to the next request.
+    cluster = Cluster()
+    a = Replica(cluster, "a", TWO_POOLS)
+    cluster.faults.extend([("tenant-acme-dev", 409)] * 3)  # every attempt conflicts
+    assert not (await a.ledger.admit(across("vm", uid="req-1"), POLICY)).allowed
+    assert (await a.ledger.admit(across("vm", uid="req-1"), POLICY)).allowed
+    for pool in ("tenant-acme", "tenant-acme-dev"):
+        assert [e["id"] for e in cluster.entries(pool)] == ["req-1"]
+    assert {(h.namespace, h.id) for h in a.state.pending.holds()} == {
+        ("tenant-acme", "req-1"),
+        ("tenant-acme-dev", "req-1"),
+    }
+    node = a.state.tree.get("tenant-acme")
+    assert node is not None
+    assert node.usage.get("memory") == 1024**3
+    assert (await a.ledger.admit(across("vm2", uid="req-2"), POLICY)).allowed
+    third = await a.ledger.admit(across("vm3", uid="req-3"), POLICY)
+    assert not third.allowed, "cpu: 2 in tenant-acme-dev, both held"
+
+
 async def test_a_write_across_two_pools_makes_no_other_tenant_of_either_pool_wait_for_it() -> None:
     # A carve-out's write charges its own pool and its parent's. Holding the parent while the
     # child's write was in flight made every other tenant of the parent wait for that write.
@@ -628,6 +657,198 @@ async def test_a_write_across_two_pools_cancelled_while_removing_its_entries_lea
     parent.set()
     await eventually(lambda: cluster.entries("tenant-acme") == [])
     assert len(a.state.pending) == 0
+
+
+# A carve-out whose own pool has room for two: a burst of twenty writes twenty parts in the
+# parent pool and is refused eighteen times in the child's batch.
+ROOMY_PARENT: dict[str, dict[str, str] | None] = {
+    "tenant-acme": {"memory": "100Gi"},
+    "tenant-acme-dev": {"cpu": "2"},
+    "tenant-acme-ops": None,
+}
+
+
+async def carve_out_burst(
+    cluster: Cluster, replica: Replica, count: int
+) -> tuple[list[AdmissionRequest], list[asyncio.Task[Decision]], asyncio.Event]:
+    """``count`` carve-out creates, their parts written in the parent pool and their child
+    pool's write held back (set the event returned to let it through)."""
+    child = cluster.stall("tenant-acme-dev")
+    burst = [across(f"vm{i}", uid=f"x{i}") for i in range(count)]
+    tasks = [asyncio.create_task(replica.ledger.admit(q, POLICY)) for q in burst]
+    await eventually(lambda: len(cluster.entries("tenant-acme")) == count)
+    return burst, tasks, child
+
+
+async def test_refused_carve_out_roll_backs_share_one_write() -> None:
+    # Each refused carve-out removes the part it wrote in the parent pool. A removal of its
+    # own per request (the first alone, then the rest behind it) costs the parent pool, and
+    # every other tenant of it, writes for a burst of creates its own pool refuses; the
+    # removals waiting share one.
+    cluster = Cluster()
+    a = Replica(cluster, "a", ROOMY_PARENT)
+    b = Replica(cluster, "b", ROOMY_PARENT)  # another replica, following the parent's object
+    burst, tasks, child = await carve_out_burst(cluster, a, 20)
+    b.deliver("tenant-acme")
+    parts = cluster.written["tenant-acme"]
+    child.set()
+    decisions = await asyncio.gather(*tasks)
+    allowed = {q.uid for q, d in zip(burst, decisions, strict=True) if d.allowed}
+    refused = [d for d in decisions if not d.allowed]
+    assert len(allowed) == 2, "cpu: 2 in tenant-acme-dev"
+    assert len(refused) == 18
+    assert all((d.reason, d.pool) == ("exceeded", "tenant-acme-dev") for d in refused)
+    assert cluster.written["tenant-acme"] - parts == 1, "eighteen removals, one write"
+    assert {e["id"] for e in cluster.entries("tenant-acme")} == allowed
+    assert {e["id"] for e in cluster.entries("tenant-acme-dev")} == allowed
+    assert len(a.state.pending) == 4, "the two allowed, in both pools"
+    parent = a.state.tree.get("tenant-acme")
+    assert parent is not None
+    assert parent.usage.get("memory") == 2 * 1024**3
+    # Another replica counts the removed parts until its state has passed their removal (they
+    # may be stored as far as it knows): never less than is held.
+    b.deliver("tenant-acme")
+    assert len(b.state.pending) == 20
+    b.seen = cluster.revision
+    await b.ledger.admit(create("db", "1Gi", namespace="tenant-acme-ops", uid="ops"), POLICY)
+    assert {h.id for h in b.state.pending.holds()} == {*allowed, "ops"}
+
+
+async def test_refused_carve_out_roll_backs_ride_on_the_parent_pools_next_batch() -> None:
+    # Removals waiting while the parent pool's batch is written go with its next batch, the
+    # write made anyway: no write of their own, taking the parent's lock ahead of that batch.
+    cluster = Cluster()
+    a = Replica(cluster, "a", ROOMY_PARENT)
+    burst, tasks, child = await carve_out_burst(cluster, a, 10)
+    parent = cluster.stall("tenant-acme")  # the parent's next writes wait
+    before, written = cluster.written["tenant-acme"], a.ledger.writes
+    first = asyncio.create_task(a.admit(create("db1", "1Gi", namespace="tenant-acme-ops")))
+    await eventually(lambda: a.ledger.writes == written + 1)  # db1's batch, being written
+    second = asyncio.create_task(a.admit(create("db2", "1Gi", namespace="tenant-acme-ops")))
+    child.set()  # eight refused: their removals queue behind db1's batch, with db2
+    await eventually(lambda: "tenant-acme-dev" in cluster.written)
+    await asyncio.sleep(0.05)
+    assert sum(not t.done() for t in tasks) == 8, "their removals wait for the parent's write"
+    parent.set()
+    assert (await first).allowed
+    assert (await second).allowed
+    decisions = await asyncio.gather(*tasks)
+    allowed = {q.uid for q, d in zip(burst, decisions, strict=True) if d.allowed}
+    assert len(allowed) == 2
+    assert cluster.written["tenant-acme"] - before == 2, "db1's batch, then db2's with them"
+    assert {e["id"] for e in cluster.entries("tenant-acme")} == {*allowed, "uid-db1", "uid-db2"}
+    parent_node = a.state.tree.get("tenant-acme")
+    assert parent_node is not None
+    assert parent_node.usage.get("memory") == 4 * 1024**3
+
+
+async def test_refused_carve_outs_cancelled_while_their_removals_wait_leave_none() -> None:
+    # A deadline cancelling the requests while their shared removal waits for the parent's
+    # write: the removal is queued, and made, all the same.
+    cluster = Cluster()
+    a = Replica(cluster, "a", ROOMY_PARENT)
+    burst, tasks, child = await carve_out_burst(cluster, a, 6)
+    parent = cluster.stall("tenant-acme")
+    before = cluster.written["tenant-acme"]
+    child.set()
+    await eventually(lambda: "tenant-acme-dev" in cluster.written)
+    await asyncio.sleep(0.05)
+    waiting = [t for t in tasks if not t.done()]
+    assert len(waiting) == 4, "the four refused, removing their parts"
+    for task in waiting:
+        task.cancel()
+    for task in waiting:
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    parent.set()
+    allowed = {q.uid for q, t in zip(burst, tasks, strict=True) if t not in waiting}
+    await eventually(lambda: {e["id"] for e in cluster.entries("tenant-acme")} == allowed)
+    await asyncio.sleep(0.05)
+    assert cluster.written["tenant-acme"] - before == 1
+    assert len(a.state.pending) == 4, "the two allowed, in both pools"
+
+
+async def _yielded(turns: int = 200) -> None:
+    """Let every task run until it waits on something the test holds back (the stub answers
+    each call after one turn of the loop)."""
+    for _ in range(turns):
+        await asyncio.sleep(0)
+
+
+async def _refused_carve_outs_beside_the_parents_traffic(
+    carve_outs: int, child_cpu: int, parent_gi: int, others: int, cancelled: list[bool]
+) -> None:
+    cluster = Cluster()
+    tenants: dict[str, dict[str, str] | None] = {
+        "tenant-acme": {"memory": f"{parent_gi}Gi"},
+        "tenant-acme-dev": {"cpu": str(child_cpu)},
+        "tenant-acme-ops": None,
+    }
+    a = Replica(cluster, "a", tenants)
+    child = cluster.stall("tenant-acme-dev")
+    burst = [across(f"vm{i}", uid=f"x{i}") for i in range(carve_outs)]
+    carved = [asyncio.create_task(a.ledger.admit(q, POLICY)) for q in burst]
+    await _yielded()  # their parts written in the parent pool, the child's write held back
+    parent = cluster.stall("tenant-acme")
+    before = cluster.written.get("tenant-acme", 0)
+    ops = [create(f"db{i}", "1Gi", namespace="tenant-acme-ops") for i in range(others)]
+    own: list[asyncio.Task[Decision]] = []
+    for request in ops:  # the first one's batch being written, the others queued behind it
+        own.append(asyncio.create_task(a.admit(request)))
+        await _yielded()
+    child.set()
+    await _yielded()  # the refused queue their removals behind the parent's write
+    gone = {
+        q.uid
+        for q, task, cancel in zip(burst, carved, cancelled, strict=False)
+        if cancel and not task.done() and task.cancel()
+    }
+    parent.set()
+    outcomes = await asyncio.gather(*carved, *own, return_exceptions=True)
+    await _yielded()
+    admitted = {
+        q.uid
+        for q, d in zip([*burst, *ops], outcomes, strict=True)
+        if isinstance(d, Decision) and d.allowed
+    }
+    assert not admitted & gone
+    carved_in = {uid for uid in admitted if uid.startswith("x")}
+    assert {e["id"] for e in cluster.entries("tenant-acme")} == admitted
+    assert {e["id"] for e in cluster.entries("tenant-acme-dev")} == carved_in
+    assert {(h.namespace, h.id) for h in a.state.pending.holds()} == {
+        *(("tenant-acme", uid) for uid in admitted),
+        *(("tenant-acme-dev", uid) for uid in carved_in),
+    }
+    node = a.state.tree.get("tenant-acme")
+    assert node is not None
+    assert node.usage.get("memory", 0) == len(admitted) * 1024**3 <= parent_gi * 1024**3
+    # The parent pool's own batches (the first, then the rest together), and one write for
+    # the removals only when no batch of its own came after them.
+    batches = min(others, 2)
+    assert cluster.written.get("tenant-acme", 0) - before <= batches + (batches < 2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    carve_outs=st.integers(1, 8),
+    child_cpu=st.integers(1, 3),
+    parent_gi=st.integers(1, 12),
+    others=st.integers(0, 3),
+    cancelled=st.lists(st.booleans(), min_size=8, max_size=8),
+)
+def test_refused_carve_out_roll_backs_riding_on_the_parents_writes_leave_exactly_the_admitted(
+    carve_outs: int, child_cpu: int, parent_gi: int, others: int, cancelled: list[bool]
+) -> None:
+    # Whatever refuses a burst of carve-outs (their own pool, or the parent's budget), whatever
+    # else the parent pool admits meanwhile and whichever callers their deadline cancels while
+    # their removals wait: the parent lists exactly the admitted (none removed that was
+    # admitted, none of the refused left), counts exactly those, and writes no more than its
+    # own batches and one write for the removals.
+    asyncio.run(
+        _refused_carve_outs_beside_the_parents_traffic(
+            carve_outs, child_cpu, parent_gi, others, cancelled
+        )
+    )
 
 
 async def test_concurrent_writes_across_two_pools_and_within_one_never_pass_either_budget() -> None:

@@ -91,6 +91,20 @@ def test_a_withdrawn_request_stops_counting_at_once() -> None:
     assert used(tree) == 0
 
 
+def test_a_request_admitted_again_under_its_withdrawn_uid_counts_again() -> None:
+    # Refused and withdrawn, then retried by the API server under the same uid and admitted:
+    # the new entry is no settled one, so it counts.
+    charges, tree = pending()
+    charges.track(POOL, [hold("a", after=10)], version=10)
+    charges.withdraw("id-a")
+    charges.track(POOL, [], version=11)
+    charges.readmit("id-a")
+    charges.track(POOL, [hold("a", after=12)], version=12)
+    assert used(tree) == GI
+    charges.settle(("Thing", POOL, "a"), {"memory": GI}, 13)
+    assert used(tree) == 0
+
+
 def test_a_rebuilt_state_carries_every_counted_entry_into_its_tree() -> None:
     charges, _ = pending()
     charges.track(POOL, [hold("a", after=10)], version=10)

@@ -14,8 +14,12 @@ order, one after another: each part decides the whole request again (its own ent
 other pools are its own, not somebody else's) and writes its entry in that pool with the pool's
 other requests. No lock is held across a write, so a carve-out's writes never make the parent
 pool's other tenants wait for the child pool's write. An entry written before a later part is
-refused holds its room meanwhile (never less than is committed) and is removed once the request
-is refused (:meth:`Commit.roll_back`); its entries carry its request uid, so a retry recognises
+refused holds its room meanwhile (never less than is committed); once the request is refused
+this replica stops counting it (no object will carry it) and its removal rides on the pool's
+next write (:meth:`.Queues.remove`): the batch written anyway drops it with the entries it
+drops, or, with no batch coming, one write removes every removal waiting, so refusals in the
+child pool cost its parent no write each. Every other replica counts the entry until it sees
+that write (never less than is held). Its entries carry its request uid, so a retry recognises
 and replaces them, and none is ever written twice.
 
 **Revisions.** Each entry records the ledger revision that admitted it: a new entry is
@@ -36,7 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -94,8 +98,21 @@ class Commit:
 
     # -- one pool: the group commit ------------------------------------------------------------
 
-    async def batch(self, pool: str, batch: list[Waiter]) -> None:
-        """Decide ``batch`` against ``pool`` and commit the allowed ones in one write."""
+    async def batch(self, pool: str, batch: list[Waiter], removing: Set[str] = frozenset()) -> None:
+        """Decide ``batch`` against ``pool`` and commit the allowed ones in one write, which
+        also removes the entries of ``removing`` (requests refused in another pool); those
+        the batch wrote nothing for (all its callers gone, or its write not made) get one
+        write of their own, together."""
+        decided = {w.request.uid for w in batch if not w.future.done()}
+        if decided:
+            await self._batch(pool, batch, removing)
+        # A request of the batch under a uid being removed (the same request again) was
+        # decided again here: its entry, if written now, is its own.
+        left = removing - decided
+        if left:
+            await self._remove(pool, left)
+
+    async def _batch(self, pool: str, batch: list[Waiter], removing: Set[str]) -> None:
         book, settings = self.book, self.book.settings
         deadline = asyncio.get_running_loop().time() + settings.catch_up_seconds
         for _ in range(settings.attempts):
@@ -111,7 +128,8 @@ class Commit:
                     return
             pending = state.pending
             ids = {w.request.uid for w in batch}
-            kept = self.status.kept(pool, current, state, without=ids)
+            # Refused elsewhere, never admitted: no longer counted here, gone with this write.
+            kept = self.status.kept(pool, current, state, without=ids | removing)
             # What the entries kept take, by tenant; measured once each, across batches.
             room = Room(pool, kept, book.settings, self._sizes.get(pool))
             try:
@@ -256,32 +274,20 @@ class Commit:
         room.take(entry)
         hold = hold_of(entry, decision, pool)
         pending.adjust(pool, hold.increase)
+        pending.readmit(request.uid)  # refused before under this uid: this entry is new
         self.book.parsed.setdefault(pool, {})[entry["id"]] = (entry, hold)
         return _Part(decision, entry)
 
-    async def roll_back(self, pools: list[str], uid: str) -> None:
-        """Remove ``uid``'s entries (a request that failed holds nothing); best effort: an entry
-        left behind is dropped with its grace period like any other."""
-        book = self.book
-        book.current().pending.withdraw(uid)  # never answered "allowed": nothing to wait for
-        for pool in pools:
-            # One pool at a time, each after its batch's write: a part still being written
-            # (its caller gone) lists the entry once the write is done.
-            async with book.lock(pool):
-                await self._remove(pool, uid)
-
-    def _lists(self, pool: str, uid: str) -> bool:
-        current = self.book.objects.get(pool)
-        return current is not None and any(e.get("id") == uid for e in listed(current))
-
-    async def _remove(self, pool: str, uid: str) -> None:
+    async def _remove(self, pool: str, uids: Set[str]) -> None:
+        """One write removing every entry of ``uids`` ``pool`` lists (none listed: no write);
+        best effort: an entry left behind is dropped with its grace period like any other."""
         book = self.book
         for _ in range(book.settings.attempts):
-            if not self._lists(pool, uid):
+            current = book.objects.get(pool)
+            if current is None or not any(e.get("id") in uids for e in listed(current)):
                 return
-            current = book.objects[pool]
             state = book.current()
-            kept = self.status.kept(pool, current, state, without={uid})
+            kept = self.status.kept(pool, current, state, without=set(uids))
             try:
                 await book.write(pool, current, self.status.build(pool, current, state, kept))
                 return

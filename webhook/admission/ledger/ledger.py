@@ -267,7 +267,7 @@ class Ledger:
                     pool, request, policy, prepared, pools=tuple(pools)
                 )
                 if not decision.allowed:
-                    await self._commit.roll_back(pools, request.uid)
+                    await self._roll_back(pools, request.uid)
                     break
         except asyncio.CancelledError:  # waiting for a part or removing them: finish off-task
             self._roll_back_later(pools, request.uid)
@@ -275,9 +275,18 @@ class Ledger:
         assert decision is not None
         return decision
 
+    async def _roll_back(self, pools: list[str], uid: str) -> None:
+        """Remove ``uid``'s entries (a request that failed holds nothing): no longer counted
+        here at once, each removed by its pool's next write (:meth:`.Queues.remove`), queued
+        before anything is awaited, so a cancellation cannot leave one behind."""
+        self._book.current().pending.withdraw(uid)  # never answered "allowed": nothing stored
+        # Every pool, a part still being written (its caller gone) included: its removal waits
+        # in the queue behind that write.
+        await asyncio.wait([self._queues.remove(pool, uid) for pool in pools])
+
     def _roll_back_later(self, pools: list[str], uid: str) -> None:
         """Remove a cancelled request's entries off its caller's task (which is ending)."""
-        task = asyncio.get_running_loop().create_task(self._commit.roll_back(pools, uid))
+        task = asyncio.get_running_loop().create_task(self._roll_back(pools, uid))
         self._rolling_back.add(task)
         task.add_done_callback(self._rolling_back.discard)
 

@@ -5,13 +5,19 @@ handed, as one batch, to the commit that decides and writes it (:mod:`.commit`),
 pool's lock. Every request in a batch is answered whatever happens: a batch that fails for any
 reason answers what it has not answered with "try again", and never stops the pool's queue. A
 request whose caller has gone (its future is done) is skipped by the commit and holds nothing.
+
+The entries of requests refused in another pool (:meth:`Queues.remove`) wait in the same queue
+and ride on its next write: the batch's own, or, with no request waiting, one write for every
+removal waiting. So a burst of carve-out creates their child pool refuses costs the parent
+pool no write of its own per refusal, and a removal once queued is made whatever becomes of
+the request's caller.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Set
 from dataclasses import dataclass, field
 
 from webhook.admission.ledger import answers
@@ -40,13 +46,19 @@ class Waiter:
 @dataclass
 class _Queue:
     waiting: list[Waiter] = field(default_factory=list)
+    # Uids whose entry the next write removes, each told once a write has been tried for it.
+    removing: dict[str, asyncio.Future[None]] = field(default_factory=dict)
     draining: asyncio.Task[None] | None = None
+
+
+# A pool's batch and the uids whose entries its write removes, decided and written at once.
+_CommitBatch = Callable[[str, list[Waiter], Set[str]], Awaitable[None]]
 
 
 class Queues:
     """One queue per pool, drained into ``commit`` one batch at a time under the pool's lock."""
 
-    def __init__(self, book: Book, commit: Callable[[str, list[Waiter]], Awaitable[None]]) -> None:
+    def __init__(self, book: Book, commit: _CommitBatch) -> None:
         self.book = book
         self.commit = commit
         self.on_batch: Callable[[int], None] = lambda size: None  # e.g. observe in a metric
@@ -64,23 +76,44 @@ class Queues:
         future = asyncio.get_running_loop().create_future()
         waiter = Waiter(request, policy, future, prepared, pools)
         queue.waiting.append(waiter)
+        self._start(pool, queue)
+        return await waiter.future
+
+    def remove(self, pool: str, uid: str) -> asyncio.Future[None]:
+        """Have ``pool``'s next write remove ``uid``'s entry (a request refused elsewhere, which
+        no object will carry); done once a write has been tried for it (best effort: an entry
+        left behind is dropped with its grace period like any other). Queued at once, so the
+        removal is made even if whoever waits for it is cancelled."""
+        queue = self._queues.setdefault(pool, _Queue())
+        future = queue.removing.get(uid)
+        if future is None:
+            future = asyncio.get_running_loop().create_future()
+            queue.removing[uid] = future
+        self._start(pool, queue)
+        return future
+
+    def _start(self, pool: str, queue: _Queue) -> None:
         if queue.draining is None:
             queue.draining = asyncio.create_task(self._drain(pool, queue))
-        return await waiter.future
 
     async def _drain(self, pool: str, queue: _Queue) -> None:
         try:
-            while queue.waiting:
+            while queue.waiting or queue.removing:
                 batch, queue.waiting = queue.waiting, []
-                self.on_batch(len(batch))
+                removing, queue.removing = queue.removing, {}
+                if batch:
+                    self.on_batch(len(batch))
                 async with self.book.lock(pool):
                     try:
-                        await self.commit(pool, batch)
+                        await self.commit(pool, batch, frozenset(removing))
                     except Exception:  # one bad batch must not stop the pool's queue
                         log.exception("ledger batch failed", extra={"fields": {"pool": pool}})
                     for waiter in batch:
                         if not waiter.future.done():
                             waiter.future.set_result(answers.unavailable())
+                    for removed in removing.values():
+                        if not removed.done():
+                            removed.set_result(None)
         finally:
             queue.draining = None
 

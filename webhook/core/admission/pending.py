@@ -275,6 +275,12 @@ class PendingCharges:
             self._departed.pop(slot, None)
         self._resolved.add(hold_id)
 
+    def readmit(self, hold_id: str) -> None:
+        """``hold_id`` is admitted again (the API server retrying a request whose entries were
+        withdrawn under the same uid): the entry written for it now counts once listed, as any
+        new entry does, rather than staying settled as the withdrawn one was."""
+        self._resolved.discard(hold_id)
+
     def catch_up(self, seen: Callable[[str], int]) -> None:
         """Release departed entries whose kind's watch has reached the revision they left at,
         and fences the state has passed."""
