@@ -188,9 +188,9 @@ class Escrowed:
                 for incarnation, record in count.records(pool).items()
             )
         }
-        rated = self.recent.rated()
-        self._observe(self.book.current())
         moment = self.monotonic()
+        rated = self.recent.rated(moment)
+        self._observe(self.book.current())
         for pool in sorted(reclaims | set(self.escrow.pools()) | rated):
             if pool in reclaims or pool in rated or not self._resting(pool, moment):
                 with contextlib.suppress(Conflict):

@@ -56,8 +56,13 @@ class RecentAdmissions:
         self._noted[pool] = now
         return rates
 
-    def rated(self) -> set[str]:
-        """The pools with a recent rate (as of their last update)."""
+    def rated(self, now: float | None = None) -> set[str]:
+        """The pools with a recent rate (as of their last update, or brought up to ``now``:
+        a pool whose rate nothing else brings up to date, its object or its budget gone, is
+        forgotten once idle all the same)."""
+        if now is not None:
+            for pool in [pool for pool, rates in self._rates.items() if rates]:
+                self.rate(pool, now)
         return {pool for pool, rates in self._rates.items() if rates}
 
     def kinds(self, pool: str) -> frozenset[str]:

@@ -43,14 +43,20 @@ log = logging.getLogger("webhook.admission.ledger")  # one logger for all of the
 
 ANSWER_SECONDS = 3.0  # holders' duty (every 0.25 s), their write and its watch event, with room
 WANT_SECONDS = 30.0  # how long holders treat the pool as full for the want (a slice's idle time)
+# A want is never written to expire later than WANT_SECONDS on; one expiring later than that
+# and the replicas' clock skew (the escrow's skew bound) is another writer's, and asks nothing.
+_LATEST_SECONDS = WANT_SECONDS + 5.0
 
 
 def wanted_room(status: Mapping[str, Any], now: float) -> dict[str, Decimal]:
     """The room a refusal asked ``status``'s pool for, if its want has not expired (``now``,
     wall seconds): holders treat the pool as full for it. Another writer's malformed want asks
-    for what parses of it."""
+    for what parses of it; one expiring past what any replica writes asks nothing (it would
+    keep every slice of the pool away for as long as it says)."""
     raw = status.get("wanted")
     if not isinstance(raw, Mapping) or expired(raw, expiry(now)):
+        return {}
+    if not expired(raw, expiry(now + _LATEST_SECONDS)):
         return {}
     room = raw.get("room")
     found: dict[str, Decimal] = {}
@@ -130,29 +136,40 @@ class Wants:
         pool as full for it; whether the stored object asks for it now."""
         book = self.book
         async with book.lock(pool):
-            for _ in range(3):
-                current = book.objects.get(pool)
-                if current is None:
-                    return False
-                now = book.clock()
-                status = dict(current.get("status") or {})
-                there = wanted_room(status, now)
-                if covers(there, room):
-                    self._asked[pool] = Asked(there, self.monotonic())
-                    return True
-                status["wanted"] = want_json(rl.maximum(there, room), now)
-                try:
-                    stored = await book.write(pool, current, status)
-                except Conflict:
-                    continue  # the newer copy is read: ask on it
-                except ApiError as exc:
-                    log.warning("ledger write failed", extra={"fields": {"error": str(exc)}})
-                    return False
-                # Only what the stored object asks for is asked: an API server whose schema
-                # does not know the field prunes it, and no holder would ever read it.
-                asked = wanted_room(stored.get("status") or {}, now)
-                if not covers(asked, room):
-                    return False
-                self._asked[pool] = Asked(asked, self.monotonic())
+            asked = await self._ask(pool, room)
+        if not asked:
+            # Not asked again for a while: each refusal would be one more write of the
+            # pool's whole object under its lock (a schema that prunes the want, a write that
+            # keeps failing). Meanwhile the answer is "exceeded", as for this one.
+            self._asked[pool] = Asked({}, self.monotonic() - ANSWER_SECONDS)
+        return asked
+
+    async def _ask(self, pool: str, room: Mapping[str, Decimal]) -> bool:
+        """One ask under the pool's lock: whether the stored object asks for ``room`` now."""
+        book = self.book
+        for _ in range(3):
+            current = book.objects.get(pool)
+            if current is None:
+                return False
+            now = book.clock()
+            status = dict(current.get("status") or {})
+            there = wanted_room(status, now)
+            if covers(there, room):
+                self._asked[pool] = Asked(there, self.monotonic())
                 return True
+            status["wanted"] = want_json(rl.maximum(there, room), now)
+            try:
+                stored = await book.write(pool, current, status)
+            except Conflict:
+                continue  # the newer copy is read: ask on it
+            except ApiError as exc:
+                log.warning("ledger write failed", extra={"fields": {"error": str(exc)}})
+                return False
+            # Only what the stored object asks for is asked: an API server whose schema
+            # does not know the field prunes it, and no holder would ever read it.
+            asked = wanted_room(stored.get("status") or {}, now)
+            if not covers(asked, room):
+                return False
+            self._asked[pool] = Asked(asked, self.monotonic())
+            return True
         return False

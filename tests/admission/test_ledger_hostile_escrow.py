@@ -1,0 +1,97 @@
+"""Hostile input to the escrow's wants and duty: a refusal's want, another writer's want, and
+pools a tenant admits into and then takes away."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from tests.admission.test_ledger import POOL, Clock, Cluster, Replica, create
+from tests.admission.test_ledger_escrow import _busy, _records, _rounds
+from webhook.admission.ledger.entries import expiry
+from webhook.admission.ledger.wants import WANT_SECONDS, wanted_room
+
+GIGA = 1024**3
+
+
+async def _held_by_a(clock: Clock) -> tuple[Cluster, Replica, Replica]:
+    """``a`` holds a slice of the pool, ``b`` has filled what is left outside it to 0.5Gi."""
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "16Gi"}}, escrow=True, clock=clock)
+    b = Replica(cluster, "b", {POOL: {"memory": "16Gi"}}, clock=clock)
+    b.ledger._wants.monotonic = clock
+    await _busy(a)
+    assert await a.ledger.escrow() == 1
+    (record,) = _records(cluster).values()
+    held = int(record.outstanding()["memory"])
+    assert held >= 2 * GIGA
+    b.deliver()
+    assert (await b.admit(create("fill", str(13 * GIGA - held - GIGA // 2)))).allowed
+    return cluster, a, b
+
+
+async def test_refusal_flood_where_the_want_is_not_kept_costs_one_write_per_refusal() -> None:
+    # An API server whose schema prunes status.wanted (a CRD not yet upgraded), or a write
+    # that keeps failing: the ask is never remembered, so every refusal a tenant sends asks
+    # again, each a write of the pool's whole object under the pool's lock.
+    clock = Clock()
+    cluster, _, b = await _held_by_a(clock)
+    client: Any = b.ledger._book.client
+    replace = client.replace
+
+    async def pruning(ref: Any, obj: dict[str, Any], *, status: bool = False) -> dict[str, Any]:
+        obj = copy.deepcopy(obj)
+        (obj.get("status") or {}).pop("wanted", None)
+        return await replace(ref, obj, status=status)
+
+    client.replace = pruning
+    before = cluster.written.get(POOL, 0)
+    for index in range(10):
+        refused = await b.admit(create(f"big{index}", "2Gi"))
+        assert (refused.allowed, refused.reason) == (False, "exceeded"), refused.message
+    asks = cluster.written.get(POOL, 0) - before
+    assert asks <= 1, f"{asks} writes for 10 refusals"
+
+
+async def test_a_want_that_never_expires_does_not_keep_the_pools_slices_away() -> None:
+    # Another writer's want may name any expiry: one far in the future made every holder
+    # take the pool for full, give its slice back and grant nothing, for as long as it says.
+    now = 1_000_000.0
+    forever = {"room": {"memory": "1Ti"}, "expires": expiry(now + 100 * 365 * 86400)}
+    assert wanted_room({"wanted": forever}, now) == {}, "no want lasts past WANT_SECONDS"
+    fresh = {"room": {"memory": "1Gi"}, "expires": expiry(now + WANT_SECONDS)}
+    assert wanted_room({"wanted": fresh}, now) == {"memory": GIGA}
+
+
+async def test_a_want_that_never_expires_on_the_object_lets_a_holder_grant() -> None:
+    clock = Clock()
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "64Gi"}}, escrow=True, clock=clock)
+    await _busy(a)
+    status = cluster.objects[POOL].setdefault("status", {})
+    status["wanted"] = {
+        "room": {"memory": "64Gi"},
+        "expires": expiry(clock() + 100 * 365 * 86400),
+    }
+    cluster.objects[POOL]["metadata"]["resourceVersion"] = str(cluster.bump())
+    a.deliver()
+    assert await a.ledger.escrow() == 1, "a hostile want keeps no slice from being granted"
+    assert _records(cluster)
+    assert "wanted" not in (cluster.objects[POOL].get("status") or {}) or not (
+        cluster.objects[POOL]["status"]["wanted"]
+    ), "the next write drops it"
+
+
+async def test_a_pool_admitted_into_then_taken_away_is_not_visited_for_good() -> None:
+    # A tenant admits into a pool and deletes it (or its quota): the duty returned before
+    # bringing the pool's rate up to date, so the rate was never forgotten and the pool was
+    # taken up, under its lock, four times a second for good; one more pool per such tenant.
+    cluster, clock, now = Cluster(), Clock(), [0.0]
+    a = Replica(cluster, "a", {POOL: {"memory": "64Gi"}}, escrow=True, clock=clock)
+    escrowed = a.ledger._escrowed
+    assert escrowed is not None
+    escrowed.monotonic = lambda: now[0]
+    await _busy(a)
+    a.ledger.reflector.on_event("DELETED", copy.deepcopy(cluster.objects[POOL]))
+    await _rounds(a, clock, now, 40)
+    assert escrowed.recent.rated() == set()
