@@ -6,8 +6,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
+
 from tests.admission.test_ledger import POOL, Clock, Cluster, Replica, create
 from tests.admission.test_ledger_escrow import _busy, _records, _rounds
+from webhook.admission.ledger.book import TooLarge
+from webhook.admission.ledger.bounds import MAX_OBJECT_BYTES
 from webhook.admission.ledger.entries import expiry
 from webhook.admission.ledger.wants import WANT_SECONDS, wanted_room
 
@@ -77,8 +81,9 @@ async def test_a_want_that_never_expires_on_the_object_lets_a_holder_grant() -> 
     a.deliver()
     assert await a.ledger.escrow() == 1, "a hostile want keeps no slice from being granted"
     assert _records(cluster)
-    assert "wanted" not in (cluster.objects[POOL].get("status") or {}) or not (
-        cluster.objects[POOL]["status"]["wanted"]
+    assert (
+        "wanted" not in (cluster.objects[POOL].get("status") or {})
+        or not (cluster.objects[POOL]["status"]["wanted"])
     ), "the next write drops it"
 
 
@@ -95,3 +100,23 @@ async def test_a_pool_admitted_into_then_taken_away_is_not_visited_for_good() ->
     a.ledger.reflector.on_event("DELETED", copy.deepcopy(cluster.objects[POOL]))
     await _rounds(a, clock, now, 40)
     assert escrowed.recent.rated() == set()
+
+
+async def test_an_object_past_the_bound_can_still_shrink() -> None:
+    # An object already past MAX_OBJECT_BYTES (written before the bound, or another writer's
+    # record or entries): every write was refused, the ones that remove room too (a reclaim,
+    # an expired entry's removal), so it never shrank back and the pool stopped for good.
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "64Gi"}})
+    assert (await a.admit(create("w0", "1Gi"))).allowed
+    book = a.ledger._book
+    current = cluster.objects[POOL]
+    current["status"]["padding"] = "x" * (MAX_OBJECT_BYTES + 1000)
+    smaller = {**current["status"], "padding": "x" * (MAX_OBJECT_BYTES + 10)}
+    before = cluster.writes
+    await book.write(POOL, current, smaller)
+    assert cluster.writes == before + 1, "a write that shrinks the object is sent"
+    current = cluster.objects[POOL]
+    with pytest.raises(TooLarge):
+        await book.write(POOL, current, {**smaller, "more": "y"})
+    assert cluster.writes == before + 1, "one that grows it past the bound is not"

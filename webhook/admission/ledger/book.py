@@ -184,8 +184,12 @@ class Book:
         # Each part's bound keeps the whole within MAX_OBJECT_BYTES; checked here all the same,
         # so a part a bound misses is refused here (TooLarge, an ApiError: the caller's
         # failure path) and never by the API server, or by etcd for every later write.
+        # One that shrinks an object already past it (written before the bound, or by another
+        # writer) is sent: refused, the object could never shrink back below it.
         size = len(encode_json(body))
-        if size > bounds.MAX_OBJECT_BYTES:
+        if size > bounds.MAX_OBJECT_BYTES and size >= len(
+            encode_json({**current, "metadata": metadata})
+        ):
             self.oversized += 1
             raise TooLarge(size)
         self.writes += 1
