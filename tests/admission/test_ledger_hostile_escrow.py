@@ -10,10 +10,12 @@ import pytest
 
 from tests.admission.test_ledger import POOL, Clock, Cluster, Replica, create
 from tests.admission.test_ledger_escrow import _busy, _records, _rounds
+from tests.builders import review
 from webhook.admission.ledger.book import TooLarge
 from webhook.admission.ledger.bounds import MAX_OBJECT_BYTES
 from webhook.admission.ledger.entries import expiry
 from webhook.admission.ledger.wants import WANT_SECONDS, wanted_room
+from webhook.core.admission.reviews import parse_review
 
 GIGA = 1024**3
 
@@ -120,3 +122,23 @@ async def test_an_object_past_the_bound_can_still_shrink() -> None:
     with pytest.raises(TooLarge):
         await book.write(POOL, current, {**smaller, "more": "y"})
     assert cluster.writes == before + 1, "one that grows it past the bound is not"
+
+
+async def test_dry_run_refusals_post_no_want() -> None:
+    # A dry run has no side effects (the webhooks say NoneOnDryRun): a refused one asked the
+    # pool's holders to give back all the same, a write of the pool's object that made every
+    # holder take the pool for full, from requests that create nothing.
+    clock = Clock()
+    cluster, _, b = await _held_by_a(clock)
+    before = cluster.written.get(POOL, 0)
+    request = parse_review(review("Thing", POOL, "big", {"memory": "2Gi"}, dry_run=True))
+    refused = await b.admit(request)
+    assert not refused.allowed
+    assert cluster.written.get(POOL, 0) == before, "a dry run wrote nothing"
+    assert wanted_room(cluster.objects[POOL].get("status") or {}, clock()) == {}
+    real = await b.admit(create("big", "2Gi"))
+    assert (real.code, real.reason) == (429, "escrowed"), real.message
+    again = await b.admit(
+        parse_review(review("Thing", POOL, "big2", {"memory": "2Gi"}, dry_run=True))
+    )
+    assert (again.code, again.reason) == (429, "escrowed"), "told what a real one is told"

@@ -185,7 +185,7 @@ class Ledger:
                 decision, state, self.settings.grace_seconds, request.namespace
             )
         if not decision.allowed or not decision.charged_pools:
-            return await self._escrowed_elsewhere(decision, state)
+            return await self._escrowed_elsewhere(decision, state, dry_run=request.dry_run)
         node = state.tree.get(request.namespace)
         if node is None or not node.declared:
             # A namespace no Tenant owns: the API server would not store the object (Cozystack
@@ -211,13 +211,17 @@ class Ledger:
             return held_dry_run(answer, self.settings.grace_seconds)
         if escrowed is not None and answer.allowed:
             escrowed.note(request, answer)
-        return await self._escrowed_elsewhere(answer, self._book.current())
+        return await self._escrowed_elsewhere(answer, self._book.current(), dry_run=request.dry_run)
 
-    async def _escrowed_elsewhere(self, decision: Decision, state: ReservationState) -> Decision:
+    async def _escrowed_elsewhere(
+        self, decision: Decision, state: ReservationState, *, dry_run: bool = False
+    ) -> Decision:
         """An "exceeded" the room in other replicas' slices would answer says "try again" only
         while that room may come back: the pool's holders are asked for it (``status.wanted``,
         :mod:`.wants`) and give back what they hold unspent; a few seconds after asking, what
-        they still hold is spent, and the answer is "exceeded" again."""
+        they still hold is spent, and the answer is "exceeded" again. A dry run asks nothing
+        (the webhook has no side effects on one): "try again" only while another refusal's ask
+        is answered."""
         if decision.allowed or decision.reason != "exceeded" or not decision.pool:
             return decision
         own = self._escrowed.escrow.incarnation if self._escrowed is not None else ""
@@ -231,7 +235,7 @@ class Ledger:
             return decision
         pool = decision.pool
         if self._wants.asked(pool) is None:
-            if not await self._wants.ask(pool, increase):
+            if dry_run or not await self._wants.ask(pool, increase):
                 return decision  # the holders were not asked: nothing says the room comes back
         elif not self._wants.answering(pool):
             return decision  # asked, and what the holders still hold did not come back: spent
