@@ -48,7 +48,8 @@ async def test_refusal_flood_where_the_want_is_not_kept_costs_one_write_per_refu
     async def pruning(ref: Any, obj: dict[str, Any], *, status: bool = False) -> dict[str, Any]:
         obj = copy.deepcopy(obj)
         (obj.get("status") or {}).pop("wanted", None)
-        return await replace(ref, obj, status=status)
+        stored: dict[str, Any] = await replace(ref, obj, status=status)
+        return stored
 
     client.replace = pruning
     before = cluster.written.get(POOL, 0)
@@ -142,3 +143,33 @@ async def test_dry_run_refusals_post_no_want() -> None:
         parse_review(review("Thing", POOL, "big2", {"memory": "2Gi"}, dry_run=True))
     )
     assert (again.code, again.reason) == (429, "escrowed"), "told what a real one is told"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a want makes every holder give back all it holds unspent and grant nothing for "
+    "the want's time and the idle time after, however little of it the want needs",
+)
+async def test_one_refused_request_per_half_minute_keeps_every_slice_of_a_roomy_pool_away() -> None:
+    # A tenant of a pool with plenty of room asks for a little more than what is free outside
+    # the slices, and never retries: every holder takes the pool for full, gives all it
+    # holds back and refills nothing, so every other tenant of the pool admits by the exact
+    # path (one write each) for as long as one such refusal comes every half minute.
+    clock = Clock()
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "64Gi"}}, escrow=True, clock=clock)
+    b = Replica(cluster, "b", {POOL: {"memory": "64Gi"}}, clock=clock)
+    b.ledger._wants.monotonic = clock
+    await _busy(a)
+    assert await a.ledger.escrow() == 1
+    (record,) = _records(cluster).values()
+    held = int(record.outstanding()["memory"])
+    b.deliver()
+    free = 64 * GIGA - 3 * GIGA - held  # outside a's slice
+    refused = await b.admit(create("just-over", str(free + GIGA // 4)))
+    assert (refused.code, refused.reason) == (429, "escrowed"), refused.message
+    a.deliver()
+    await a.ledger.escrow()
+    (after,) = _records(cluster).values()
+    left = int(after.outstanding()["memory"])
+    assert left >= held - GIGA // 4, f"gave back {held - left} for a want short of {GIGA // 4}"
