@@ -4,9 +4,12 @@ pools a tenant admits into and then takes away."""
 from __future__ import annotations
 
 import copy
+from decimal import Decimal
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.admission.test_ledger import POOL, Clock, Cluster, Replica, create
 from tests.admission.test_ledger_escrow import _busy, _records, _rounds
@@ -14,7 +17,7 @@ from tests.builders import review
 from webhook.admission.ledger.book import TooLarge
 from webhook.admission.ledger.bounds import MAX_OBJECT_BYTES
 from webhook.admission.ledger.entries import expiry
-from webhook.admission.ledger.wants import WANT_SECONDS, wanted_room
+from webhook.admission.ledger.wants import WANT_SECONDS, want_json, wanted_room, with_want
 from webhook.core.admission.reviews import parse_review
 
 GIGA = 1024**3
@@ -145,31 +148,105 @@ async def test_dry_run_refusals_post_no_want() -> None:
     assert (again.code, again.reason) == (429, "escrowed"), "told what a real one is told"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a want makes every holder give back all it holds unspent and grant nothing for "
-    "the want's time and the idle time after, however little of it the want needs",
-)
-async def test_one_refused_request_per_half_minute_keeps_every_slice_of_a_roomy_pool_away() -> None:
-    # A tenant of a pool with plenty of room asks for a little more than what is free outside
-    # the slices, and never retries: every holder takes the pool for full, gives all it
-    # holds back and refills nothing, so every other tenant of the pool admits by the exact
-    # path (one write each) for as long as one such refusal comes every half minute.
-    clock = Clock()
+async def _wanted_by_b(
+    clock: Clock, now: list[float]
+) -> tuple[Cluster, Replica, Replica, int, int]:
+    """``a`` holds a slice of a roomy pool; ``b`` is refused a create a quarter GiB larger
+    than the free room outside it, and asks ``a`` for that: the cluster, ``a``, ``b``, what
+    ``a`` held and the refused create's size."""
     cluster = Cluster()
     a = Replica(cluster, "a", {POOL: {"memory": "64Gi"}}, escrow=True, clock=clock)
     b = Replica(cluster, "b", {POOL: {"memory": "64Gi"}}, clock=clock)
     b.ledger._wants.monotonic = clock
+    escrowed = a.ledger._escrowed
+    assert escrowed is not None
+    escrowed.monotonic = lambda: now[0]
     await _busy(a)
     assert await a.ledger.escrow() == 1
     (record,) = _records(cluster).values()
     held = int(record.outstanding()["memory"])
     b.deliver()
-    free = 64 * GIGA - 3 * GIGA - held  # outside a's slice
-    refused = await b.admit(create("just-over", str(free + GIGA // 4)))
+    size = 64 * GIGA - 3 * GIGA - held + GIGA // 4  # the free room outside a's slice, and more
+    refused = await b.admit(create("just-over", str(size)))
     assert (refused.code, refused.reason) == (429, "escrowed"), refused.message
+    assert wanted_room(cluster.objects[POOL]["status"], clock()) == {"memory": size}
     a.deliver()
-    await a.ledger.escrow()
+    return cluster, a, b, held, size
+
+
+async def test_one_refused_request_per_half_minute_keeps_every_slice_of_a_roomy_pool_away() -> None:
+    # A tenant of a pool with plenty of room asks for a little more than what is free outside
+    # the slices, and never retries: every holder took the pool for full, gave all it held
+    # back and refilled nothing, so every other tenant of the pool admitted by the exact path
+    # (one write each) for as long as one such refusal came every half minute.
+    clock, now = Clock(), [0.0]
+    cluster, a, _, held, _ = await _wanted_by_b(clock, now)
+    assert await a.ledger.escrow() == 1
     (after,) = _records(cluster).values()
     left = int(after.outstanding()["memory"])
     assert left >= held - GIGA // 4, f"gave back {held - left} for a want short of {GIGA // 4}"
+    spends = a.ledger.spends
+    assert (await a.admit(create("other-tenant", "1Gi"))).allowed
+    assert a.ledger.spends == spends + 1, "the rest of the slice still answers, in memory"
+
+
+async def test_a_want_gets_its_shortfall_back_in_one_round_and_the_retry_is_admitted() -> None:
+    clock, now = Clock(), [0.0]
+    cluster, a, b, held, size = await _wanted_by_b(clock, now)
+    assert await a.ledger.escrow() == 1
+    (after,) = _records(cluster).values()
+    assert int(after.returned["memory"]) == GIGA // 4, "exactly what the want is short"
+    assert int(after.outstanding()["memory"]) == held - GIGA // 4
+    b.deliver()
+    retry = await b.admit(create("just-over", str(size), uid="retry"))
+    assert retry.allowed, retry.message
+    (kept,) = _records(cluster).values()
+    assert int(kept.outstanding()["memory"]) == held - GIGA // 4, "the rest is still a's"
+
+
+async def test_no_refill_takes_the_room_a_live_want_needs() -> None:
+    # The holder gave back the want's shortfall and then spent its slice down: a refill sized
+    # on the pool's count without the want took a share of the room just given back, and the
+    # refused request's retry was refused again (while the holder's next round gave it back).
+    clock, now = Clock(), [0.0]
+    cluster, a, b, held, size = await _wanted_by_b(clock, now)
+    assert await a.ledger.escrow() == 1
+    (after,) = _records(cluster).values()
+    granted = after.granted
+    spent = 0
+    while spent + GIGA <= held - GIGA // 4 - GIGA:  # all but the last GiB: a refill is wanted
+        assert (await a.admit(create(f"spend{spent}", "1Gi"))).allowed
+        spent += GIGA
+    assert a.ledger.spends * GIGA == spent
+    for _ in range(40):  # ten seconds of duty rounds while the want lasts
+        now[0] += 0.25
+        clock.now += 0.25
+        a.deliver()
+        await a.ledger.escrow()
+        (record,) = _records(cluster).values()
+        assert record.granted == granted, "no refill while the want is live"
+    b.deliver()
+    retry = await b.admit(create("just-over", str(size), uid="retry"))
+    assert retry.allowed, retry.message
+
+
+@given(
+    budget=st.integers(min_value=1, max_value=10**6),
+    usage=st.integers(min_value=0, max_value=10**6),
+    want=st.integers(min_value=1, max_value=10**6),
+)
+def test_a_wants_shortfall_is_exactly_what_makes_it_fit(budget: int, usage: int, want: int) -> None:
+    # What a holder gives back for a want: never more than the want is short of the room
+    # outside the slices (a want just over the free room took every slice whole), and enough
+    # that the want fits once it is given back. Grants are sized on the count with the want.
+    now = 1_000_000.0
+    current = {"status": {"wanted": want_json({"memory": Decimal(want)}, now)}}
+    counted, short = with_want(
+        current, {"memory": Decimal(usage)}, {"memory": Decimal(budget)}, now
+    )
+    assert counted == {"memory": Decimal(usage + want)}
+    over = usage + want - budget
+    assert short == ({"memory": Decimal(over)} if over > 0 else {})
+    assert usage + want - short.get("memory", Decimal(0)) <= budget
+    unasked, none = with_want({}, {"memory": Decimal(usage)}, {"memory": Decimal(budget)}, now)
+    assert (unasked, none) == ({"memory": Decimal(usage)}, {}), "no want: the count as it is"

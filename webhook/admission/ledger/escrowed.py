@@ -33,7 +33,7 @@ from webhook.admission.ledger.entries import Obj, expiry, version
 from webhook.admission.ledger.recent import RecentAdmissions
 from webhook.admission.ledger.slices import grant_fits, removals, slice_records
 from webhook.admission.ledger.status import Status
-from webhook.admission.ledger.wants import asks_past
+from webhook.admission.ledger.wants import with_want
 from webhook.core.admission import escrow as core
 from webhook.core.admission.decisions import Decision, Policy, decide
 from webhook.core.admission.escrow.holder import refill_wanted, surplus
@@ -231,6 +231,8 @@ class Escrowed:
             ]
             available = escrow.available(pool)
             over = not core.within(node.budget, node.usage)
+            # A refusal's live want: grants leave its room, and its shortfall goes back.
+            counted, short = with_want(current, node.usage, node.budget, book.clock())
             grow: dict[str, Decimal] = {}
             give: dict[str, Decimal] = {}
             rate = {k: Decimal(str(round(v, 6))) for k, v in self.recent.rate(pool, now).items()}
@@ -238,9 +240,9 @@ class Escrowed:
             if rate and not over and not quiet and not give_all and not book.fenced(pool):
                 wanted = refill_wanted(rl.mask(rate, node.budget), available, escrow.bounds)
                 grow = core.grant_size(
-                    budget=node.budget, counted=node.usage, want=wanted, bounds=escrow.bounds
+                    budget=node.budget, counted=counted, want=wanted, bounds=escrow.bounds
                 )
-                grow = self._warmed(pool, now, rate, available, node.budget, node.usage) or grow
+                grow = self._warmed(pool, now, rate, available, node.budget, counted) or grow
                 # A slice that would not hold the last admission's charge answers nothing.
                 last = rl.mask(self.recent.last(pool), node.budget)
                 if any(rl.add(available, grow).get(k, Decimal(0)) < v for k, v in last.items()):
@@ -253,18 +255,19 @@ class Escrowed:
             # admission) the slices go back, so whichever replica is asked uses the last byte.
             last = rl.mask(self.recent.last(pool), node.budget)
             full = bool(last) and bool(rl.exceeded(rl.add(node.usage, last), node.budget))
-            # Or for the room a refusal asked for, whatever this holder's own last charge was.
-            asked = asks_past(current.get("status") or {}, node.usage, node.budget, book.clock())
-            if full or asked:
-                full, grow = True, {}
+            if full or short:
+                grow = {}
             if (over or give_all or full or escrow.idle(pool, now)) and any(available.values()):
                 give = available
                 if full:
                     self._quiet[pool] = now  # no refill for a while: the pool is at its bound
-            elif not grow and escrow.renew_due(pool, now):
-                # A renewal keeps a few seconds of the current rate, not a past burst's room.
-                last = rl.mask(self.recent.last(pool), node.budget)
-                give = surplus(rl.mask(rate, node.budget), available, escrow.bounds, least=last)
+            else:
+                if not grow and escrow.renew_due(pool, now):
+                    # A renewal keeps a few seconds of the current rate, not a past burst's.
+                    give = surplus(rl.mask(rate, node.budget), available, escrow.bounds, least=last)
+                # A want gets what it is short (plan caps it by what is unspent), no more.
+                give = rl.maximum(give, short)
+            pressed = over or give_all or any(short.values())
             write = None
             if not grow and escrow.removable(pool, now):
                 gone.append(escrow.incarnation)  # idle and all given back: no more renewals
@@ -277,7 +280,7 @@ class Escrowed:
                     grow=grow,
                     give_back=give,
                     kinds=self.recent.kinds(pool),
-                    fold=self._fold_due(pool, node.budget, node.usage, over or give_all or asked),
+                    fold=self._fold_due(pool, node.budget, node.usage, pressed),
                 )
             if write is None and not gone:
                 return 0

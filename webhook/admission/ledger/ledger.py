@@ -218,10 +218,10 @@ class Ledger:
     ) -> Decision:
         """An "exceeded" the room in other replicas' slices would answer says "try again" only
         while that room may come back: the pool's holders are asked for it (``status.wanted``,
-        :mod:`.wants`) and give back what they hold unspent; a few seconds after asking, what
-        they still hold is spent, and the answer is "exceeded" again. A dry run asks nothing
-        (the webhook has no side effects on one): "try again" only while another refusal's ask
-        is answered."""
+        :mod:`.wants`) and give back what it is short of, as far as they hold it unspent; a
+        few seconds after asking, what they still hold is spent, and the answer is "exceeded"
+        again. A dry run asks nothing (the webhook has no side effects on one): "try again"
+        only while another refusal's ask is answered."""
         if decision.allowed or decision.reason != "exceeded" or not decision.pool:
             return decision
         own = self._escrowed.escrow.incarnation if self._escrowed is not None else ""

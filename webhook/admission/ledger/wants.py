@@ -5,11 +5,12 @@ A request refused for a pool's budget that the other replicas' slices could answ
 replica can tell from a slice's record how much of it its holder has spent (spends are made in
 memory and folded later), so the refusing replica *asks*: it records the refused request's size
 on the pool's object (``status.wanted``, until ``expires``), and every holder's escrow duty
-then treats the pool as full for that size (:func:`wanted_room`) and gives back what its slice holds
-unspent. The refusing replica promises that room only for :data:`ANSWER_SECONDS` after asking;
-past that, while the want lasts, what the others still hold is taken as spent and the answer
-is ``exceeded``. A client retrying on "try again" therefore gets a definite answer within a few
-seconds, whatever the holders' last charges were and however much of their slices was spent.
+then gives back what the pool is short of it outside the slices, as far as its slice holds it
+unspent, and grants nothing that would take its room (:func:`with_want`). The refusing
+replica promises that room only for :data:`ANSWER_SECONDS` after asking; past that, while the
+want lasts, what the others still hold is taken as spent and the answer is ``exceeded``. A
+client retrying on "try again" therefore gets a definite answer within a few seconds, whatever
+the holders' last charges were and however much of their slices was spent.
 """
 
 from __future__ import annotations
@@ -33,16 +34,16 @@ __all__ = [
     "WANT_SECONDS",
     "Asked",
     "Wants",
-    "asks_past",
     "covers",
     "want_json",
     "wanted_room",
+    "with_want",
 ]
 
 log = logging.getLogger("webhook.admission.ledger")  # one logger for all of the ledger
 
 ANSWER_SECONDS = 3.0  # holders' duty (every 0.25 s), their write and its watch event, with room
-WANT_SECONDS = 30.0  # how long holders treat the pool as full for the want (a slice's idle time)
+WANT_SECONDS = 30.0  # how long holders keep the want's room (a slice's idle time)
 # A want is never written to expire later than WANT_SECONDS on; one expiring later than that
 # and the replicas' clock skew (the escrow's skew bound) is another writer's, and asks nothing.
 _LATEST_SECONDS = WANT_SECONDS + 5.0
@@ -69,16 +70,22 @@ def wanted_room(status: Mapping[str, Any], now: float) -> dict[str, Decimal]:
     return found
 
 
-def asks_past(
-    status: Mapping[str, Any],
+def with_want(
+    current: Mapping[str, Any],
     counted: Mapping[str, Decimal],
     budget: Mapping[str, Decimal],
     now: float,
-) -> bool:
-    """Whether ``status`` asks for room the pool has not outside its slices (``counted``
-    counts every slice whole): a holder then takes the pool for full and gives back."""
-    want = rl.mask(wanted_room(status, now), budget)
-    return bool(want) and bool(rl.exceeded(rl.add(counted, want), budget))
+) -> tuple[dict[str, Decimal], dict[str, Decimal]]:
+    """``counted`` (every slice counted whole) with the room the pool's object ``current``
+    asks for added, and the want's shortfall: how much more room than the pool has outside
+    the slices it asks for, on each key. A holder gives back that much (not its whole slice:
+    a want just over the free room kept every slice of a roomy pool away), and sizes grants
+    on the count with the want in it, so that no refill takes the room the refused request
+    takes on retry."""
+    want = rl.mask(wanted_room(current.get("status") or {}, now), budget)
+    with_it = rl.add(counted, want)
+    short = rl.positive_part(rl.subtract(rl.mask(with_it, want), budget))
+    return with_it, short
 
 
 def want_json(room: Mapping[str, Decimal], now: float) -> dict[str, Any]:
