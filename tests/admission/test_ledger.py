@@ -56,6 +56,7 @@ class Cluster:
         self.written: dict[str, int] = {}  # pool -> writes of its object that reached the server
         self.faults: list[tuple[str, int]] = []  # (pool, status) the next writes to it fail with
         self.stalls: dict[str, asyncio.Event] = {}  # pool -> writes to it wait until it is set
+        self.held: dict[str, int] = {}  # pool -> writes to it waiting at its stall now
 
     def stall(self, pool: str) -> asyncio.Event:
         """Hold every write to ``pool``'s object until the returned event is set."""
@@ -99,7 +100,12 @@ class StubClient:
         await asyncio.sleep(0)
         name = obj["metadata"]["name"]
         if name in self.cluster.stalls:
-            await self.cluster.stalls[name].wait()
+            held = self.cluster.held
+            held[name] = held.get(name, 0) + 1
+            try:
+                await self.cluster.stalls[name].wait()
+            finally:
+                held[name] -= 1
         self.cluster.writes += 1
         self.cluster.written[name] = self.cluster.written.get(name, 0) + 1
         for fault in self.cluster.faults:
@@ -676,7 +682,15 @@ async def carve_out_burst(
     child = cluster.stall("tenant-acme-dev")
     burst = [across(f"vm{i}", uid=f"x{i}") for i in range(count)]
     tasks = [asyncio.create_task(replica.ledger.admit(q, POLICY)) for q in burst]
-    await eventually(lambda: len(cluster.entries("tenant-acme")) == count)
+    # Their parts stored in the parent pool is not enough: the child pool's batch starts its
+    # write a few turns of the loop later (counted in the ledger's writes), so wait until that
+    # write is held at the child's stall, and no write of the burst is still to start.
+    await eventually(
+        lambda: (
+            len(cluster.entries("tenant-acme")) == count
+            and cluster.held.get("tenant-acme-dev") == 1
+        )
+    )
     return burst, tasks, child
 
 
@@ -723,12 +737,16 @@ async def test_refused_carve_out_roll_backs_ride_on_the_parent_pools_next_batch(
     parent = cluster.stall("tenant-acme")  # the parent's next writes wait
     before, written = cluster.written["tenant-acme"], a.ledger.writes
     first = asyncio.create_task(a.admit(create("db1", "1Gi", namespace="tenant-acme-ops")))
-    await eventually(lambda: a.ledger.writes == written + 1)  # db1's batch, being written
+    # db1's batch, its write held at the parent's stall (and the only write since the burst).
+    await eventually(lambda: cluster.held.get("tenant-acme") == 1)
+    assert a.ledger.writes == written + 1
     second = asyncio.create_task(a.admit(create("db2", "1Gi", namespace="tenant-acme-ops")))
     child.set()  # eight refused: their removals queue behind db1's batch, with db2
-    await eventually(lambda: "tenant-acme-dev" in cluster.written)
-    await asyncio.sleep(0.05)
+    # The child's write answered: the two allowed are done, and the eight refused, woken in
+    # the same turn of the loop, have queued their removals.
+    await eventually(lambda: sum(t.done() for t in tasks) >= 2)
     assert sum(not t.done() for t in tasks) == 8, "their removals wait for the parent's write"
+    assert cluster.held.get("tenant-acme") == 1, "db1's write only: none for the removals"
     parent.set()
     assert (await first).allowed
     assert (await second).allowed
@@ -751,8 +769,11 @@ async def test_refused_carve_outs_cancelled_while_their_removals_wait_leave_none
     parent = cluster.stall("tenant-acme")
     before = cluster.written["tenant-acme"]
     child.set()
-    await eventually(lambda: "tenant-acme-dev" in cluster.written)
-    await asyncio.sleep(0.05)
+    # The child's write answered (the two allowed done) and the four refused's one removal
+    # write started, held at the parent's stall.
+    await eventually(
+        lambda: sum(t.done() for t in tasks) >= 2 and cluster.held.get("tenant-acme") == 1
+    )
     waiting = [t for t in tasks if not t.done()]
     assert len(waiting) == 4, "the four refused, removing their parts"
     for task in waiting:
@@ -763,7 +784,7 @@ async def test_refused_carve_outs_cancelled_while_their_removals_wait_leave_none
     parent.set()
     allowed = {q.uid for q, t in zip(burst, tasks, strict=True) if t not in waiting}
     await eventually(lambda: {e["id"] for e in cluster.entries("tenant-acme")} == allowed)
-    await asyncio.sleep(0.05)
+    await _yielded()  # any write still to come has started (none should)
     assert cluster.written["tenant-acme"] - before == 1
     assert len(a.state.pending) == 4, "the two allowed, in both pools"
 
