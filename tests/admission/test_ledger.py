@@ -164,6 +164,13 @@ class Replica:
         return await self.ledger.admit(request, POLICY)
 
 
+def usage(replica: Replica, pool: str) -> dict[str, Decimal]:
+    """What ``replica`` counts in ``pool`` now."""
+    node = replica.state.tree.get(pool)
+    assert node is not None, f"{pool} is not a pool"
+    return dict(node.usage)
+
+
 def thing(cluster: Cluster | None, name: str, memory: str, **more: str) -> Application:
     """A Thing as stored (at the next revision) or, without a cluster, unversioned."""
     version = cluster.bump() if cluster else 0
@@ -622,9 +629,7 @@ async def test_a_write_across_two_pools_makes_no_other_tenant_of_either_pool_wai
     child.set()
     assert (await carved).allowed
     assert [e["id"] for e in cluster.entries("tenant-acme-dev")] == ["req-1"]
-    node = a.state.tree.get("tenant-acme")
-    assert node is not None
-    assert node.usage.get("memory") == 2 * 1024**3
+    assert usage(a, "tenant-acme").get("memory") == 2 * 1024**3
 
 
 async def test_a_write_across_two_pools_whose_caller_goes_away_leaves_nothing_behind() -> None:
@@ -755,9 +760,7 @@ async def test_refused_carve_out_roll_backs_ride_on_the_parent_pools_next_batch(
     assert len(allowed) == 2
     assert cluster.written["tenant-acme"] - before == 2, "db1's batch, then db2's with them"
     assert {e["id"] for e in cluster.entries("tenant-acme")} == {*allowed, "uid-db1", "uid-db2"}
-    parent_node = a.state.tree.get("tenant-acme")
-    assert parent_node is not None
-    assert parent_node.usage.get("memory") == 4 * 1024**3
+    assert usage(a, "tenant-acme").get("memory") == 4 * 1024**3
 
 
 async def test_refused_carve_outs_cancelled_while_their_removals_wait_leave_none() -> None:

@@ -342,27 +342,35 @@ async def test_near_the_bound_a_holder_gives_its_slice_back_so_another_replica_u
     assert admitted == 16 - 3, "every byte the pool has beside a's three creates"
 
 
+async def held_by_a(clock: Clock) -> tuple[Cluster, Replica, Replica]:
+    """``a`` holds a slice of a 16Gi pool, ``b`` has filled what is left outside it to 0.5Gi."""
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "16Gi"}}, escrow=True, clock=clock)
+    b = Replica(cluster, "b", {POOL: {"memory": "16Gi"}}, clock=clock)
+    b.ledger._wants.monotonic = clock
+    await _busy(a)
+    assert await a.ledger.escrow() == 1
+    (record,) = _records(cluster).values()
+    held = int(record.outstanding()["memory"])
+    assert held >= 2 * 1024**3
+    b.deliver()
+    assert (await b.admit(create("fill", str(13 * 1024**3 - held - 1024**3 // 2)))).allowed
+    return cluster, a, b
+
+
 async def test_escrowed_answer_only_when_holder_gives_back() -> None:
     # "Try again" promised room that never came back: what another replica's slice holds may
     # be spent already (in its memory, not yet folded), and a holder whose last charge was
     # small never took the pool for full on a large request refused elsewhere. The refusal
     # now asks the holders (status.wanted); a few seconds later what they still hold is spent.
-    giga = 1024**3
     for spent in (True, False):
-        cluster, clock = Cluster(), Clock()
-        a = Replica(cluster, "a", {POOL: {"memory": "16Gi"}}, escrow=True, clock=clock)
-        b = Replica(cluster, "b", {POOL: {"memory": "16Gi"}}, clock=clock)
-        b.ledger._wants.monotonic = clock
-        await _busy(a)
-        assert await a.ledger.escrow() == 1
+        clock = Clock()
+        cluster, a, b = await held_by_a(clock)
         (record,) = _records(cluster).values()
         held = int(record.outstanding()["memory"])
-        assert held >= 2 * giga
         # a spends its whole slice (or a trickle's 1Mi of it), from memory: no replica sees it
         assert (await a.admit(create("mine", str(held) if spent else "1Mi"))).allowed
         assert a.ledger.spends == 1
-        b.deliver()
-        assert (await b.admit(create("fill", str(13 * giga - held - giga // 2)))).allowed
         big = create("big", "2Gi" if not spent else "1Gi", uid="big-1")
         first = await b.admit(big)  # fits only were a's slice free: a is asked to give back
         assert (first.code, first.reason) == (429, "escrowed"), first.message
@@ -430,15 +438,21 @@ async def _rounds(replica: Replica, clock: Clock, now: list[float], seconds: flo
     return written
 
 
-async def test_a_pool_admitted_into_once_is_not_visited_for_good() -> None:
-    # The duty takes up each pool with a recent rate. Decayed every round, a rate never
-    # reached zero: every pool ever admitted into was taken up four times a second for good,
-    # under its lock, by every replica.
+async def _busy_holder() -> tuple[Cluster, Clock, list[float], Replica]:
+    """A replica with escrow on, its monotonic clock at ``now[0]``, busy in a 64Gi pool."""
     cluster, clock, now = Cluster(), Clock(), [0.0]
     a = Replica(cluster, "a", {POOL: {"memory": "64Gi"}}, escrow=True, clock=clock)
     assert a.ledger._escrowed is not None
     a.ledger._escrowed.monotonic = lambda: now[0]
     await _busy(a)
+    return cluster, clock, now, a
+
+
+async def test_a_pool_admitted_into_once_is_not_visited_for_good() -> None:
+    # The duty takes up each pool with a recent rate. Decayed every round, a rate never
+    # reached zero: every pool ever admitted into was taken up four times a second for good,
+    # under its lock, by every replica.
+    cluster, clock, now, a = await _busy_holder()
     assert await a.ledger.escrow() == 1
     await _rounds(a, clock, now, 40)  # idle: the slice goes back, then its record
     assert _records(cluster) == {}
@@ -450,11 +464,7 @@ async def test_a_pool_admitted_into_once_is_not_visited_for_good() -> None:
 async def test_a_record_waiting_for_its_spends_is_taken_up_only_to_be_written() -> None:
     # A slice spent whole waits for its spend's object (or the store bound) before its record
     # can go: a round over it then changes nothing, except to renew its lease or fold.
-    cluster, clock, now = Cluster(), Clock(), [0.0]
-    a = Replica(cluster, "a", {POOL: {"memory": "64Gi"}}, escrow=True, clock=clock)
-    assert a.ledger._escrowed is not None
-    a.ledger._escrowed.monotonic = lambda: now[0]
-    await _busy(a)
+    cluster, clock, now, a = await _busy_holder()
     await a.ledger.escrow()
     (record,) = _records(cluster).values()
     assert (await a.admit(create("x", str(int(record.outstanding()["memory"]))))).allowed

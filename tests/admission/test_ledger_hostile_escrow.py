@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.admission.test_ledger import POOL, Clock, Cluster, Replica, create
-from tests.admission.test_ledger_escrow import _busy, _records, _rounds
+from tests.admission.test_ledger_escrow import _busy, _records, _rounds, held_by_a
 from tests.builders import review
 from webhook.admission.ledger.book import TooLarge
 from webhook.admission.ledger.bounds import MAX_OBJECT_BYTES
@@ -23,28 +23,12 @@ from webhook.core.admission.reviews import parse_review
 GIGA = 1024**3
 
 
-async def _held_by_a(clock: Clock) -> tuple[Cluster, Replica, Replica]:
-    """``a`` holds a slice of the pool, ``b`` has filled what is left outside it to 0.5Gi."""
-    cluster = Cluster()
-    a = Replica(cluster, "a", {POOL: {"memory": "16Gi"}}, escrow=True, clock=clock)
-    b = Replica(cluster, "b", {POOL: {"memory": "16Gi"}}, clock=clock)
-    b.ledger._wants.monotonic = clock
-    await _busy(a)
-    assert await a.ledger.escrow() == 1
-    (record,) = _records(cluster).values()
-    held = int(record.outstanding()["memory"])
-    assert held >= 2 * GIGA
-    b.deliver()
-    assert (await b.admit(create("fill", str(13 * GIGA - held - GIGA // 2)))).allowed
-    return cluster, a, b
-
-
 async def test_refusal_flood_where_the_want_is_not_kept_costs_one_write_per_refusal() -> None:
     # An API server whose schema prunes status.wanted (a CRD not yet upgraded), or a write
     # that keeps failing: the ask is never remembered, so every refusal a tenant sends asks
     # again, each a write of the pool's whole object under the pool's lock.
     clock = Clock()
-    cluster, _, b = await _held_by_a(clock)
+    cluster, _, b = await held_by_a(clock)
     client: Any = b.ledger._book.client
     replace = client.replace
 
@@ -133,7 +117,7 @@ async def test_dry_run_refusals_post_no_want() -> None:
     # pool's holders to give back all the same, a write of the pool's object that made every
     # holder take the pool for full, from requests that create nothing.
     clock = Clock()
-    cluster, _, b = await _held_by_a(clock)
+    cluster, _, b = await held_by_a(clock)
     before = cluster.written.get(POOL, 0)
     request = parse_review(review("Thing", POOL, "big", {"memory": "2Gi"}, dry_run=True))
     refused = await b.admit(request)
