@@ -28,6 +28,7 @@ from webhook.admission.ledger.bounds import (
     MAX_PENDING_BYTES,
     MAX_SLICES_BYTES,
     MAX_SUMMARY_BYTES,
+    MAX_WANT_BYTES,
     REVISION_BYTES,
     LedgerSettings,
 )
@@ -193,9 +194,10 @@ def test_what_a_room_lets_in_never_passes_the_pools_bytes_nor_a_tenants_share(
 def test_every_part_of_a_ledger_object_fits_its_bound_and_the_whole_what_is_read_back() -> None:
     caps = MAX_CAPS_BYTES  # all of them, each keyed by its namespace
     assert MAX_CAPS * (1_024 + NAMESPACE + 6) <= MAX_CAPS_BYTES, "200 caps of 1 KiB fit"
-    rest = 65_536  # metadata, the removal counts by kind
+    rest = 40_960  # metadata, the removal counts by kind
     slices = MAX_SLICES_BYTES  # every replica's escrowed slices, each at its largest
-    assert MAX_PENDING_BYTES + caps + MAX_SUMMARY_BYTES + slices + rest <= MAX_OBJECT_BYTES
+    parts = MAX_PENDING_BYTES + caps + MAX_SUMMARY_BYTES + slices + MAX_WANT_BYTES + rest
+    assert parts <= MAX_OBJECT_BYTES
     assert MAX_OBJECT_BYTES * 3 // 2 <= ETCD_MAX_REQUEST_BYTES, "a third under etcd's limit"
     assert MAX_OBJECT_BYTES <= MAX_WATCH_EVENT_BYTES // 8
 

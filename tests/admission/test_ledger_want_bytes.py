@@ -3,9 +3,9 @@
 The attack: a tenant whose pool's budget has 64 keys of the longest names fills the pool's
 ledger (entries, caps, summary, slices at their bounds) and then sends a request refused for
 the room other replicas' slices hold: the refusing replica writes a want of every budget key.
-The parts' bounds sum to within 2,584 bytes of ``MAX_OBJECT_BYTES``, and the want is counted in
-none of them, so the whole can pass the object bound and every later write of the pool (every
-tenant's in it) is refused before it is sent, for as long as the want lasts.
+Counted in no part of ``MAX_OBJECT_BYTES``, the want let the whole pass the object bound, and
+every later write of the pool (every tenant's in it) was refused before it was sent, for as
+long as the want lasted. It has a bound of its own now, within the sum.
 """
 
 from __future__ import annotations
@@ -21,13 +21,14 @@ from webhook.admission.ledger.bounds import (
     MAX_PENDING_BYTES,
     MAX_SLICES_BYTES,
     MAX_SUMMARY_BYTES,
+    MAX_WANT_BYTES,
 )
 from webhook.admission.ledger.wants import want_json
 from webhook.core.base.json_codec import encode_json
 from webhook.core.base.quantities import MAX_QUANTITY
 from webhook.core.tenancy.counts import MAX_BUDGET_KEYS, MAX_KEY_CHARS
 
-REST = 65_536  # metadata and the removal counts by kind, as the bounds' sum counts them
+REST = 40_960  # metadata and the removal counts by kind, as the bounds' sum counts them
 
 
 def widest_want() -> int:
@@ -43,18 +44,31 @@ def widest_want() -> int:
 def test_the_widest_want_is_bounded_by_the_budget_it_is_masked_to() -> None:
     # A want is the refused request's increase masked to the pool's budget (Ledger), so its
     # keys are at most the budget's: about 22 KB, not unbounded.
-    assert 20_000 < widest_want() < 24_576
+    assert 20_000 < widest_want() <= MAX_WANT_BYTES
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="status.wanted has no byte bound of its own and is counted in no part of "
-    "MAX_OBJECT_BYTES' sum (entries + caps + summary + slices + rest leave 2,584 bytes); a "
-    "want of the widest budget (~22 KB) on a ledger full at every bound passes the object "
-    "bound, and Book.write then refuses every non-shrinking write of the pool while it lasts",
-)
 def test_a_want_of_the_widest_budget_on_a_ledger_full_at_every_bound_fits_the_object_bound() -> (
     None
 ):
     parts = MAX_PENDING_BYTES + MAX_CAPS_BYTES + MAX_SUMMARY_BYTES + MAX_SLICES_BYTES + REST
-    assert parts + widest_want() <= MAX_OBJECT_BYTES
+    assert parts + MAX_WANT_BYTES <= MAX_OBJECT_BYTES
+    assert widest_want() <= MAX_WANT_BYTES
+
+
+async def test_a_want_past_its_byte_bound_is_not_asked_and_the_answer_is_exceeded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The bound holds by construction (a want's keys are the budget's); should it not, the
+    # want is not written: no write of the pool past its share, and no promise of room.
+    from tests.admission.test_ledger import POOL, Clock, create
+    from tests.admission.test_ledger_escrow import held_by_a
+    from webhook.admission.ledger import bounds
+
+    clock = Clock()
+    cluster, _, b = await held_by_a(clock)
+    monkeypatch.setattr(bounds, "MAX_WANT_BYTES", 40)
+    before = cluster.written.get(POOL, 0)
+    refused = await b.admit(create("big", "2Gi"))
+    assert (refused.allowed, refused.reason) == (False, "exceeded"), refused.message
+    assert cluster.written.get(POOL, 0) == before, "no want written"
+    assert "wanted" not in (cluster.objects[POOL].get("status") or {})

@@ -30,6 +30,7 @@ __all__ = [
     "MAX_REPLACES",
     "MAX_SLICES_BYTES",
     "MAX_SUMMARY_BYTES",
+    "MAX_WANT_BYTES",
     "REVISION_BYTES",
     "LedgerSettings",
 ]
@@ -59,8 +60,9 @@ MAX_CAPS_BYTES: Final = 218_600
 # event bound. It is the sum of what each part may take: the entries together (600 KiB: 1,000
 # real entries are about 300 KiB; 1,000 with the longest names Kubernetes allows, about 830
 # KiB, so there the bytes bind first), the caps (213.5 KiB), the summary (64 KiB), the slices
-# (80 KiB) and the rest (metadata, the removal counts by kind: 64 KiB would hold 50 times an
-# object's usual): 1,045,992 bytes, and a write past the whole is never sent (Book.write).
+# (80 KiB), a refusal's want (24 KiB) and the rest (metadata, the removal counts by kind: 40
+# KiB would hold 30 times an object's usual): 1,045,992 bytes, and a write past the whole is
+# never sent (Book.write).
 MAX_OBJECT_BYTES: Final = 1_048_576
 MAX_PENDING_BYTES: Final = 614_400
 MAX_SUMMARY_BYTES: Final = 65_536
@@ -72,6 +74,10 @@ MAX_SUMMARY_BYTES: Final = 65_536
 # 60 KiB, so a second replica's grant there is not made and it admits by the exact path (ten
 # such records would pass etcd's limit, and the pool would stop).
 MAX_SLICES_BYTES: Final = 81_920
+# status.wanted: the refused request's increase on the pool's budget keys, so at most 64 keys
+# of the longest names at the largest quantity, some 22 KB; a want past this is not asked
+# (webhook.admission.ledger.wants), and the answer is "exceeded".
+MAX_WANT_BYTES: Final = 24_576
 # What a new entry grows by once a later write stamps it with its revision (the digits of a
 # resourceVersion: at most 20, a 64-bit integer's).
 REVISION_BYTES: Final = 20

@@ -23,9 +23,11 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from webhook.admission.ledger import bounds
 from webhook.admission.ledger.book import Book, Conflict
 from webhook.admission.ledger.entries import expired, expiry
 from webhook.core.base import resources as rl
+from webhook.core.base.json_codec import encode_json
 from webhook.core.base.quantities import parse_quantity
 from webhook.kube.client import ApiError
 
@@ -164,7 +166,10 @@ class Wants:
             if covers(there, room):
                 self._asked[pool] = Asked(there, self.monotonic())
                 return True
-            status["wanted"] = want_json(rl.maximum(there, room), now)
+            wanted = want_json(rl.maximum(there, room), now)
+            if len(encode_json({"wanted": wanted})) > bounds.MAX_WANT_BYTES:
+                return False  # past its share of the object: "exceeded", as unasked
+            status["wanted"] = wanted
             try:
                 stored = await book.write(pool, current, status)
             except Conflict:
