@@ -169,7 +169,7 @@ class LiveServices:
         while not stop.is_set():
             if self.live.state.synced:
                 await self._guarded("escrow", self.ledger.escrow())
-            await sleep_unless_stopped(self.ledger.settings.escrow_seconds, stop)
+            await self.ledger.escrow_rest(stop)
 
     async def _record_keys(self) -> None:
         """Every replica: follow a rotation of the record-key Secret."""

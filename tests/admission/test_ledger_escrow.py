@@ -168,12 +168,23 @@ async def test_a_new_life_of_the_same_pod_never_spends_the_old_lifes_slice() -> 
     old = Replica(cluster, "a", {POOL: {"memory": "64Gi"}}, escrow=True)
     await _busy(old)
     await old.ledger.escrow()
+    (before,) = _records(cluster).values()
     new = Replica(cluster, "a", {POOL: {"memory": "64Gi"}}, escrow=True)
     new.deliver()
     writes = cluster.writes
     assert (await new.admit(create("x", "1Gi"))).allowed
-    assert cluster.writes == writes + 1, "the new life took the exact path"
-    assert new.ledger.spends == 0
+    # A cold pool for the new life: one write grants it a slice of its own, and it spends that.
+    assert cluster.writes == writes + 1
+    records = _records(cluster)
+    assert records[before.incarnation] == before, "the old life's slice is untouched"
+    (own,) = (r for incarnation, r in records.items() if incarnation != before.incarnation)
+    assert own.holder == "a"
+    assert own.granted["memory"] >= 1024**3
+    assert new.ledger.spends == 1
+    escrowed = new.ledger._escrowed
+    assert escrowed is not None
+    assert escrowed.escrow.record(POOL) is not None
+    assert escrowed.escrow.incarnation == own.incarnation
 
 
 async def test_a_dead_replicas_slice_is_reclaimed_only_past_its_lease_and_the_store_bound() -> None:

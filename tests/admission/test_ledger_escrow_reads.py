@@ -23,16 +23,16 @@ class Confirming(Replica):
 
 async def test_a_fold_makes_no_replica_list_the_kind_on_its_sweep() -> None:
     cluster = Cluster()
-    a = Replica(cluster, "a", {POOL: {"memory": "8Gi"}}, escrow=True)
-    b = Confirming(cluster, "b", {POOL: {"memory": "8Gi"}})
+    a = Replica(cluster, "a", {POOL: {"memory": "16Gi"}}, escrow=True)
+    b = Confirming(cluster, "b", {POOL: {"memory": "16Gi"}})
     for index in range(3):
         assert (await a.admit(create(f"warm{index}", "1Gi"))).allowed
     await a.ledger.escrow()
-    request, text = _minted(a, "x", "1Gi", "mutate-x")
+    request, text = _minted(a, "x", "2Gi", "mutate-x")
     assert (await a.admit(request)).allowed
-    stored = _stored(cluster, "x", "1Gi", text)
+    stored = _stored(cluster, "x", "2Gi", text)
     a.observe(stored)
-    await a.ledger.escrow()  # the spend is folded: 1Gi departs at this version
+    await a.ledger.escrow()  # the spend is folded: 2Gi departs at this version
     b.deliver()
     assert b.ledger._book.slices.count.departed(POOL)
     b.ledger.sweep()
@@ -41,14 +41,14 @@ async def test_a_fold_makes_no_replica_list_the_kind_on_its_sweep() -> None:
 
 async def test_a_denial_near_the_bound_still_confirms_the_departed_room() -> None:
     cluster = Cluster()
-    a = Replica(cluster, "a", {POOL: {"memory": "8Gi"}}, escrow=True)
-    b = Confirming(cluster, "b", {POOL: {"memory": "8Gi"}})
+    a = Replica(cluster, "a", {POOL: {"memory": "16Gi"}}, escrow=True)
+    b = Confirming(cluster, "b", {POOL: {"memory": "16Gi"}})
     for index in range(3):
         assert (await a.admit(create(f"warm{index}", "1Gi"))).allowed
     await a.ledger.escrow()
-    request, text = _minted(a, "x", "1Gi", "mutate-x")
+    request, text = _minted(a, "x", "2Gi", "mutate-x")
     assert (await a.admit(request)).allowed
-    stored = _stored(cluster, "x", "1Gi", text)
+    stored = _stored(cluster, "x", "2Gi", text)
     a.observe(stored)
     await a.ledger.escrow()
     b.deliver()
@@ -57,7 +57,7 @@ async def test_a_denial_near_the_bound_still_confirms_the_departed_room() -> Non
     b.state.observe(stored)
     (record,) = b.ledger._book.slices.count.records(POOL).values()
     held = int(record.outstanding().get("memory", 0))
-    free = 8 * 1024**3 - 4 * 1024**3 - held
+    free = 16 * 1024**3 - 5 * 1024**3 - held
     # Counted twice (observed and departed) it would not fit; confirmed, it does.
     decision = await b.admit(create("fits", str(free)))
     assert decision.allowed, decision.message

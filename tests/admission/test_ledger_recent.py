@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 from decimal import Decimal
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from webhook.admission.ledger.recent import RATE_SECONDS, RecentAdmissions
+from webhook.admission.ledger.recent import RATE_SECONDS, YOUNGEST_SECONDS, RecentAdmissions
 
 GI = Decimal(1024**3)
 
@@ -55,6 +56,9 @@ def test_a_pool_is_rated_exactly_while_an_admission_fed_it_within_the_idle_time(
 def test_a_young_rate_is_warmed_up_and_an_old_one_is_not() -> None:
     recent = RecentAdmissions(idle_seconds=30)
     recent.note("p", {"memory": GI}, "VMInstance", now=100.0)
-    assert recent.warmth("p", 100.0) == 0.2
+    youngest = 1 - math.exp(-YOUNGEST_SECONDS / RATE_SECONDS)
+    assert recent.warmth("p", 100.0) == pytest.approx(youngest), "never younger than a round"
+    assert recent.warmth("p", 100.0 + YOUNGEST_SECONDS / 2) == pytest.approx(youngest)
+    assert recent.warmth("p", 101.0) == pytest.approx(1 - math.exp(-1 / RATE_SECONDS))
     assert recent.warmth("p", 100.0 + 5 * RATE_SECONDS) > 0.99
     assert recent.warmth("never", 0.0) > 0.99

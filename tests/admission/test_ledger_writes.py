@@ -157,8 +157,24 @@ async def test_a_busy_pools_summary_rides_on_its_next_write_and_is_made_true_onc
     assert await a.ledger.reconcile() == 0, "written within the period: the next write carries it"
     assert cluster.writes == writes
     clock.now += a.ledger.settings.reconcile_seconds
-    assert await a.ledger.reconcile() == 1, "quiet for a period: the leader makes it true"
+    assert await a.ledger.reconcile() == 0, "only how much is reserved moved: it waits longer"
+    clock.now += a.ledger.settings.summary_seconds
+    assert await a.ledger.reconcile() == 1, "quiet for a while: the leader makes it true"
     assert reserved(cluster, POOL) == summary(a, POOL)
+
+
+async def test_a_pool_turning_overcommitted_is_written_within_a_period_not_the_summarys() -> None:
+    # Only how much is reserved waits for summary_seconds; the Overcommitted condition
+    # changing (an operator's alert reads it) is made true by the leader's next pass.
+    clock = Clock()
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "8Gi"}}, clock=clock)
+    assert (await a.admit(create("x", "1Gi"))).allowed
+    a.observe(thing(cluster, "other", "9Gi"))  # stored past the budget: overcommitted
+    clock.now += a.ledger.settings.reconcile_seconds
+    assert await a.ledger.reconcile() == 1
+    (condition,) = cluster.objects[POOL]["status"]["conditions"]
+    assert condition["status"] == "True"
 
 
 async def test_a_tenant_keeping_its_pool_busy_cannot_keep_an_expired_hold_listed() -> None:

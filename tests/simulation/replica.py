@@ -100,7 +100,7 @@ class Replica:
         while not self._stop.is_set():
             if self.live.state.synced:
                 await self.ledger.escrow()
-            await sleep_unless_stopped(self.ledger.settings.escrow_seconds, self._stop)
+            await self.ledger.escrow_rest(self._stop)
 
     def stop(self) -> None:
         self._stop.set()

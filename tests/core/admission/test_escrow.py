@@ -250,18 +250,18 @@ def test_one_oversized_create_empties_no_slice() -> None:
 
 
 def test_a_trickle_of_tiny_creates_parks_no_bursts_slice() -> None:
-    # Sized for a burst (5 s of 20 a second), renewed while the rate is down to 1 a second:
-    # all but 5 s of it goes back, or the last charge if that is larger.
-    assert surplus({M: _d(1)}, {M: _d(100)}, BOUNDS) == {M: _d(95)}
-    assert surplus({M: _d(1)}, {M: _d(100)}, BOUNDS, least={M: _d(8)}) == {M: _d(92)}
-    assert surplus({M: _d(20)}, {M: _d(100)}, BOUNDS) == {}
+    # Sized for a burst (10 s of 10 a second), renewed while the rate is down to 1 a second:
+    # all but 10 s of it goes back, or the last charge if that is larger.
+    assert surplus({M: _d(1)}, {M: _d(100)}, BOUNDS) == {M: _d(90)}
+    assert surplus({M: _d(1)}, {M: _d(100)}, BOUNDS, least={M: _d(12)}) == {M: _d(88)}
+    assert surplus({M: _d(10)}, {M: _d(100)}, BOUNDS) == {}
     assert surplus({}, {M: _d(3)}, BOUNDS) == {M: _d(3)}, "no rate left: all of it"
 
 
-def test_refill_asks_for_a_few_seconds_of_the_rate_once_under_a_second_is_left() -> None:
+def test_refill_asks_for_ten_seconds_of_the_rate_once_under_a_second_is_left() -> None:
     rate = {M: _d(2)}
     assert refill_wanted(rate, {M: _d(3)}, BOUNDS) == {}
-    assert refill_wanted(rate, {M: _d(1)}, BOUNDS) == {M: _d(9)}
+    assert refill_wanted(rate, {M: _d(1)}, BOUNDS) == {M: _d(19)}
 
 
 # -- the state machine -----------------------------------------------------------------------

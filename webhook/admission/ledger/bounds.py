@@ -93,6 +93,11 @@ class LedgerSettings:
     store_seconds: float = 60.0
     attempts: int = 3  # conflicting writes retried, as Kubernetes' quota admission does
     reconcile_seconds: float = 2.0
+    # A pool's summary whose only change is how much is reserved (its budget, its
+    # Overcommitted condition and its entries as written) is rewritten by the leader once this
+    # long has passed since the pool's last write: under a steady burst answered from slices a
+    # pool is written every few seconds, and a summary write each period besides cost as many.
+    summary_seconds: float = 10.0
     read_timeout: float = 90.0
     watch_timeout: int = 300
     catch_up_seconds: float = 2.0  # how long a denial waits for the state to pass an expiry

@@ -31,25 +31,29 @@ from typing import Any
 from webhook.admission.ledger.book import Book, Conflict, TooLarge
 from webhook.admission.ledger.entries import Obj, expiry, version
 from webhook.admission.ledger.recent import RecentAdmissions
+from webhook.admission.ledger.sizing import fold_due, warmed_grant
 from webhook.admission.ledger.slices import grant_fits, removals, slice_records
+from webhook.admission.ledger.spent import SpentAdmissions, minted
 from webhook.admission.ledger.status import Status
 from webhook.admission.ledger.wants import with_want
 from webhook.core.admission import escrow as core
 from webhook.core.admission.decisions import Decision, Policy, decide
 from webhook.core.admission.escrow.holder import refill_wanted, surplus
-from webhook.core.admission.resolve import charge_annotation
 from webhook.core.admission.reviews import AdmissionRequest
 from webhook.core.admission.state import ReservationState
 from webhook.core.base import resources as rl
 from webhook.core.tenancy.applications import AppKey
-from webhook.core.tenancy.records import parse_recorded_charge
 from webhook.kube.client import ApiError
 
 __all__ = ["Escrowed", "record_json"]
 
 log = logging.getLogger("webhook.admission.ledger")  # one logger for all of the ledger
 
-_FOLD_SPENDS = 128  # spends waiting to be folded that are worth a write of their own
+# Pools whose writes one duty round makes at once: a cold burst over many pools has each
+# granted within one write's time, not one after another (20 pools at 50 ms a write took a
+# second, and the last pool's admissions fell back meanwhile), while a replica holding
+# thousands still sends the API server a bounded few at a time.
+_ROUND_WRITES = 8
 
 
 def record_json(record: core.SliceRecord) -> Obj:
@@ -83,17 +87,18 @@ class Escrowed:
         bounds = bounds or core.EscrowBounds(store_seconds=book.settings.store_seconds)
         self.escrow = core.Escrow(book.settings.replica, incarnation, bounds)
         book.escrow = self.escrow
-        # uid -> key, after, expected, the request its object's record names
-        self._spent: dict[str, tuple[AppKey, int, dict[str, Decimal], str]] = {}
+        self.spent = SpentAdmissions(self.escrow)
         self.recent = RecentAdmissions(bounds.idle_seconds)
         self._quiet: dict[str, float] = {}  # pool -> when a refusal gave its slice back
         self._returning: set[str] = set()  # pools whose slice a refusal is giving back now
-        self._marked: set[str] = set()  # spends already marked observed
+        self._opening: dict[str, asyncio.Event] = {}  # pools being granted a first slice now
+        self._started: dict[str, str] = {}  # pool -> the request whose charge started its rate
         self.spends = 0  # admissions answered from slices
         self.crowded: dict[str, bool] = {}  # pool -> its last grant would pass the slices' bound
         self.writes = 0  # writes of this process's records
         # Told of each stored write of this process's record: (pool, refilled, returned).
         self.on_write: Callable[[str, bool, bool], None] = lambda pool, grew, gave: None
+        self.nudged = asyncio.Event()  # an admission fell back for want of a slice
 
     # -- the admission path ----------------------------------------------------------------
 
@@ -135,21 +140,65 @@ class Escrowed:
         # The request the object's record names (it verified, or decide() would have refused):
         # a spend is folded on observing an object whose record names it, and without one only
         # once it can no longer be stored.
-        minted = _minted(request)
-        if not escrow.spend(request.uid, charges, kind=request.kind, now=now, update=not minted):
+        named = minted(request)
+        if not escrow.spend(request.uid, charges, kind=request.kind, now=now, update=not named):
             return None
         # Only an object newer than everything this replica had seen may be this request's.
         seen = max(version(self.book.objects.get(pool) or {}) for pool in charges)
         after = max(seen, self.book.live.observed_version(request.kind))
-        self._spent[request.uid] = (key, after, dict(decision.expected or {}), minted)
+        self.spent.remember(request.uid, key, after, dict(decision.expected or {}), named)
         self.spends += 1
         return decision
+
+    async def open(
+        self, request: AdmissionRequest, policy: Policy, state: ReservationState
+    ) -> bool:
+        """Grant this process its first slice of each cold pool ``request`` charges (no slice
+        here, no recent rate), before the request is answered; whether a grant was written.
+        Otherwise a cold pool's first admission writes its entry and the next round writes
+        the grant: two writes where one does. The request's charge starts the rate the grant
+        is sized from and leaves the pool rated, so this is tried once per pool and idle
+        period; the request is answered from the new slice, or by the exact path as ever.
+        Creates arriving while the grant is written wait for it (one write's time), then
+        spend from it too."""
+        if request.operation != "CREATE" or request.dry_run or not 0 < len(request.uid) <= 128:
+            return False
+        decision = decide(request, state, policy)
+        charged = decision.charged_pools
+        if not decision.allowed or not charged or decision.mode != "enforce":
+            return False
+        opening = [self._opening[pool] for pool in charged if pool in self._opening]
+        if opening:  # another create is being granted this pool's first slice: spend from it
+            await asyncio.wait([asyncio.ensure_future(done.wait()) for done in opening])
+            return True
+        now = self.monotonic()
+        cold = [
+            pool
+            for pool in sorted(charged)
+            if self.escrow.record(pool) is None and not self.recent.rate(pool, now)
+        ]
+        for pool in cold:
+            self.recent.note(pool, charged[pool], request.kind, now)
+            self._opening[pool] = asyncio.Event()
+            self._started[pool] = request.uid  # its charge is counted once in the rate
+        written = 0
+        try:
+            for pool in cold:  # one pool at a time, no lock held across their writes
+                with contextlib.suppress(Conflict):
+                    written += await self._pool(pool)
+        finally:
+            for pool in cold:
+                self._opening.pop(pool).set()
+        return written > 0
 
     def note(self, request: AdmissionRequest, decision: Decision) -> None:
         """An allowed admission: it feeds the recent rate each pool's slice is sized from."""
         now = self.monotonic()
         for pool, room in decision.charged_pools.items():
-            self.recent.note(pool, room, request.kind, now)
+            if self._started.pop(pool, None) != request.uid:
+                self.recent.note(pool, room, request.kind, now)
+            if self.escrow.record(pool) is None:
+                self.nudged.set()  # its first grant is not left to the next round
 
     async def give_back(self, refused: Decision) -> bool:
         """Return what this process's slice of the refused admission's pool holds unspent, when
@@ -190,11 +239,26 @@ class Escrowed:
         }
         moment = self.monotonic()
         rated = self.recent.rated(moment)
-        self._observe(self.book.current())
-        for pool in sorted(reclaims | set(self.escrow.pools()) | rated):
-            if pool in reclaims or pool in rated or not self._resting(pool, moment):
+        self.spent.observe(self.book.current())
+        due = [
+            pool
+            for pool in sorted(reclaims | set(self.escrow.pools()) | rated)
+            if pool in reclaims or pool in rated or not self._resting(pool, moment)
+        ]
+        gate = asyncio.Semaphore(_ROUND_WRITES)
+
+        async def one(pool: str) -> int:
+            async with gate:
                 with contextlib.suppress(Conflict):
-                    written += await self._pool(pool)
+                    return await self._pool(pool)
+                return 0
+
+        # Every pool has its turn; one pool's failure is the round's once all have had it.
+        outcomes = await asyncio.gather(*(one(pool) for pool in due), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+            written += outcome
         return written
 
     def _resting(self, pool: str, now: float) -> bool:
@@ -220,7 +284,7 @@ class Escrowed:
             node = state.tree.get(pool)
             if node is None or not node.bounded:
                 return 0
-            self._observe(state)
+            self.spent.observe(state)
             now, wall = self.monotonic(), float(math.floor(book.clock()))
             listed = slice_records(current.get("status") or {})
             gone = [
@@ -239,10 +303,15 @@ class Escrowed:
             quiet = now - self._quiet.get(pool, -math.inf) < escrow.bounds.idle_seconds
             if rate and not over and not quiet and not give_all and not book.fenced(pool):
                 wanted = refill_wanted(rl.mask(rate, node.budget), available, escrow.bounds)
+                if wanted:  # at least one more of the last admission (a whole unit at least)
+                    wanted = rl.maximum(wanted, rl.mask(self.recent.last(pool), wanted))
                 grow = core.grant_size(
                     budget=node.budget, counted=counted, want=wanted, bounds=escrow.bounds
                 )
-                grow = self._warmed(pool, now, rate, available, node.budget, counted) or grow
+                warmth = self.recent.warmth(pool, now)
+                grow = warmed_grant(
+                    grow, warmth, rate, available, node.budget, counted, escrow.bounds
+                )
                 # A slice that would not hold the last admission's charge answers nothing.
                 last = rl.mask(self.recent.last(pool), node.budget)
                 if any(rl.add(available, grow).get(k, Decimal(0)) < v for k, v in last.items()):
@@ -280,7 +349,13 @@ class Escrowed:
                     grow=grow,
                     give_back=give,
                     kinds=self.recent.kinds(pool),
-                    fold=self._fold_due(pool, node.budget, node.usage, pressed),
+                    fold=fold_due(
+                        escrow.spends(pool),
+                        node.budget,
+                        node.usage,
+                        escrow.bounds.share,
+                        pressed=pressed,
+                    ),
                 )
             if write is None and not gone:
                 return 0
@@ -303,49 +378,6 @@ class Escrowed:
             self.writes += 1
             return 1
 
-    def _warmed(
-        self,
-        pool: str,
-        now: float,
-        rate: Mapping[str, Decimal],
-        available: Mapping[str, Decimal],
-        budget: Mapping[str, Decimal],
-        counted: Mapping[str, Decimal],
-    ) -> dict[str, Decimal]:
-        """A grant sized from ``rate`` scaled up while the rate is younger than its time
-        constant (a decayed sum that young holds only part of the rate, so the first grants
-        held a fraction of a second and admissions fell back), or ``{}`` when the pool has not
-        the room for it (the grant from the rate as it is stands)."""
-        warm = self.recent.warmth(pool, now)
-        if warm >= 0.99:
-            return {}
-        scaled = {k: v / Decimal(str(round(warm, 6))) for k, v in rate.items()}
-        bounds = self.escrow.bounds
-        wanted = refill_wanted(rl.mask(scaled, budget), available, bounds)
-        return core.grant_size(budget=budget, counted=counted, want=wanted, bounds=bounds)
-
-    def _fold_due(
-        self,
-        pool: str,
-        budget: Mapping[str, Decimal],
-        counted: Mapping[str, Decimal],
-        pressed: bool,
-    ) -> bool:
-        """Whether folds are worth a write of their own: the pool is over its budget or giving
-        back, many spends wait (each admission walks them), or the room they count twice
-        (spent and observed) is more than a grant's share of the free room. Else they ride on
-        the next refill or renewal."""
-        waiting = self.escrow.spends(pool)
-        if pressed or len(waiting) >= _FOLD_SPENDS:
-            return True
-        spent = rl.total(spend.room for spend in waiting)
-        share = self.escrow.bounds.share
-        return any(
-            value > (limit - counted.get(key, Decimal(0))) * share
-            for key, limit in budget.items()
-            if (value := spent.get(key, Decimal(0))) > 0
-        )
-
     def _status(
         self,
         pool: str,
@@ -365,35 +397,3 @@ class Escrowed:
         status["slices"] = slices
         status["removals"] = removals(old) + len(gone)
         return status
-
-    def _observe(self, state: ReservationState) -> None:
-        """Mark the spends whose object the state has observed: newer than everything this
-        replica had seen at their decision, with the charge they expect, and its believed
-        record naming the very request (only a CREATE spends here). Told by name alone,
-        another create of the same name (the exact path's, after a delete) would be taken for
-        a request still to be stored, and its room folded early."""
-        waiting = {spend.uid for spend in self.escrow.spends()}
-        for uid in list(self._spent):
-            if uid not in waiting:
-                del self._spent[uid]
-                self._marked.discard(uid)
-                continue
-            if uid in self._marked:
-                continue  # marked once (the holder keeps it): spends wait to be folded together
-            key, after, expected, minted = self._spent[uid]
-            record = state.record(key)
-            if (
-                record is not None
-                and minted
-                and record.request == minted
-                and record.version > after
-                and record.resources == expected
-            ):
-                self.escrow.observed(uid)
-                self._marked.add(uid)
-
-
-def _minted(request: AdmissionRequest) -> str:
-    """The request the charge record on ``request``'s object names ("": none, or unreadable)."""
-    parsed = parse_recorded_charge(charge_annotation(request.object))
-    return parsed.request if parsed is not None and not parsed.dry else ""

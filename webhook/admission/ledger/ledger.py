@@ -43,6 +43,7 @@ from webhook.core.admission.warn_caps import explain_cap, over_in_warn
 from webhook.core.base import resources as rl
 from webhook.kube.client import KubeClient
 from webhook.kube.reflector import Reflector
+from webhook.waits import sleep_unless_stopped, sleep_unless_woken
 
 __all__ = ["Ledger"]
 
@@ -151,6 +152,11 @@ class Ledger:
             escrowed.note(request, spent)
             return spent
         started = time.monotonic()
+        if await escrowed.open(request, policy, state):  # a cold pool's first slice
+            spent = escrowed.admit(request, policy, self._book.current())
+            if spent is not None:
+                escrowed.note(request, spent)  # its charge started the pool's rate already
+                return spent
         answer = await self._admit_exact(request, policy, state, escrowed)
         self.on_fallback(fallback_reason(escrowed, request, answer), time.monotonic() - started)
         return answer
@@ -305,6 +311,16 @@ class Ledger:
         """Fold, refill, renew and return this process's slices, and reclaim expired ones
         (every ``escrow_seconds``, with ``escrow`` on); how many writes were made."""
         return await self._escrowed.duty() if self._escrowed is not None else 0
+
+    async def escrow_rest(self, stop: asyncio.Event) -> None:
+        """Wait for the next round of :meth:`escrow`: ``escrow_seconds``, or a fifth of it once
+        an admission found no slice of its pool (that pool's first grant is not left to the
+        next round), or until ``stop``."""
+        seconds = self.settings.escrow_seconds
+        if self._escrowed is None:
+            await sleep_unless_stopped(seconds, stop)
+        else:
+            await sleep_unless_woken(seconds, stop, self._escrowed.nudged, soonest=seconds / 5)
 
     @property
     def escrowing(self) -> bool:

@@ -14,9 +14,13 @@ import math
 from collections.abc import Mapping
 from decimal import Decimal
 
-__all__ = ["RATE_SECONDS", "RecentAdmissions"]
+__all__ = ["RATE_SECONDS", "YOUNGEST_SECONDS", "RecentAdmissions"]
 
 RATE_SECONDS = 5.0  # the recent rate decays with this time constant
+# A rate is never taken as younger than this: the escrow duty's period, within which a pool's
+# first admission is granted its first slice. Taken as just born, one admission would read as a
+# fifth of a charge a second, and a burst's first grants held a fraction of a second each.
+YOUNGEST_SECONDS = 0.25
 
 
 class RecentAdmissions:
@@ -73,7 +77,7 @@ class RecentAdmissions:
         return self._last.get(pool, {})
 
     def warmth(self, pool: str, now: float) -> float:
-        """The share of its rate a decayed sum ``pool``'s age holds (at least 0.2; about 1
-        once the rate is older than a few time constants)."""
+        """The share of its rate a decayed sum ``pool``'s age holds (the age taken as at least
+        :data:`YOUNGEST_SECONDS`; about 1 once older than a few time constants)."""
         age = now - self._since.get(pool, now - 10 * RATE_SECONDS)
-        return max(0.2, 1.0 - math.exp(-age / RATE_SECONDS))
+        return 1.0 - math.exp(-max(age, YOUNGEST_SECONDS) / RATE_SECONDS)

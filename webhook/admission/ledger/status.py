@@ -9,7 +9,8 @@ it last changed), whole when it fits :data:`~.bounds.MAX_SUMMARY_BYTES`, else cu
 whose quotas name many long keys never grows its object past what its watch reads back). So a
 busy pool needs no separate status write; the replica holding the Lease
 writes the pools whose status is no longer true (:meth:`Status.reconcile`), but not one whose
-summary alone changed since a write less than a period ago: that rides on the next write.
+summary alone changed since a write less than a period ago (that rides on the next write), nor,
+for ``summary_seconds`` after its last write, one where only how much is reserved moved.
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ class Status:
         if not state.synced:
             return 0
         written = 0
-        quiet = book.settings.reconcile_seconds
+        quiet, summary = book.settings.reconcile_seconds, book.settings.summary_seconds
         for view in state.tree.pools():
             pool = view.namespace
             changed = book.changed.get(pool)
@@ -144,9 +145,13 @@ class Status:
                         # wait for this write nor conflict with it.
                         continue
                     status = self.build(pool, current, state, kept)
-                    if _comparable(status) != _comparable(old):
-                        await book.write(pool, current, status)
-                        written += 1
+                    if _comparable(status) == _comparable(old):
+                        continue
+                    lately = changed is not None and book.clock() - changed < summary
+                    if lately and len(kept) == len(listed(current)) and _usage_only(status, old):
+                        continue  # only how much is reserved moved: it waits a while longer
+                    await book.write(pool, current, status)
+                    written += 1
             except (Conflict, ApiError) as exc:
                 log.info(
                     "reconcile deferred",
@@ -205,6 +210,27 @@ def _condition(old: Mapping[str, Any], over: Mapping[str, Decimal], now: Callabl
         "message": _shortened(message, _MESSAGE),
         "lastTransitionTime": since,
     }
+
+
+# What moves with every admission and observation in a summary: how much is reserved (and
+# committed), and the Overcommitted condition's message, which says by how much.
+_USAGE: Final = ("reserved", "reservedSummary", "committed", "overcommitted")
+
+
+def _usage_only(status: Mapping[str, Any], old: Mapping[str, Any]) -> bool:
+    """Whether ``status`` differs from ``old`` only in what :data:`_USAGE` names (the
+    condition's status, reason and every other field as written)."""
+
+    def steady(of: Mapping[str, Any]) -> Obj:
+        comparable = _comparable(of)
+        conditions = [
+            {k: v for k, v in c.items() if k != "message"}
+            for c in comparable.get("conditions") or []
+        ]
+        rest = {k: v for k, v in comparable.items() if k not in _USAGE}
+        return {**rest, "conditions": conditions}
+
+    return steady(status) == steady(old)
 
 
 def _comparable(status: Mapping[str, Any]) -> Obj:

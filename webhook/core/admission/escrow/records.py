@@ -43,7 +43,7 @@ class EscrowBounds:
     # expiry plus the store bound: wall clocks of two replicas may differ by up to this much.
     skew_seconds: float = 5.0
     runway_seconds: float = 1.0  # refill when less than this much of the recent rate is left
-    target_seconds: float = 5.0  # a refill tops the slice up to this much of the recent rate
+    target_seconds: float = 10.0  # a refill tops the slice up to this much of the recent rate
     idle_seconds: float = 30.0  # a slice not spent from for this long is returned
     share: Decimal = Decimal("0.25")  # at most this share of the pool's free room per grant
     # No grant smaller than this share of what is wanted: near the bound, where the free room
