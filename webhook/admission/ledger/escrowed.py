@@ -15,6 +15,12 @@ object newer than their decision (or they can no longer be stored), a refill whe
 less than a second of the recent rate, the lease renewed, room returned when idle or over budget,
 and any other process's record past its expiry and the store bound removed. The write is the
 ledger's conditional write of the whole status (:class:`~.status.Status`), under the pool's lock.
+A cold pool's first create waits for its first grant (:meth:`Escrowed.open`) and is answered
+from it.
+
+Over 400 lines, and kept whole: the admission path, the first grant and the duty read and change
+one holder's state (its slices, spends, rate and the pools being granted), and split they would
+each reach into the others'.
 """
 
 from __future__ import annotations
@@ -186,16 +192,22 @@ class Escrowed:
             for pool in cold:  # one pool at a time, no lock held across their writes
                 with contextlib.suppress(Conflict):
                     written += await self._pool(pool)
+                # Its waiters (other tenants' creates, in a shared parent) wait for this
+                # pool's write only, never for the pools this request charges besides.
+                self._opening.pop(pool).set()
         finally:
             for pool in cold:
-                self._opening.pop(pool).set()
+                if pool in self._opening:
+                    self._opening.pop(pool).set()
         return written > 0
 
     def note(self, request: AdmissionRequest, decision: Decision) -> None:
         """An allowed admission: it feeds the recent rate each pool's slice is sized from."""
         now = self.monotonic()
         for pool, room in decision.charged_pools.items():
-            if self._started.pop(pool, None) != request.uid:
+            if self._started.get(pool) == request.uid:
+                del self._started[pool]  # its charge started the rate: counted once
+            else:
                 self.recent.note(pool, room, request.kind, now)
             if self.escrow.record(pool) is None:
                 self.nudged.set()  # its first grant is not left to the next round
@@ -371,6 +383,13 @@ class Escrowed:
                 if write is not None:  # a write never sent (TooLarge) was not stored
                     (escrow.refused if isinstance(exc, TooLarge) else escrow.unknown)(write)
                 return 0
+            except BaseException:
+                # Cancelled mid-write (the request that waited for it ran out of time): it
+                # may be stored or not. Left in flight, the pool's record would never be
+                # planned again; unknown, the watch settles it as any lost answer.
+                if write is not None:
+                    escrow.unknown(write)
+                raise
             if write is not None:
                 mine = slice_records(stored.get("status") or {}).get(escrow.incarnation)
                 escrow.stored(write, mine, version(stored))

@@ -17,10 +17,11 @@ from decimal import Decimal
 __all__ = ["RATE_SECONDS", "YOUNGEST_SECONDS", "RecentAdmissions"]
 
 RATE_SECONDS = 5.0  # the recent rate decays with this time constant
-# A rate is never taken as younger than this: the escrow duty's period, within which a pool's
-# first admission is granted its first slice. Taken as just born, one admission would read as a
-# fifth of a charge a second, and a burst's first grants held a fraction of a second each.
-YOUNGEST_SECONDS = 0.25
+# A rate is never taken as younger than this: a young pool's admissions so far read as about
+# that many a second. Taken as just born, one admission would read as twenty charges a second
+# and park ten seconds of them in a shared pool; a fifth of a charge, and a burst's first
+# grants held a fraction of a second each.
+YOUNGEST_SECONDS = 1.0
 
 
 class RecentAdmissions:

@@ -1,0 +1,129 @@
+"""Attacks on a cold pool's first slice (``Escrowed.open``): a tenant's own pools' writes hold
+up no other tenant's create, a create cut off mid-grant leaves no pool ungrantable, one small
+create parks no large share of a shared pool, and no charge is counted twice in the rate."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.admission.test_ledger import POOL, Cluster, Replica, create
+from tests.builders import review
+from tests.waiting import eventually
+from webhook.admission.ledger.slices import slice_records
+from webhook.core.admission.escrow import SliceRecord
+from webhook.core.admission.reviews import AdmissionRequest, parse_review
+
+PARENT, CHILD, SIBLING = "tenant-acme", "tenant-acme-dev", "tenant-acme-ops"
+TREE = {PARENT: {"memory": "64Gi"}, CHILD: {"cpu": "8"}, SIBLING: None}
+
+
+def across(name: str, *, uid: str) -> AdmissionRequest:
+    return parse_review(review("Thing", CHILD, name, {"cpu": "1", "memory": "1Gi"}, uid=uid))
+
+
+def _records(cluster: Cluster, pool: str = POOL) -> dict[str, SliceRecord]:
+    return dict(slice_records(cluster.objects[pool].get("status") or {}))
+
+
+async def test_a_tenants_child_pool_grant_never_holds_up_a_siblings_create_in_the_parent() -> None:
+    # The hostile tenant owns CHILD (a sub-tenant of the shared PARENT). Its create opens
+    # both cold pools; PARENT's event is set only after CHILD's write too.
+    cluster = Cluster()
+    seed = Replica(cluster, "seed", TREE)
+    assert (await seed.admit(across("seed", uid="seed"))).allowed
+    a = Replica(cluster, "a", TREE, escrow=True)
+    a.deliver(PARENT)
+    a.deliver(CHILD)
+    parent, child = cluster.stall(PARENT), cluster.stall(CHILD)
+    hostile = asyncio.create_task(a.admit(across("vm", uid="req-1")))
+    await eventually(lambda: cluster.held.get(PARENT) == 1)
+    other = asyncio.create_task(a.admit(create("db", "1Gi", namespace=SIBLING, uid="ops")))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    parent.set()  # PARENT's first slice is stored: the sibling could be answered now
+    await eventually(lambda: cluster.held.get(CHILD) == 1)
+    escrowed = a.ledger._escrowed
+    assert escrowed is not None
+    assert escrowed.escrow.live(PARENT, escrowed.monotonic()), "PARENT's slice is spendable"
+    try:
+        decision = await asyncio.wait_for(asyncio.shield(other), timeout=2)
+        assert decision.allowed
+    finally:
+        child.set()
+        await hostile
+        await other
+
+
+async def test_a_create_cancelled_during_its_first_grant_leaves_the_pool_grantable() -> None:
+    cluster = Cluster()
+    other = Replica(cluster, "other", {POOL: {"memory": "64Gi"}})
+    assert (await other.admit(create("seed", "1Gi"))).allowed
+    a = Replica(cluster, "a", {POOL: {"memory": "64Gi"}}, escrow=True)
+    a.deliver()
+    stall = cluster.stall(POOL)
+    opener = asyncio.create_task(a.admit(create("x", "1Gi")))
+    await eventually(lambda: cluster.held.get(POOL) == 1)
+    opener.cancel()  # the webhook's deadline, or the API server's client gone
+    with pytest.raises(asyncio.CancelledError):
+        await opener
+    stall.set()
+    del cluster.stalls[POOL]
+    assert (await a.admit(create("y", "1Gi"))).allowed  # the exact path: the pool is rated
+    a.deliver()
+    assert await a.ledger.escrow() == 1, "the duty grants the pool its slice"
+    assert any(k.startswith("a.") for k in _records(cluster)), _records(cluster)
+
+
+async def test_one_small_create_parks_no_quarter_of_a_shared_pool() -> None:
+    cluster = Cluster()
+    other = Replica(cluster, "other", {POOL: {"memory": "640Gi"}})
+    assert (await other.admit(create("seed", "1Gi"))).allowed
+    a = Replica(cluster, "a", {POOL: {"memory": "640Gi"}}, escrow=True)
+    a.deliver()
+    assert (await a.admit(create("x", "1Gi"))).allowed
+    (record,) = _records(cluster).values()
+    granted = record.granted["memory"] / 1024**3
+    # A young rate reads as about one charge a second: ten seconds of it, not a quarter of the
+    # 639Gi free (a 1Gi create once parked 41Gi).
+    assert 1 <= granted <= 12, granted
+
+
+async def test_a_create_whose_first_grant_answers_nothing_is_counted_once_in_the_rate() -> None:
+    cluster = Cluster()
+    other = Replica(cluster, "other", {POOL: {"memory": "8Gi"}})
+    assert (await other.admit(create("seed", "4Gi"))).allowed
+    a = Replica(cluster, "a", {POOL: {"memory": "8Gi"}}, escrow=True)
+    a.deliver()
+    escrowed = a.ledger._escrowed
+    assert escrowed is not None
+    now = [100.0]
+    escrowed.monotonic = lambda: now[0]
+    answers = await asyncio.gather(a.admit(create("x", "2Gi")), a.admit(create("y", "1Gi")))
+    assert all(answer.allowed for answer in answers)
+    assert _records(cluster) == {}
+    rate = escrowed.recent.rate(POOL, now[0])["memory"] * 5 / 1024**3
+    assert rate == pytest.approx(3.0), f"3Gi admitted, {rate}Gi counted"
+
+
+async def test_a_create_across_two_cold_pools_is_counted_once_in_the_parents_rate() -> None:
+    tree = {PARENT: {"memory": "8Gi"}, CHILD: {"cpu": "8"}, SIBLING: None}
+    cluster = Cluster()
+    seed = Replica(cluster, "seed", tree)
+    assert (await seed.admit(across("seed", uid="seed"))).allowed
+    assert (await seed.admit(create("big", "4Gi", namespace=SIBLING, uid="big"))).allowed
+    a = Replica(cluster, "a", tree, escrow=True)
+    a.deliver(PARENT)
+    a.deliver(CHILD)
+    escrowed = a.ledger._escrowed
+    assert escrowed is not None
+    now = [100.0]
+    escrowed.monotonic = lambda: now[0]
+    answers = await asyncio.gather(
+        a.admit(across("vm", uid="req-1")),
+        a.admit(create("db", "1Gi", namespace=SIBLING, uid="ops")),
+    )
+    assert all(answer.allowed for answer in answers), [x.message for x in answers]
+    rate = escrowed.recent.rate(PARENT, now[0])["memory"] * 5 / 1024**3
+    assert rate == pytest.approx(2.0), f"2Gi admitted into {PARENT}, {rate}Gi counted"
