@@ -92,3 +92,29 @@ async def test_the_duty_woken_early_still_rests_a_fifth_of_its_period() -> None:
     started = loop.time()
     await a.ledger.escrow_rest(stop)
     assert loop.time() - started >= 0.95, "no nudge: the whole period"
+
+
+async def test_slices_held_in_other_pools_are_not_walked_by_an_admission() -> None:
+    # A burst over many pools leaves a slice in each until it goes idle: an admission into
+    # one pool takes only the slices of the pools on its way up out of the usage it decides
+    # on, so each admission no longer pays for every other tenant's slices and spends.
+    cluster = Cluster()
+    a = Replica(cluster, "a", {pool: {"memory": "64Gi"} for pool in POOLS}, escrow=True)
+    for pool in POOLS:
+        await _warm(a, pool)
+    await a.ledger.escrow()
+    escrowed = a.ledger._escrowed
+    assert escrowed is not None
+    assert set(escrowed.escrow.pools()) == set(POOLS)
+    walked: list[str] = []
+    available = escrowed.escrow.available
+
+    def counted(pool: str) -> dict[str, object]:
+        walked.append(pool)
+        return available(pool)  # type: ignore[return-value]
+
+    escrowed.escrow.available = counted  # type: ignore[method-assign,assignment]
+    writes = cluster.writes
+    assert (await a.admit(create("x", "1Gi", namespace=POOLS[1]))).allowed
+    assert cluster.writes == writes, "answered from its pool's slice"
+    assert set(walked) == {POOLS[1]}

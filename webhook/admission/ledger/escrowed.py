@@ -49,6 +49,7 @@ from webhook.core.admission.reviews import AdmissionRequest
 from webhook.core.admission.state import ReservationState
 from webhook.core.base import resources as rl
 from webhook.core.tenancy.applications import AppKey
+from webhook.core.tenancy.tenants import ancestors
 from webhook.kube.client import ApiError
 
 __all__ = ["Escrowed", "record_json"]
@@ -119,7 +120,11 @@ class Escrowed:
             return None  # a namespace no Tenant owns: the exact path says so
         now = self.monotonic()
         escrow = self.escrow
-        live = [pool for pool in escrow.pools() if escrow.live(pool, now)]
+        # Only the pools on the namespace's way up can be charged: the slices of the others
+        # (a burst over 20 pools leaves 20 until they go idle) stay counted as they are, and
+        # each admission no longer walks every slice's spends and every pool's usage.
+        path = set(ancestors(request.namespace))
+        live = [pool for pool in escrow.pools() if pool in path and escrow.live(pool, now)]
         if not live:
             return None
         unspent = {pool: escrow.available(pool) for pool in live}
