@@ -118,3 +118,21 @@ async def test_slices_held_in_other_pools_are_not_walked_by_an_admission() -> No
     assert (await a.admit(create("x", "1Gi", namespace=POOLS[1]))).allowed
     assert cluster.writes == writes, "answered from its pool's slice"
     assert set(walked) == {POOLS[1]}
+
+
+async def test_a_pool_too_full_to_split_wakes_the_duty_once_not_on_every_create() -> None:
+    # A tenant keeping its pool near the bound has every create fall back: only the first,
+    # which leaves the pool rated, wakes the duty early; the others leave it at its period.
+    cluster = Cluster()
+    pool = POOLS[0]
+    a = Replica(cluster, "a", {pool: {"memory": "4Gi"}}, escrow=True)
+    escrowed = a.ledger._escrowed
+    assert escrowed is not None
+    assert (await a.admit(create("first", "1Gi", namespace=pool))).allowed
+    assert escrowed.nudged.is_set()
+    escrowed.nudged.clear()
+    await a.ledger.escrow()
+    assert escrowed.escrow.record(pool) is None, "too full to split: no slice"
+    for index in range(2):
+        assert (await a.admit(create(f"vm{index}", "1Gi", namespace=pool))).allowed
+        assert not escrowed.nudged.is_set()

@@ -210,12 +210,16 @@ class Escrowed:
         """An allowed admission: it feeds the recent rate each pool's slice is sized from."""
         now = self.monotonic()
         for pool, room in decision.charged_pools.items():
-            if self._started.get(pool) == request.uid:
+            first = self._started.get(pool) == request.uid
+            if first:
                 del self._started[pool]  # its charge started the rate: counted once
             else:
+                first = not self.recent.rate(pool, now)
                 self.recent.note(pool, room, request.kind, now)
-            if self.escrow.record(pool) is None:
-                self.nudged.set()  # its first grant is not left to the next round
+            if first and self.escrow.record(pool) is None:
+                # Its first grant is not left to the next round; once a pool is rated, a
+                # tenant keeping it too full to split makes the duty no busier.
+                self.nudged.set()
 
     async def give_back(self, refused: Decision) -> bool:
         """Return what this process's slice of the refused admission's pool holds unspent, when
