@@ -20,6 +20,7 @@ from tests.builders import state as build_state
 from tests.cluster import app, cluster
 from tests.waiting import eventually
 from webhook.admission.ledger import MAX_ENTRIES, MAX_ENTRY_BYTES, Ledger, LedgerSettings
+from webhook.admission.ledger.escrowed import Escrowed
 from webhook.core.admission import decisions
 from webhook.core.admission.decisions import Decision, Policy
 from webhook.core.admission.price import price
@@ -144,6 +145,13 @@ class Replica:
             LedgerSettings(replica=name, **settings),
             clock=clock or Clock(),
         )
+
+    @property
+    def escrowed(self) -> Escrowed:
+        """The ledger's escrow: the replica was built with ``escrow=True``."""
+        escrowed = self.ledger._escrowed
+        assert escrowed is not None, "built with escrow=True"
+        return escrowed
 
     def observed_version(self, kind: str) -> int:
         return self.seen

@@ -113,8 +113,7 @@ async def test_a_trickle_of_tiny_creates_parks_no_bursts_slice() -> None:
     cluster = Cluster()
     clock = Clock()
     a = Replica(cluster, "a", {POOL: {"memory": "640Gi"}}, escrow=True, clock=clock)
-    escrowed = a.ledger._escrowed
-    assert escrowed is not None
+    escrowed = a.escrowed
     now = [0.0]
     escrowed.monotonic = lambda: now[0]
     await _busy(a, count=20)
@@ -181,8 +180,7 @@ async def test_a_new_life_of_the_same_pod_never_spends_the_old_lifes_slice() -> 
     assert own.holder == "a"
     assert own.granted["memory"] >= 1024**3
     assert new.ledger.spends == 1
-    escrowed = new.ledger._escrowed
-    assert escrowed is not None
+    escrowed = new.escrowed
     assert escrowed.escrow.record(POOL) is not None
     assert escrowed.escrow.incarnation == own.incarnation
 
@@ -283,8 +281,7 @@ async def test_a_delete_and_re_create_folds_no_spend_on_the_wrong_object() -> No
 async def _renewed(replica: Replica) -> None:
     """Run ``replica``'s escrow duty with its lease due for renewal, so whatever folds it has
     ride on that write (far from the bound a fold waits for the next write)."""
-    escrowed = replica.ledger._escrowed
-    assert escrowed is not None
+    escrowed = replica.escrowed
     later = escrowed.monotonic() + escrowed.escrow.bounds.renew_seconds + 1
     escrowed.monotonic = lambda: later
     assert await replica.ledger.escrow() >= 1
@@ -426,8 +423,7 @@ async def test_two_refusals_during_one_give_back_both_decide_again_after_it() ->
 
 def _visits(replica: Replica) -> list[str]:
     """The pools ``replica``'s escrow duty takes up from now on, one name per visit."""
-    escrowed = replica.ledger._escrowed
-    assert escrowed is not None
+    escrowed = replica.escrowed
     visited: list[str] = []
     visit = escrowed._pool
 
@@ -453,8 +449,7 @@ async def _busy_holder() -> tuple[Cluster, Clock, list[float], Replica]:
     """A replica with escrow on, its monotonic clock at ``now[0]``, busy in a 64Gi pool."""
     cluster, clock, now = Cluster(), Clock(), [0.0]
     a = Replica(cluster, "a", {POOL: {"memory": "64Gi"}}, escrow=True, clock=clock)
-    assert a.ledger._escrowed is not None
-    a.ledger._escrowed.monotonic = lambda: now[0]
+    a.escrowed.monotonic = lambda: now[0]
     await _busy(a)
     return cluster, clock, now, a
 

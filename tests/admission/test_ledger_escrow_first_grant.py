@@ -5,6 +5,7 @@ would write its entry, and the next round the grant)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from tests.admission.test_ledger import POOL, Cluster, Replica, create, grow, preview
 from tests.admission.test_ledger_escrow import _visits
@@ -15,17 +16,22 @@ def _records(cluster: Cluster) -> dict[str, object]:
     return dict(slice_records(cluster.objects[POOL].get("status") or {}))
 
 
-async def _with_object(cluster: Cluster, budget: str = "64Gi") -> None:
-    """The pool's TenantReservation exists (another replica, escrow off, admitted into it)."""
+async def cold_pool(
+    cluster: Cluster, budget: str = "64Gi", seed: str = "1Gi", **settings: Any
+) -> Replica:
+    """Replica ``a`` (escrow on) meeting a pool it holds nothing of: the pool's
+    TenantReservation exists (another replica, escrow off, admitted ``seed`` into it) and the
+    watch has delivered it."""
     other = Replica(cluster, "other", {POOL: {"memory": budget}})
-    assert (await other.admit(create("seed", "1Gi"))).allowed
+    assert (await other.admit(create("seed", seed))).allowed
+    a = Replica(cluster, "a", {POOL: {"memory": budget}}, escrow=True, **settings)
+    a.deliver()
+    return a
 
 
 async def test_a_cold_pools_first_create_is_answered_from_a_slice_granted_for_it() -> None:
     cluster = Cluster()
-    await _with_object(cluster)
-    a = Replica(cluster, "a", {POOL: {"memory": "64Gi"}}, escrow=True)
-    a.deliver()
+    a = await cold_pool(cluster)
     writes = cluster.writes
     assert (await a.admit(create("x", "1Gi"))).allowed
     assert cluster.writes == writes + 1, "one write: the grant; no entry"
@@ -37,9 +43,7 @@ async def test_a_cold_pools_first_create_is_answered_from_a_slice_granted_for_it
 
 async def test_a_dry_run_or_an_update_opens_no_slice() -> None:
     cluster = Cluster()
-    await _with_object(cluster)
-    a = Replica(cluster, "a", {POOL: {"memory": "64Gi"}}, escrow=True, dry_run_holds=True)
-    a.deliver()
+    a = await cold_pool(cluster, dry_run_holds=True)
     assert (await a.admit(preview("p", "1Gi"))).allowed
     assert (await a.admit(grow("seed", "1Gi", "2Gi", uid="u-grow"))).allowed
     assert _records(cluster) == {}, "only a real CREATE is worth a slice"
@@ -48,9 +52,7 @@ async def test_a_dry_run_or_an_update_opens_no_slice() -> None:
 
 async def test_near_the_bound_a_cold_pool_opens_no_slice_and_the_exact_path_admits() -> None:
     cluster = Cluster()
-    await _with_object(cluster, budget="4Gi")
-    a = Replica(cluster, "a", {POOL: {"memory": "4Gi"}}, escrow=True)
-    a.deliver()
+    a = await cold_pool(cluster, budget="4Gi")
     assert (await a.admit(create("x", "2Gi"))).allowed
     assert _records(cluster) == {}, "a quarter of 1Gi free is too small to split"
     assert (await a.admit(create("last", "1Gi"))).allowed
@@ -62,9 +64,7 @@ async def test_a_tenant_whose_pool_cannot_be_granted_pays_no_grant_attempt_per_c
     # charge leaves the pool rated, so the next creates go straight to the exact path: a
     # tenant cannot make every create wait for a grant round that writes nothing.
     cluster = Cluster()
-    await _with_object(cluster, budget="4Gi")
-    a = Replica(cluster, "a", {POOL: {"memory": "4Gi"}}, escrow=True)
-    a.deliver()
+    a = await cold_pool(cluster, budget="4Gi")
     tried = _visits(a)
     for index in range(3):
         assert (await a.admit(create(f"vm{index}", "1Gi"))).allowed
@@ -76,9 +76,7 @@ async def test_creates_arriving_while_the_first_slice_is_granted_spend_from_it()
     # A burst's first creates into a cold pool come together: all wait for the one grant
     # rather than each writing an entry of its own.
     cluster = Cluster()
-    await _with_object(cluster)
-    a = Replica(cluster, "a", {POOL: {"memory": "64Gi"}}, escrow=True)
-    a.deliver()
+    a = await cold_pool(cluster)
     writes = cluster.writes
     answers = await asyncio.gather(*(a.admit(create(f"vm{i}", "1Gi")) for i in range(6)))
     assert all(answer.allowed for answer in answers)
@@ -92,8 +90,7 @@ async def test_a_rate_decayed_below_one_admission_still_grants_one_more_like_it(
     # short of the charge answered nothing, so a pool's first slice waited for more creates.
     cluster = Cluster()
     a = Replica(cluster, "a", {POOL: {"memory": "64Gi", "cpu": "64"}}, escrow=True)
-    escrowed = a.ledger._escrowed
-    assert escrowed is not None
+    escrowed = a.escrowed
     now = [0.0]
     escrowed.monotonic = lambda: now[0]
     assert (await a.admit(create("x", "1Gi", cpu="1"))).allowed  # no object yet: exact

@@ -72,8 +72,7 @@ async def test_a_slice_past_its_deadline_is_counted_as_deadline() -> None:
     for index in range(3):
         assert (await a.admit(create(f"warm{index}", "1Gi"))).allowed
     await a.ledger.escrow()
-    escrowed = a.ledger._escrowed
-    assert escrowed is not None
+    escrowed = a.escrowed
     escrowed.monotonic = lambda: math.inf  # the lease deadline has passed
     assert (await a.admit(create("late", "1Gi"))).allowed
     assert _fallbacks(metrics)["deadline"] == 1

@@ -16,6 +16,17 @@ async def _warm(replica: Replica, pool: str) -> None:
         assert (await replica.admit(create(f"{pool}-warm{index}", "1Gi", namespace=pool))).allowed
 
 
+async def _first_create_nudged(budget: str) -> tuple[str, Replica]:
+    """A replica whose first create into its pool (no object yet) was answered by the exact
+    path and woke the duty, which nothing has taken up yet (the nudge is cleared)."""
+    pool = POOLS[0]
+    a = Replica(Cluster(), "a", {pool: {"memory": budget}}, escrow=True)
+    assert (await a.admit(create("first", "1Gi", namespace=pool))).allowed
+    assert a.escrowed.nudged.is_set(), "the exact path answered: the pool wants its first grant"
+    a.escrowed.nudged.clear()
+    return pool, a
+
+
 async def test_a_stalled_write_to_one_pool_does_not_hold_up_the_grants_of_the_others() -> None:
     # One pool's write is slow (its object hot, the API server busy): the duty's round must
     # not grant the other pools one after another behind it, or a cold burst over many pools
@@ -40,8 +51,7 @@ async def test_one_pools_failure_leaves_the_rest_of_the_round_written() -> None:
     a = Replica(cluster, "a", {pool: {"memory": "64Gi"} for pool in POOLS}, escrow=True)
     for pool in POOLS:
         await _warm(a, pool)
-    escrowed = a.ledger._escrowed
-    assert escrowed is not None
+    escrowed = a.escrowed
     granted = escrowed._pool
 
     async def broken(pool: str, *, give_all: bool = False) -> int:
@@ -60,14 +70,8 @@ async def test_one_pools_failure_leaves_the_rest_of_the_round_written() -> None:
 
 
 async def test_an_admission_with_no_slice_wakes_the_duty_and_one_from_a_slice_does_not() -> None:
-    cluster = Cluster()
-    pool = POOLS[0]
-    a = Replica(cluster, "a", {pool: {"memory": "64Gi"}}, escrow=True)
-    escrowed = a.ledger._escrowed
-    assert escrowed is not None
-    assert (await a.admit(create("first", "1Gi", namespace=pool))).allowed
-    assert escrowed.nudged.is_set(), "the exact path answered: the pool wants its first grant"
-    escrowed.nudged.clear()
+    pool, a = await _first_create_nudged("64Gi")
+    escrowed = a.escrowed
     assert await a.ledger.escrow() == 1
     assert (await a.admit(create("second", "1Gi", namespace=pool))).allowed
     assert a.ledger.spends == 1
@@ -79,8 +83,7 @@ async def test_the_duty_woken_early_still_rests_a_fifth_of_its_period() -> None:
     # time: the rounds come no more often than five a period, so nudges never make it spin.
     cluster = Cluster()
     a = Replica(cluster, "a", {POOLS[0]: {"memory": "64Gi"}}, escrow=True, escrow_seconds=1.0)
-    escrowed = a.ledger._escrowed
-    assert escrowed is not None
+    escrowed = a.escrowed
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     escrowed.nudged.set()
@@ -103,8 +106,7 @@ async def test_slices_held_in_other_pools_are_not_walked_by_an_admission() -> No
     for pool in POOLS:
         await _warm(a, pool)
     await a.ledger.escrow()
-    escrowed = a.ledger._escrowed
-    assert escrowed is not None
+    escrowed = a.escrowed
     assert set(escrowed.escrow.pools()) == set(POOLS)
     walked: list[str] = []
     available = escrowed.escrow.available
@@ -123,14 +125,8 @@ async def test_slices_held_in_other_pools_are_not_walked_by_an_admission() -> No
 async def test_a_pool_too_full_to_split_wakes_the_duty_once_not_on_every_create() -> None:
     # A tenant keeping its pool near the bound has every create fall back: only the first,
     # which leaves the pool rated, wakes the duty early; the others leave it at its period.
-    cluster = Cluster()
-    pool = POOLS[0]
-    a = Replica(cluster, "a", {pool: {"memory": "4Gi"}}, escrow=True)
-    escrowed = a.ledger._escrowed
-    assert escrowed is not None
-    assert (await a.admit(create("first", "1Gi", namespace=pool))).allowed
-    assert escrowed.nudged.is_set()
-    escrowed.nudged.clear()
+    pool, a = await _first_create_nudged("4Gi")
+    escrowed = a.escrowed
     await a.ledger.escrow()
     assert escrowed.escrow.record(pool) is None, "too full to split: no slice"
     for index in range(2):

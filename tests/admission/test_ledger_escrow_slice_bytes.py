@@ -101,8 +101,7 @@ async def test_the_one_slice_of_longest_keys_folds_and_renews_within_its_bound()
         assert (await a.admit(sub_tenant(f"w{index}", f"uid-w{index}"))).allowed
     assert await a.ledger.escrow() == 1
     granted = slices_bytes(_slices(cluster))
-    escrowed = a.ledger._escrowed
-    assert escrowed is not None
+    escrowed = a.escrowed
     spends = escrowed.spends
     for index in range(3):
         await a.admit(sub_tenant(f"s{index}", f"uid-s{index}"))

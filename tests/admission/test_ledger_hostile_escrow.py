@@ -83,8 +83,7 @@ async def test_a_pool_admitted_into_then_taken_away_is_not_visited_for_good() ->
     # taken up, under its lock, four times a second for good; one more pool per such tenant.
     cluster, clock, now = Cluster(), Clock(), [0.0]
     a = Replica(cluster, "a", {POOL: {"memory": "64Gi"}}, escrow=True, clock=clock)
-    escrowed = a.ledger._escrowed
-    assert escrowed is not None
+    escrowed = a.escrowed
     escrowed.monotonic = lambda: now[0]
     await _busy(a)
     a.ledger.reflector.on_event("DELETED", copy.deepcopy(cluster.objects[POOL]))
@@ -142,8 +141,7 @@ async def _wanted_by_b(
     a = Replica(cluster, "a", {POOL: {"memory": "64Gi"}}, escrow=True, clock=clock)
     b = Replica(cluster, "b", {POOL: {"memory": "64Gi"}}, clock=clock)
     b.ledger._wants.monotonic = clock
-    escrowed = a.ledger._escrowed
-    assert escrowed is not None
+    escrowed = a.escrowed
     escrowed.monotonic = lambda: now[0]
     await _busy(a)
     assert await a.ledger.escrow() == 1

@@ -9,6 +9,7 @@ import asyncio
 import pytest
 
 from tests.admission.test_ledger import POOL, Cluster, Replica, create
+from tests.admission.test_ledger_escrow_first_grant import cold_pool
 from tests.builders import review
 from tests.waiting import eventually
 from webhook.admission.ledger.slices import slice_records
@@ -23,6 +24,20 @@ def across(name: str, *, uid: str) -> AdmissionRequest:
     return parse_review(review("Thing", CHILD, name, {"cpu": "1", "memory": "1Gi"}, uid=uid))
 
 
+async def _cold_tree(
+    cluster: Cluster, tree: dict[str, dict[str, str] | None], *more: AdmissionRequest
+) -> Replica:
+    """Replica ``a`` (escrow on) meeting PARENT and CHILD cold: another replica admitted one
+    create across both (and ``more``), and the watch has delivered both objects."""
+    seed = Replica(cluster, "seed", tree)
+    for request in (across("seed", uid="seed"), *more):
+        assert (await seed.admit(request)).allowed
+    a = Replica(cluster, "a", tree, escrow=True)
+    a.deliver(PARENT)
+    a.deliver(CHILD)
+    return a
+
+
 def _records(cluster: Cluster, pool: str = POOL) -> dict[str, SliceRecord]:
     return dict(slice_records(cluster.objects[pool].get("status") or {}))
 
@@ -31,11 +46,7 @@ async def test_a_tenants_child_pool_grant_never_holds_up_a_siblings_create_in_th
     # The hostile tenant owns CHILD (a sub-tenant of the shared PARENT). Its create opens
     # both cold pools; PARENT's event is set only after CHILD's write too.
     cluster = Cluster()
-    seed = Replica(cluster, "seed", TREE)
-    assert (await seed.admit(across("seed", uid="seed"))).allowed
-    a = Replica(cluster, "a", TREE, escrow=True)
-    a.deliver(PARENT)
-    a.deliver(CHILD)
+    a = await _cold_tree(cluster, TREE)
     parent, child = cluster.stall(PARENT), cluster.stall(CHILD)
     hostile = asyncio.create_task(a.admit(across("vm", uid="req-1")))
     await eventually(lambda: cluster.held.get(PARENT) == 1)
@@ -44,8 +55,7 @@ async def test_a_tenants_child_pool_grant_never_holds_up_a_siblings_create_in_th
         await asyncio.sleep(0)
     parent.set()  # PARENT's first slice is stored: the sibling could be answered now
     await eventually(lambda: cluster.held.get(CHILD) == 1)
-    escrowed = a.ledger._escrowed
-    assert escrowed is not None
+    escrowed = a.escrowed
     assert escrowed.escrow.live(PARENT, escrowed.monotonic()), "PARENT's slice is spendable"
     try:
         decision = await asyncio.wait_for(asyncio.shield(other), timeout=2)
@@ -58,10 +68,7 @@ async def test_a_tenants_child_pool_grant_never_holds_up_a_siblings_create_in_th
 
 async def test_a_create_cancelled_during_its_first_grant_leaves_the_pool_grantable() -> None:
     cluster = Cluster()
-    other = Replica(cluster, "other", {POOL: {"memory": "64Gi"}})
-    assert (await other.admit(create("seed", "1Gi"))).allowed
-    a = Replica(cluster, "a", {POOL: {"memory": "64Gi"}}, escrow=True)
-    a.deliver()
+    a = await cold_pool(cluster)
     stall = cluster.stall(POOL)
     opener = asyncio.create_task(a.admit(create("x", "1Gi")))
     await eventually(lambda: cluster.held.get(POOL) == 1)
@@ -78,10 +85,7 @@ async def test_a_create_cancelled_during_its_first_grant_leaves_the_pool_grantab
 
 async def test_one_small_create_parks_no_quarter_of_a_shared_pool() -> None:
     cluster = Cluster()
-    other = Replica(cluster, "other", {POOL: {"memory": "640Gi"}})
-    assert (await other.admit(create("seed", "1Gi"))).allowed
-    a = Replica(cluster, "a", {POOL: {"memory": "640Gi"}}, escrow=True)
-    a.deliver()
+    a = await cold_pool(cluster, budget="640Gi")
     assert (await a.admit(create("x", "1Gi"))).allowed
     (record,) = _records(cluster).values()
     granted = record.granted["memory"] / 1024**3
@@ -92,12 +96,8 @@ async def test_one_small_create_parks_no_quarter_of_a_shared_pool() -> None:
 
 async def test_a_create_whose_first_grant_answers_nothing_is_counted_once_in_the_rate() -> None:
     cluster = Cluster()
-    other = Replica(cluster, "other", {POOL: {"memory": "8Gi"}})
-    assert (await other.admit(create("seed", "4Gi"))).allowed
-    a = Replica(cluster, "a", {POOL: {"memory": "8Gi"}}, escrow=True)
-    a.deliver()
-    escrowed = a.ledger._escrowed
-    assert escrowed is not None
+    a = await cold_pool(cluster, budget="8Gi", seed="4Gi")
+    escrowed = a.escrowed
     now = [100.0]
     escrowed.monotonic = lambda: now[0]
     answers = await asyncio.gather(a.admit(create("x", "2Gi")), a.admit(create("y", "1Gi")))
@@ -110,14 +110,8 @@ async def test_a_create_whose_first_grant_answers_nothing_is_counted_once_in_the
 async def test_a_create_across_two_cold_pools_is_counted_once_in_the_parents_rate() -> None:
     tree = {PARENT: {"memory": "8Gi"}, CHILD: {"cpu": "8"}, SIBLING: None}
     cluster = Cluster()
-    seed = Replica(cluster, "seed", tree)
-    assert (await seed.admit(across("seed", uid="seed"))).allowed
-    assert (await seed.admit(create("big", "4Gi", namespace=SIBLING, uid="big"))).allowed
-    a = Replica(cluster, "a", tree, escrow=True)
-    a.deliver(PARENT)
-    a.deliver(CHILD)
-    escrowed = a.ledger._escrowed
-    assert escrowed is not None
+    a = await _cold_tree(cluster, tree, create("big", "4Gi", namespace=SIBLING, uid="big"))
+    escrowed = a.escrowed
     now = [100.0]
     escrowed.monotonic = lambda: now[0]
     answers = await asyncio.gather(
