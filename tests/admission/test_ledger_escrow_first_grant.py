@@ -7,9 +7,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from tests.admission.test_ledger import POOL, Cluster, Replica, create, grow, preview
 from tests.admission.test_ledger_escrow import _visits
+from webhook.admission.ledger import escrowed as escrowed_module
 from webhook.admission.ledger.slices import slice_records
+from webhook.core.admission.decisions import decide
+from webhook.core.admission.reviews import AdmissionRequest
 
 
 def _records(cluster: Cluster) -> dict[str, object]:
@@ -100,3 +105,24 @@ async def test_a_rate_decayed_below_one_admission_still_grants_one_more_like_it(
     (record,) = slice_records(cluster.objects[POOL]["status"]).values()
     assert record.granted["cpu"] >= 1
     assert record.granted["memory"] >= 1024**3
+
+
+async def test_a_tenant_keeping_its_pool_too_full_to_split_pays_no_second_decision_per_create(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Once the pool is rated and still has no slice, a create is decided by the exact path
+    # alone: looking for a cold pool to open costs no decision of its own each time.
+    cluster = Cluster()
+    a = await cold_pool(cluster, budget="4Gi")
+    assert (await a.admit(create("first", "1Gi"))).allowed  # rated now; too full to split
+    decided: list[str] = []
+
+    def counted(request: AdmissionRequest, *args: Any) -> Any:
+        decided.append(request.name)
+        return decide(request, *args)
+
+    monkeypatch.setattr(escrowed_module, "decide", counted)
+    for index in range(2):
+        assert (await a.admit(create(f"vm{index}", "1Gi"))).allowed
+    assert decided == [], "no slice: the escrow's own decisions are skipped"
+    assert _records(cluster) == {}

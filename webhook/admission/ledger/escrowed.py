@@ -174,6 +174,9 @@ class Escrowed:
         spend from it too."""
         if request.operation != "CREATE" or request.dry_run or not 0 < len(request.uid) <= 128:
             return False
+        now = self.monotonic()
+        if not any(self._openable(pool, state, now) for pool in ancestors(request.namespace)):
+            return False  # a pool kept too full to split pays no decision here per create
         decision = decide(request, state, policy)
         charged = decision.charged_pools
         if not decision.allowed or not charged or decision.mode != "enforce":
@@ -182,12 +185,7 @@ class Escrowed:
         if opening:  # another create is being granted this pool's first slice: spend from it
             await asyncio.wait([asyncio.ensure_future(done.wait()) for done in opening])
             return True
-        now = self.monotonic()
-        cold = [
-            pool
-            for pool in sorted(charged)
-            if self.escrow.record(pool) is None and not self.recent.rate(pool, now)
-        ]
+        cold = [pool for pool in sorted(charged) if self._cold(pool, now)]
         for pool in cold:
             self.recent.note(pool, charged[pool], request.kind, now)
             self._opening[pool] = asyncio.Event()
@@ -205,6 +203,18 @@ class Escrowed:
                 if pool in self._opening:
                     self._opening.pop(pool).set()
         return written > 0
+
+    def _cold(self, pool: str, now: float) -> bool:
+        """No slice of ``pool`` here and no recent rate: its first grant is worth a write."""
+        return self.escrow.record(pool) is None and not self.recent.rate(pool, now)
+
+    def _openable(self, pool: str, state: ReservationState, now: float) -> bool:
+        """Whether ``pool`` (on a request's way up) could be one :meth:`open` grants or waits
+        for: bounded, and cold or being granted now."""
+        node = state.tree.get(pool)
+        if node is None or not node.bounded:
+            return False
+        return pool in self._opening or self._cold(pool, now)
 
     def note(self, request: AdmissionRequest, decision: Decision) -> None:
         """An allowed admission: it feeds the recent rate each pool's slice is sized from."""
