@@ -8,13 +8,14 @@ import asyncio
 
 import pytest
 
-from tests.admission.test_ledger import POOL, Cluster, Replica, create
+from tests.admission.test_ledger import POOL, Clock, Cluster, Replica, create
 from tests.admission.test_ledger_escrow_first_grant import cold_pool
 from tests.builders import review
 from tests.waiting import eventually
 from webhook.admission.ledger.slices import slice_records
 from webhook.core.admission.escrow import SliceRecord
 from webhook.core.admission.reviews import AdmissionRequest, parse_review
+from webhook.core.tenancy.applications import Application
 
 PARENT, CHILD, SIBLING = "tenant-acme", "tenant-acme-dev", "tenant-acme-ops"
 TREE = {PARENT: {"memory": "64Gi"}, CHILD: {"cpu": "8"}, SIBLING: None}
@@ -121,3 +122,59 @@ async def test_a_create_across_two_cold_pools_is_counted_once_in_the_parents_rat
     assert all(answer.allowed for answer in answers), [x.message for x in answers]
     rate = escrowed.recent.rate(PARENT, now[0])["memory"] * 5 / 1024**3
     assert rate == pytest.approx(2.0), f"2Gi admitted into {PARENT}, {rate}Gi counted"
+
+
+async def test_a_tenants_first_create_of_a_rare_kind_does_not_keep_other_kinds_off_a_shared_pools_slice() -> (  # noqa: E501
+    None
+):
+    # A hostile tenant of a shared pool (no quota of its own) waits until the pool has been
+    # idle on a replica, then sends one small create of a kind nobody else uses. The cold
+    # pool's first slice is granted for it (Escrowed.open), and a record's kinds are fixed at
+    # its first grant: the slice names that kind only. A trickle of the same kind, one create
+    # every 20 s, keeps the slice from going idle, so every other tenant's create in the pool
+    # takes the exact path (a ledger write each) for as long as the trickle lasts, while the
+    # refills sized from their own rate park room only the hostile's kind can spend.
+    pool, hostile, victim = "tenant-acme", "tenant-acme-evil", "tenant-acme-ops"
+    tree = {pool: {"memory": "640Gi"}, hostile: None, victim: None}
+    cluster = Cluster()
+    clock = Clock()
+    seed = Replica(cluster, "seed", tree, clock=clock)
+    assert (await seed.admit(create("seed", "1Gi", namespace=victim, uid="seed"))).allowed
+    a = Replica(cluster, "a", tree, escrow=True, clock=clock)
+    escrowed = a.escrowed
+    now = [100.0]
+    escrowed.monotonic = lambda: now[0]
+    a.deliver(pool)
+
+    def rare(index: int) -> AdmissionRequest:
+        return parse_review(review("NATS", hostile, f"n{index}", {}, uid=f"nats-{index}"))
+
+    assert (await a.admit(rare(0))).allowed  # the pool's first create on this replica
+    (record,) = _records(cluster, pool).values()
+    assert record.kinds == frozenset({"NATS"}), record.kinds
+    spends = {"Thing": 0}
+    writes_before = cluster.written.get(pool, 0)
+    for second in range(1, 61):  # a minute of the victim's steady creates, four a second
+        for quarter in range(4):
+            name = f"vm{second}-{quarter}"
+            before = a.ledger.spends
+            decided = await a.admit(create(name, "256Mi", namespace=victim, uid=name))
+            assert decided.allowed, decided.message
+            spends["Thing"] += a.ledger.spends - before
+            a.observe(
+                Application("Thing", victim, name, {"memory": "256Mi"}, version=cluster.bump())
+            )
+            now[0] += 0.25
+            clock.now += 0.25
+            a.deliver(pool)
+            await a.ledger.escrow()
+            a.deliver(pool)
+        if second % 20 == 0:
+            assert (await a.admit(rare(second))).allowed  # the trickle
+    victims = 60 * 4
+    exact = cluster.written.get(pool, 0) - writes_before
+    assert spends["Thing"] >= victims // 2, (
+        f"{spends['Thing']} of {victims} victim creates answered from the slice; "
+        f"{exact} writes of the shared pool's object; slice kinds "
+        f"{sorted(escrowed.escrow.record(pool).kinds)}"  # type: ignore[union-attr]
+    )
