@@ -123,8 +123,9 @@ class Escrowed:
         # Only the pools on the namespace's way up can be charged: the slices of the others
         # (a burst over 20 pools leaves 20 until they go idle) stay counted as they are, and
         # each admission no longer walks every slice's spends and every pool's usage.
-        path = set(ancestors(request.namespace))
-        live = [pool for pool in escrow.pools() if pool in path and escrow.live(pool, now)]
+        # Walked from the path, not from escrow.pools(): the holder's books list every pool
+        # whose object the watch ever delivered, deleted ones too.
+        live = [pool for pool in ancestors(request.namespace) if escrow.live(pool, now)]
         if not live:
             return None
         unspent = {pool: escrow.available(pool) for pool in live}
@@ -185,7 +186,11 @@ class Escrowed:
         if opening:  # another create is being granted this pool's first slice: spend from it
             await asyncio.wait([asyncio.ensure_future(done.wait()) for done in opening])
             return True
-        cold = [pool for pool in sorted(charged) if self._cold(pool, now)]
+        cold = [  # a pool charged nothing budgeted is left unrated by its note: not opened
+            pool
+            for pool in sorted(charged)
+            if any(v > 0 for v in charged[pool].values()) and self._cold(pool, now)
+        ]
         for pool in cold:
             self.recent.note(pool, charged[pool], request.kind, now)
             self._opening[pool] = asyncio.Event()
@@ -226,7 +231,8 @@ class Escrowed:
             else:
                 first = not self.recent.rate(pool, now)
                 self.recent.note(pool, room, request.kind, now)
-            if first and self.escrow.record(pool) is None:
+            charged = any(v > 0 for v in room.values())  # nothing: the pool stays unrated
+            if first and charged and self.escrow.record(pool) is None:
                 # Its first grant is not left to the next round; once a pool is rated, a
                 # tenant keeping it too full to split makes the duty no busier.
                 self.nudged.set()
