@@ -43,9 +43,10 @@ async def test_a_tenant_whose_creates_are_never_stored_holds_no_more_spends_than
     a.deliver()
     limit = LedgerSettings("a").share_limit
     spent = a.ledger.spends
-    for index in range(3 * limit):
-        assert (await a.admit(_disk("taken", uid=f"again-{index}"))).allowed
+    answers = [await a.admit(_disk("taken", uid=f"again-{index}")) for index in range(3 * limit)]
     held = len(escrowed.escrow.spends(POOL))
+    refused = {(answer.reason, answer.code) for answer in answers if not answer.allowed}
+    assert refused <= {("ledger-share", 429)}, refused  # past its share: "try again"
     assert held <= limit, (
         f"{a.ledger.spends - spent} creates answered from the slice, {held} spends held "
         f"(a tenant's share of entries: {limit})"
@@ -66,7 +67,7 @@ async def test_a_tenants_waiting_spends_are_read_once_a_round_not_once_per_pool(
     assert await a.ledger.escrow() == len(POOLS)
     # The name is taken: these creates pass admission, and the API server refuses each.
     a.observe(Application("Thing", POOL, "taken", {"memory": "1"}, version=cluster.bump()))
-    spends = 200
+    spends = LedgerSettings("a").share_limit  # one tenant's share: all it can hold
     for index in range(spends):
         assert (await a.admit(create("taken", "1Mi", uid=f"again-{index}"))).allowed
     escrowed = a.escrowed

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -500,3 +501,31 @@ def test_a_new_life_of_the_same_pod_never_spends_the_old_lifes_record(amount: in
     assert record is not None
     assert record.holder == new.holder
     assert not new.spend("u1", {POOL: {M: _d(amount)}}, kind=KIND, now=1.0)
+
+
+def test_many_spends_marked_observed_are_each_looked_up_not_walked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A tenant's thousands of spends, all observed in one round: marking each walked every
+    # spend of every pool, so the round cost grew with the square of what the tenant sent.
+    escrow = Escrow("r1", "a", BOUNDS)
+    _granted(escrow, 10_000)
+    uids = [f"u{index}" for index in range(1_000)]
+    for uid in uids:
+        assert escrow.spend(uid, {POOL: {M: _d(1)}}, kind=KIND, now=1.0)
+    walked = [0]
+    spends = escrow.spends
+
+    def counted(pool: str | None = None) -> list[Any]:
+        walked[0] += 1
+        return spends(pool)
+
+    monkeypatch.setattr(escrow, "spends", counted)
+    for uid in uids:
+        escrow.observed(uid)
+    assert walked[0] == 0, f"{walked[0]} walks of every spend to mark {len(uids)}"
+    monkeypatch.undo()
+    escrow.observed("never-spent")
+    write = escrow.plan(POOL, now=2.0, wall=2.0, version=2)
+    assert write is not None
+    assert write.record.folded == {M: _d(len(uids))}, "every observed spend is folded"

@@ -149,6 +149,9 @@ class Escrowed:
             if not core.within(node.budget, node.usage):
                 return None
         charges = {pool: dict(room) for pool, room in charged.items()}
+        limit = self.book.settings.share_limit
+        if any(self.spent.held(pool, request.namespace) >= limit for pool in charges):
+            return None  # its share of spends, as of entries: the exact path bounds it
         # The request the object's record names (it verified, or decide() would have refused):
         # a spend is folded on observing an object whose record names it, and without one only
         # once it can no longer be stored.
@@ -158,7 +161,8 @@ class Escrowed:
         # Only an object newer than everything this replica had seen may be this request's.
         seen = max(version(self.book.objects.get(pool) or {}) for pool in charges)
         after = max(seen, self.book.live.observed_version(request.kind))
-        self.spent.remember(request.uid, key, after, dict(decision.expected or {}), named)
+        expected = dict(decision.expected or {})
+        self.spent.remember(request.uid, key, after, expected, named, charges)
         self.spends += 1
         return decision
 
@@ -325,7 +329,7 @@ class Escrowed:
             node = state.tree.get(pool)
             if node is None or not node.bounded:
                 return 0
-            self.spent.observe(state)
+            self.spent.observe(state, pool)  # the round read every spend before it
             now, wall = self.monotonic(), float(math.floor(book.clock()))
             listed = slice_records(current.get("status") or {})
             gone = [

@@ -7,8 +7,12 @@ the object apart from any other of its name.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
 from decimal import Decimal
 
+from webhook.admission.ledger.shares import holder
 from webhook.core.admission import escrow as core
 from webhook.core.admission.resolve import charge_annotation
 from webhook.core.admission.reviews import AdmissionRequest
@@ -20,44 +24,76 @@ __all__ = ["SpentAdmissions", "minted"]
 
 
 class SpentAdmissions:
-    """Per spend: its object's key, the newest version seen at its decision, its charge, and
-    the request its object's signed record names."""
+    """Per spend: its object's key, the newest version seen at its decision, its charge, the
+    request its object's signed record names, and the pools it spent in; and per pool and
+    tenant (:func:`~.shares.holder`), how many spends are kept, which that tenant's share of a
+    ledger's entries bounds as it bounds them on the exact path."""
 
     def __init__(self, escrow: core.Escrow) -> None:
         self.escrow = escrow
-        self._spent: dict[str, tuple[AppKey, int, dict[str, Decimal], str]] = {}
+        self._spent: dict[str, _Spent] = {}
         self._marked: set[str] = set()  # spends already marked observed
+        self._shares: Counter[tuple[str, str]] = Counter()  # (pool, holder) -> spends kept
 
     def remember(
-        self, uid: str, key: AppKey, after: int, expected: dict[str, Decimal], request: str
+        self,
+        uid: str,
+        key: AppKey,
+        after: int,
+        expected: dict[str, Decimal],
+        request: str,
+        pools: Iterable[str],
     ) -> None:
-        self._spent[uid] = (key, after, expected, request)
+        shares = tuple(sorted((pool, holder(pool, key[1])) for pool in pools))
+        self._shares.update(shares)
+        self._spent[uid] = _Spent(key, after, expected, request, shares)
 
-    def observe(self, state: ReservationState) -> None:
+    def held(self, pool: str, namespace: str) -> int:
+        """How many spends in ``pool`` the tenant holding ``namespace``'s share keeps."""
+        return self._shares[(pool, holder(pool, namespace))]
+
+    def observe(self, state: ReservationState, pool: str | None = None) -> None:
         """Mark the spends whose object the state has observed: newer than everything this
         replica had seen at their decision, with the charge they expect, and its believed
         record naming the very request (only a CREATE spends here). Told by name alone,
         another create of the same name (the exact path's, after a delete) would be taken for
-        a request still to be stored, and its room folded early."""
-        waiting = {spend.uid for spend in self.escrow.spends()}
-        for uid in list(self._spent):
-            if uid not in waiting:
-                del self._spent[uid]
+        a request still to be stored, and its room folded early.
+
+        Every spend once a round, and forget those folded since (``pool`` None); else only
+        ``pool``'s, before a write of its record: each spend is read once a round and once per
+        write of a pool it spent in, never once per pool a round takes up."""
+        if pool is None:
+            waiting = {spend.uid for spend in self.escrow.spends()}
+            for uid in [uid for uid in self._spent if uid not in waiting]:
+                self._shares.subtract(self._spent.pop(uid).shares)
                 self._marked.discard(uid)
-                continue
-            if uid in self._marked:
+            self._shares += Counter()  # drops the counts that reached zero
+            uids: Iterable[str] = list(self._spent)
+        else:
+            uids = [spend.uid for spend in self.escrow.spends(pool)]
+        for uid in uids:
+            found = self._spent.get(uid)
+            if found is None or uid in self._marked:
                 continue  # marked once (the holder keeps it): spends wait to be folded together
-            key, after, expected, request = self._spent[uid]
-            record = state.record(key)
+            record = state.record(found.key)
             if (
                 record is not None
-                and request
-                and record.request == request
-                and record.version > after
-                and record.resources == expected
+                and found.request
+                and record.request == found.request
+                and record.version > found.after
+                and record.resources == found.expected
             ):
                 self.escrow.observed(uid)
                 self._marked.add(uid)
+
+
+@dataclass(frozen=True, slots=True)
+class _Spent:
+    key: AppKey
+    after: int  # the newest version this replica had seen at the decision
+    expected: dict[str, Decimal]
+    request: str  # the request the object's signed record names ("": none)
+    shares: tuple[tuple[str, str], ...]  # (pool, holder) of each pool it spent in
 
 
 def minted(request: AdmissionRequest) -> str:

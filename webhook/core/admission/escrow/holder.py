@@ -195,8 +195,11 @@ class Escrow:
         return True
 
     def observed(self, uid: str) -> None:
-        """The state observed the object request ``uid`` stored (newer than its decision)."""
-        if any(spend.uid == uid for spend in self.spends()):
+        """The state observed the object request ``uid`` stored (newer than its decision).
+        Kept only for a uid spent within the store bound (a look-up, not a walk of every
+        spend: marking each of many spends walked them all); one already folded is dropped
+        from the set at the next stored write, as any."""
+        if uid in self._uids:
             self._observed.add(uid)
 
     def spends(self, pool: str | None = None) -> list[Spend]:
