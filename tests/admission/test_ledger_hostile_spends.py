@@ -99,8 +99,8 @@ async def test_a_tenant_churning_fresh_sub_tenants_leaves_nothing_the_holder_kee
     assert await a.ledger.escrow() == 1
     for index in range(500):
         name = f"{POOL}-churn{index}"
-        obj = {
-            "apiVersion": "cozystack.io/v1alpha1",
+        obj: dict[str, Any] = {
+            "apiVersion": "reservation.cozystack.io/v1alpha1",
             "kind": "TenantReservation",
             "metadata": {"name": name, "namespace": name, "resourceVersion": str(cluster.bump())},
             "spec": {"pool": name},

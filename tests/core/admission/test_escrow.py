@@ -529,3 +529,25 @@ def test_many_spends_marked_observed_are_each_looked_up_not_walked(
     write = escrow.plan(POOL, now=2.0, wall=2.0, version=2)
     assert write is not None
     assert write.record.folded == {M: _d(len(uids))}, "every observed spend is folded"
+
+
+def test_a_deleted_pool_the_holder_held_is_forgotten_and_no_late_copy_brings_it_back() -> None:
+    escrow = Escrow("r1", "a", BOUNDS)
+    _granted(escrow, 10)
+    assert escrow.spend("u1", {POOL: {M: _d(4)}}, kind=KIND, now=1.0)
+    record = escrow.record(POOL)
+    escrow.forget(POOL, 9)
+    assert escrow.pools() == [], "nothing kept of a deleted pool"
+    escrow.recorded(POOL, record, 5)  # a late answer, older than the deletion
+    assert escrow.pools() == []
+    assert escrow.record(POOL) is None
+    assert not escrow.spend("u2", {POOL: {M: _d(1)}}, kind=KIND, now=2.0)
+    escrow.recorded(POOL, None, 12)  # the pool again, by the same name: this life holds nothing
+    assert escrow.pools() == []
+
+
+def test_a_pool_this_life_never_held_is_not_kept_in_its_books() -> None:
+    escrow = Escrow("r1", "a", BOUNDS)
+    for index in range(100):
+        escrow.recorded(f"tenant-p{index}", None, index + 1)
+    assert escrow.pools() == []

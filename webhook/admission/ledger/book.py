@@ -291,4 +291,4 @@ class Book:
             self._state.set_caps(pool, {})
             self.slices.track(pool, None, revision)
             if self.escrow is not None:
-                self.escrow.recorded(pool, None, revision)
+                self.escrow.forget(pool, revision)

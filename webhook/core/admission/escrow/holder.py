@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from decimal import ROUND_FLOOR, Decimal
+from typing import Final
 
 from webhook.core.admission.escrow.records import EscrowBounds, SliceRecord
 from webhook.core.base import resources as rl
@@ -54,6 +55,12 @@ class Write:
     folds: tuple[Spend, ...]
     version: int
     sent: float  # monotonic
+
+
+# Deleted pools whose version the holder keeps: a late answer comes within the request timeout,
+# and a tenant deleting this many pools it held a slice in within it gains only a slice counted
+# in a pool nobody can admit into any more.
+_GONE: Final = 4096
 
 
 @dataclass(slots=True)
@@ -115,6 +122,7 @@ class Escrow:
         # Request uid -> when it was spent, until it can no longer be stored: a call again
         # with the same uid (a retry) never spends a second time.
         self._uids: dict[str, float] = {}
+        self._gone: dict[str, int] = {}  # deleted pools this life held -> deletion's version
 
     # -- what may be spent -----------------------------------------------------------------
 
@@ -351,8 +359,15 @@ class Escrow:
 
     def recorded(self, pool: str, record: SliceRecord | None, version: int) -> None:
         """A copy of ``pool``'s object at ``version`` lists ``record`` as this incarnation's
-        (``None``: none). An older copy than one already read changes nothing."""
-        found = self._slices.setdefault(pool, _Slice())
+        (``None``: none). An older copy than one already read changes nothing. Of a pool this
+        life holds nothing in, nothing is kept: every TenantReservation the watch delivers
+        would otherwise stay in the holder's books, and every duty round visit it."""
+        found = self._slices.get(pool)
+        if found is None:
+            if record is None or version <= self._gone.get(pool, 0):
+                return
+            self._gone.pop(pool, None)
+            found = self._slices[pool] = _Slice()
         if version <= found.version:
             return
         write = found.inflight
@@ -366,6 +381,21 @@ class Escrow:
             # Removed (reclaimed): what was spent from it is counted as its removal departs.
             found.spends = []
         found.base = record
+
+    def forget(self, pool: str, version: int) -> None:
+        """``pool``'s object was deleted at ``version``: what was spent from its slice went
+        with it, and once no write of it is in flight nothing is kept of it but the version
+        (the newest :data:`_GONE` deletions), so that a late answer older than the deletion
+        brings no slice back. A tenant churning sub-tenants leaves the holder nothing to walk.
+        """
+        self.recorded(pool, None, version)
+        found = self._slices.get(pool)
+        if found is None or found.inflight is not None or found.unknown or found.base is not None:
+            return
+        del self._slices[pool]
+        self._gone[pool] = version
+        while len(self._gone) > _GONE:
+            del self._gone[next(iter(self._gone))]
 
     def _foldable(self, spend: Spend, now: float) -> bool:
         if now > spend.decided + self.bounds.store_seconds:
