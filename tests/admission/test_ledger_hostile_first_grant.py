@@ -5,17 +5,20 @@ create parks no large share of a shared pool, and no charge is counted twice in 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
-from tests.admission.test_ledger import POOL, Clock, Cluster, Replica, create
+from tests.admission.test_ledger import POLICY, POOL, Clock, Cluster, Replica, create
 from tests.admission.test_ledger_escrow_first_grant import cold_pool
 from tests.builders import review
 from tests.waiting import eventually
 from webhook.admission.ledger.slices import slice_records
+from webhook.core.admission.decisions import mutate
 from webhook.core.admission.escrow import SliceRecord
 from webhook.core.admission.reviews import AdmissionRequest, parse_review
-from webhook.core.tenancy.applications import Application
+from webhook.core.tenancy.applications import CHARGE_ANNOTATION, Application
+from webhook.core.tenancy.records import parse_recorded_charge
 
 PARENT, CHILD, SIBLING = "tenant-acme", "tenant-acme-dev", "tenant-acme-ops"
 TREE = {PARENT: {"memory": "64Gi"}, CHILD: {"cpu": "8"}, SIBLING: None}
@@ -146,10 +149,28 @@ async def test_a_tenants_first_create_of_a_rare_kind_does_not_keep_other_kinds_o
     escrowed.monotonic = lambda: now[0]
     a.deliver(pool)
 
+    stored: list[Application] = []  # created, observed by the next observe_stored()
+
+    def minted(kind: str, namespace: str, name: str, spec: dict[str, str]) -> AdmissionRequest:
+        """A create as the validating call sees it (the record /mutate signed on it); its
+        object is stored and then observed, as the watch delivers it."""
+        body = parse_review(review(kind, namespace, name, spec, uid=f"mutate-{name}"))
+        written = mutate(body, a.state, POLICY).patch[0]["value"]
+        assert isinstance(written, dict)
+        recorded = parse_recorded_charge(written[CHARGE_ANNOTATION])
+        stored.append(Application(kind, namespace, name, spec, recorded=recorded))
+        return parse_review(review(kind, namespace, name, spec, uid=name, annotations=written))
+
+    def observe_stored() -> None:
+        for app in stored:
+            a.observe(replace(app, version=cluster.bump()))
+        stored.clear()
+
     def rare(index: int) -> AdmissionRequest:
-        return parse_review(review("NATS", hostile, f"n{index}", {}, uid=f"nats-{index}"))
+        return minted("NATS", hostile, f"n{index}", {})
 
     assert (await a.admit(rare(0))).allowed  # the pool's first create on this replica
+    observe_stored()
     (record,) = _records(cluster, pool).values()
     assert record.kinds == frozenset({"NATS"}), record.kinds
     spends = {"Thing": 0}
@@ -158,12 +179,10 @@ async def test_a_tenants_first_create_of_a_rare_kind_does_not_keep_other_kinds_o
         for quarter in range(4):
             name = f"vm{second}-{quarter}"
             before = a.ledger.spends
-            decided = await a.admit(create(name, "256Mi", namespace=victim, uid=name))
+            decided = await a.admit(minted("Thing", victim, name, {"memory": "256Mi"}))
             assert decided.allowed, decided.message
             spends["Thing"] += a.ledger.spends - before
-            a.observe(
-                Application("Thing", victim, name, {"memory": "256Mi"}, version=cluster.bump())
-            )
+            observe_stored()
             now[0] += 0.25
             clock.now += 0.25
             a.deliver(pool)
@@ -171,6 +190,7 @@ async def test_a_tenants_first_create_of_a_rare_kind_does_not_keep_other_kinds_o
             a.deliver(pool)
         if second % 20 == 0:
             assert (await a.admit(rare(second))).allowed  # the trickle
+            observe_stored()
     victims = 60 * 4
     exact = cluster.written.get(pool, 0) - writes_before
     assert spends["Thing"] >= victims // 2, (

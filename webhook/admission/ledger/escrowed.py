@@ -152,6 +152,8 @@ class Escrowed:
         limit = self.book.settings.share_limit
         if any(self.spent.held(pool, request.namespace) >= limit for pool in charges):
             return None  # its share of spends, as of entries: the exact path bounds it
+        if any(self._narrow(pool) for pool in charges):
+            return None  # a record being drained for the kinds it misses takes no more spends
         # The request the object's record names (it verified, or decide() would have refused):
         # a spend is folded on observing an object whose record names it, and without one only
         # once it can no longer be stored.
@@ -317,7 +319,14 @@ class Escrowed:
             or escrow.foldable(pool, now)
             or escrow.renew_due(pool, now)
             or escrow.removable(pool, now)
+            or self._narrow(pool)
         )
+
+    def _narrow(self, pool: str) -> bool:
+        """Whether this process's record of ``pool`` names fewer kinds than were lately
+        admitted there: see :meth:`_pool`."""
+        held = self.escrow.record(pool)
+        return held is not None and not self.recent.kinds(pool) <= held.kinds
 
     async def _pool(self, pool: str, *, give_all: bool = False) -> int:
         book, escrow = self.book, self.escrow
@@ -346,7 +355,13 @@ class Escrowed:
             give: dict[str, Decimal] = {}
             rate = {k: Decimal(str(round(v, 6))) for k, v in self.recent.rate(pool, now).items()}
             quiet = now - self._quiet.get(pool, -math.inf) < escrow.bounds.idle_seconds
-            if rate and not over and not quiet and not give_all and not book.fenced(pool):
+            # A record's kinds are fixed at its first grant (a kind added later would not be
+            # waited for when its room is released): one granted for a single create of a
+            # rare kind, or before other kinds came, is drained and removed at once, and the
+            # next grant names every kind admitted lately. Refilled, it would answer none of
+            # the pool's other creates for as long as they kept it busy.
+            narrow = self._narrow(pool)
+            if rate and not (over or quiet or give_all or narrow or book.fenced(pool)):
                 wanted = refill_wanted(rl.mask(rate, node.budget), available, escrow.bounds)
                 if wanted:  # at least one more of the last admission (a whole unit at least)
                     wanted = rl.maximum(wanted, rl.mask(self.recent.last(pool), wanted))
@@ -371,7 +386,8 @@ class Escrowed:
             full = bool(last) and bool(rl.exceeded(rl.add(node.usage, last), node.budget))
             if full or short:
                 grow = {}
-            if (over or give_all or full or escrow.idle(pool, now)) and any(available.values()):
+            drain = over or give_all or full or narrow or escrow.idle(pool, now)
+            if drain and any(available.values()):
                 give = available
                 if full:
                     self._quiet[pool] = now  # no refill for a while: the pool is at its bound
@@ -383,7 +399,7 @@ class Escrowed:
                 give = rl.maximum(give, short)
             pressed = over or give_all or any(short.values())
             write = None
-            if not grow and escrow.removable(pool, now):
+            if not grow and escrow.removable(pool, now, early=narrow):
                 gone.append(escrow.incarnation)  # idle and all given back: no more renewals
             else:
                 write = escrow.plan(

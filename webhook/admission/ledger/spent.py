@@ -26,8 +26,9 @@ __all__ = ["SpentAdmissions", "minted"]
 class SpentAdmissions:
     """Per spend: its object's key, the newest version seen at its decision, its charge, the
     request its object's signed record names, and the pools it spent in; and per pool and
-    tenant (:func:`~.shares.holder`), how many spends are kept, which that tenant's share of a
-    ledger's entries bounds as it bounds them on the exact path."""
+    tenant (:func:`~.shares.holder`), how many spends wait for their objects, which that
+    tenant's share of a ledger's entries bounds as it bounds them on the exact path (one whose
+    object was observed counts as usage, and waits only to be folded)."""
 
     def __init__(self, escrow: core.Escrow) -> None:
         self.escrow = escrow
@@ -49,7 +50,8 @@ class SpentAdmissions:
         self._spent[uid] = _Spent(key, after, expected, request, shares)
 
     def held(self, pool: str, namespace: str) -> int:
-        """How many spends in ``pool`` the tenant holding ``namespace``'s share keeps."""
+        """How many spends in ``pool`` of the tenant holding ``namespace``'s share wait for
+        their objects to be observed."""
         return self._shares[(pool, holder(pool, namespace))]
 
     def observe(self, state: ReservationState, pool: str | None = None) -> None:
@@ -65,7 +67,9 @@ class SpentAdmissions:
         if pool is None:
             waiting = {spend.uid for spend in self.escrow.spends()}
             for uid in [uid for uid in self._spent if uid not in waiting]:
-                self._shares.subtract(self._spent.pop(uid).shares)
+                gone = self._spent.pop(uid)
+                if uid not in self._marked:
+                    self._shares.subtract(gone.shares)
                 self._marked.discard(uid)
             self._shares += Counter()  # drops the counts that reached zero
             uids: Iterable[str] = list(self._spent)
@@ -85,6 +89,7 @@ class SpentAdmissions:
             ):
                 self.escrow.observed(uid)
                 self._marked.add(uid)
+                self._shares.subtract(found.shares)  # counted as usage now
 
 
 @dataclass(frozen=True, slots=True)

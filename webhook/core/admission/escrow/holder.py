@@ -234,9 +234,10 @@ class Escrow:
         left = self.bounds.lease_seconds - self.bounds.skew_seconds - self.bounds.renew_seconds
         return now >= found.deadline - left
 
-    def removable(self, pool: str, now: float) -> bool:
-        """Whether the holder may remove its own record of ``pool``: idle, all given back,
-        nothing spent left to fold, no write in flight (a removed record departs nothing)."""
+    def removable(self, pool: str, now: float, *, early: bool = False) -> bool:
+        """Whether the holder may remove its own record of ``pool``: idle (or, ``early``, not
+        yet), all given back, nothing spent left to fold, no write in flight (a removed record
+        departs nothing)."""
         found = self._slices.get(pool)
         return (
             found is not None
@@ -245,7 +246,7 @@ class Escrow:
             and not found.unknown
             and not found.spends
             and not any(found.base.outstanding().values())
-            and self.idle(pool, now)
+            and (early or self.idle(pool, now))
         )
 
     def idle(self, pool: str, now: float) -> bool:
