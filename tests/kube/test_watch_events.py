@@ -208,5 +208,7 @@ async def test_a_watch_that_delivers_between_breaks_is_never_taken_for_stuck() -
     watcher = reflector(client, mirror, backoff=(0.001, 0.01))  # type: ignore[arg-type]
     async with running(watcher):
         await eventually(lambda: client.watches >= 4 * STUCK_WATCHES)
-    assert client.lists == 1
+    # Each break after an object was delivered is listed past (cozystack-api's burst may have
+    # had an older object still to send), never counted as a watch stuck at one version.
+    assert client.lists - 1 <= watcher.broken_relists <= client.lists
     assert watcher.stuck_relists == 0

@@ -17,9 +17,13 @@ fresh list. So does an event the watch cannot read (longer than the client's bou
 :class:`~webhook.kube.client.WatchEventUnreadable`), and a watch that broke
 :data:`STUCK_WATCHES` times in a row at one resourceVersion without delivering anything:
 reopened from before it, the watch would meet the same event again, for good, where a list
-reads the object whole and the next watch starts past it. Each is counted
-(:attr:`Reflector.unreadable_relists`, :attr:`Reflector.stuck_relists`) and logged, and the
-relist waits the same growing backoff as any failure.
+reads the object whole and the next watch starts past it. So does a watch that breaks after it
+delivered objects: cozystack-api answers a watch from ``r`` with every object newer than ``r``
+in name order, not resourceVersion order, so the last one delivered may be newer than one not
+yet sent, which a watch reopened from it would never send. Each is counted
+(:attr:`Reflector.unreadable_relists`, :attr:`Reflector.stuck_relists`,
+:attr:`Reflector.broken_relists`) and logged, and the relist waits the same growing backoff as
+any failure.
 
 :attr:`Reflector.synced` is true only after the first list was applied and while the watch is
 live: a watch silent for longer than its read timeout is dead, and the state is then stale.
@@ -105,6 +109,8 @@ class Reflector:
         self._stuck = 0  # watches broken in a row at _stuck_at, nothing delivered
         self._stuck_at = ""
         self._heard = False  # whether the current watch delivered anything but an error
+        self._delivered = False  # whether the current watch delivered an object
+        self.broken_relists = 0  # lists made because a watch broke after delivering objects
         self.pages = PageSizes()  # each page of its lists sized by the bytes the last brought
 
     @property
@@ -121,6 +127,8 @@ class Reflector:
             try:
                 if not self.listed:
                     await self._list()
+                    if self._delivered:  # listed after a watch that worked and then broke
+                        failures, self._delivered = 0, False
                 opened = time.monotonic()
                 await self._watch(stop)
                 if self._heard or stop.is_set() or not self._ended_at_once(opened):
@@ -170,6 +178,14 @@ class Reflector:
                         self.listed = False  # never past it from here: list, then watch on
                         self.unreadable_relists += 1
                         message = "watch event unreadable: listing again"
+                    elif self._delivered:
+                        # cozystack-api starts a watch with every object newer than its
+                        # resourceVersion, in name order: broken inside that burst, the last
+                        # object delivered may be newer than one still to come, and a watch
+                        # reopened from it never sends that one. A list reads them all.
+                        self.listed = False
+                        self.broken_relists += 1
+                        message = "watch broken after it delivered objects: listing again"
                     elif self._stuck_again():
                         self.listed = False
                         self.stuck_relists += 1
@@ -267,6 +283,7 @@ class Reflector:
 
         self.watching = True  # optimistic: the read timeout unmasks a watch that never opens
         self._heard = False
+        self._delivered = False
         self.last_activity = self.clock()
         if self.first_sync_seconds is None:
             self.first_sync_seconds = self.clock() - self.started
@@ -300,6 +317,7 @@ class Reflector:
         self._heard = True
         version = (obj.get("metadata") or {}).get("resourceVersion")
         if kind in ("ADDED", "MODIFIED", "DELETED"):
+            self._delivered = True
             try:
                 self.on_event(str(kind), obj)
             except Exception:  # one bad object never stops the watch
