@@ -75,19 +75,27 @@ def changed(pool: str) -> Decision:
     )
 
 
-def full(pool: str, *, in_bytes: bool = False) -> Decision:
+def full(pool: str, *, in_bytes: bool = False, rest: int = 0) -> Decision:
     """The pool's ledger lists all it may: :data:`~.bounds.MAX_ENTRIES` entries or, for long
-    names, :data:`~.bounds.MAX_PENDING_BYTES` of them (``in_bytes``)."""
+    names, :data:`~.bounds.MAX_PENDING_BYTES` of them (``in_bytes``), less what its object's
+    metadata takes past its share (``rest``: the bytes it takes, when past the share)."""
+    limit = bounds.MAX_PENDING_BYTES - max(0, rest - bounds.MAX_REST_BYTES)
     held = (
-        f"{bounds.MAX_PENDING_BYTES} bytes of admissions"
-        if in_bytes
-        else f"{bounds.MAX_ENTRIES} admissions"
+        f"{max(0, limit)} bytes of admissions" if in_bytes else f"{bounds.MAX_ENTRIES} admissions"
     )
+    why = ""
+    if rest > bounds.MAX_REST_BYTES:
+        why = (
+            f" (the metadata of its TenantReservation {pool}/{pool} takes {rest} bytes, "
+            f"{rest - bounds.MAX_REST_BYTES} more than its share of the object: an operator "
+            "can remove the labels or annotations that are not the webhook's)"
+        )
     return errored(
         429,
         "TooManyRequests",
         "ledger-full",
-        f"tenant reservations: pool {pool} has {held} not yet observed; try again in a few seconds",
+        f"tenant reservations: pool {pool} has {held} not yet observed{why}; try again in a few "
+        "seconds",
     )
 
 

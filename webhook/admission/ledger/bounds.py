@@ -28,6 +28,7 @@ __all__ = [
     "MAX_OBJECT_BYTES",
     "MAX_PENDING_BYTES",
     "MAX_REPLACES",
+    "MAX_REST_BYTES",
     "MAX_SLICES_BYTES",
     "MAX_SUMMARY_BYTES",
     "MAX_WANT_BYTES",
@@ -78,6 +79,13 @@ MAX_SLICES_BYTES: Final = 81_920
 # of the longest names at the largest quantity, some 22 KB; a want past this is not asked
 # (webhook.admission.ledger.wants), and the answer is "exceeded".
 MAX_WANT_BYTES: Final = 24_576
+# The rest's share of MAX_OBJECT_BYTES (what no part above bounds: the metadata, the removal
+# counts by kind): 43,544 bytes. Nothing keeps a stored object's metadata within it (Kubernetes
+# allows 256 KiB of annotations, and labels without a total bound), so whatever it takes past
+# this share is taken from what the entries may hold (webhook.admission.ledger.metadata_room).
+MAX_REST_BYTES: Final = MAX_OBJECT_BYTES - (
+    MAX_PENDING_BYTES + MAX_CAPS_BYTES + MAX_SUMMARY_BYTES + MAX_SLICES_BYTES + MAX_WANT_BYTES
+)
 # What a new entry grows by once a later write stamps it with its revision (the digits of a
 # resourceVersion: at most 20, a 64-bit integer's).
 REVISION_BYTES: Final = 20

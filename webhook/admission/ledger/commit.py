@@ -57,7 +57,7 @@ from webhook.admission.ledger.entries import (
     size,
 )
 from webhook.admission.ledger.queue import Waiter, answer
-from webhook.admission.ledger.shares import Room
+from webhook.admission.ledger.shares import Room, metadata_room
 from webhook.admission.ledger.status import Status
 from webhook.core.admission.decisions import (
     Decided,
@@ -131,7 +131,9 @@ class Commit:
             # Refused elsewhere, never admitted: no longer counted here, gone with this write.
             kept = self.status.kept(pool, current, state, without=ids | removing)
             # What the entries kept take, by tenant; measured once each, across batches.
-            room = Room(pool, kept, book.settings, self._sizes.get(pool))
+            room = Room(
+                pool, kept, book.settings, self._sizes.get(pool), rest=metadata_room(current)
+            )
             try:
                 for hold_id in ids:  # a retried request's own entry is not somebody else's
                     own = pending.counted(pool, hold_id)

@@ -31,7 +31,7 @@ from webhook.core.base import resources as rl
 from webhook.core.tenancy.tenants import ancestors, parent_namespace
 from webhook.kube.client import ApiError
 
-__all__ = ["Caps", "Room", "holder", "holders", "largest_share"]
+__all__ = ["Caps", "Room", "holder", "holders", "largest_share", "metadata_room"]
 
 
 def holder(pool: str, namespace: str) -> str:
@@ -98,9 +98,15 @@ class Room:
         entries: Iterable[Mapping[str, Any]],
         settings: LedgerSettings,
         known: Mapping[str, tuple[object, str, int]] | None = None,
+        *,
+        rest: int = 0,
     ) -> None:
         self.pool = pool
         self.settings = settings
+        # What the object's metadata takes (see :func:`metadata_room`): past its share, the
+        # entries may hold that much less, so no write of theirs passes MAX_OBJECT_BYTES.
+        self.rest = rest
+        self.pending_bytes = bounds.MAX_PENDING_BYTES - max(0, rest - bounds.MAX_REST_BYTES)
         self.entries = 0
         self.bytes = 0
         self.held: dict[str, int] = {}
@@ -131,8 +137,8 @@ class Room:
         settings = self.settings
         if entries >= bounds.MAX_ENTRIES:
             return answers.full(self.pool)
-        if total + grown > bounds.MAX_PENDING_BYTES:
-            return answers.full(self.pool, in_bytes=True)
+        if total + grown > self.pending_bytes:
+            return answers.full(self.pool, in_bytes=True, rest=self.rest)
         if mine >= settings.share_limit:
             return answers.share_full(self.pool, who, settings)
         if mine_bytes + grown > settings.share_bytes_limit:
@@ -154,6 +160,18 @@ class Room:
         self.bytes += grown
         self.held[who] = self.held.get(who, 0) + entries
         self.held_bytes[who] = self.held_bytes.get(who, 0) + grown
+
+
+def metadata_room(obj: Mapping[str, Any]) -> int:
+    """The bytes of ``obj`` (a pool's ledger object) no part's bound counts: all of it but its
+    status and its managedFields (which ``Book.write`` never sends), and the status's removal
+    counts by kind, as a write sends them."""
+    metadata = dict(obj.get("metadata") or {})
+    metadata.pop("managedFields", None)
+    status = obj.get("status") or {}
+    released = status.get("released") if isinstance(status, Mapping) else None
+    rest = {**{k: v for k, v in obj.items() if k != "status"}, "metadata": metadata}
+    return size(rest) + (size(released) if released else 0)
 
 
 def _holder_of(pool: str, entry: Mapping[str, Any]) -> str:
