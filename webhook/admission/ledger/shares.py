@@ -28,7 +28,7 @@ from webhook.core.admission.decisions import Decision, Policy
 from webhook.core.admission.reviews import AdmissionRequest
 from webhook.core.admission.warn_caps import warn_cap, with_cap_warning
 from webhook.core.base import resources as rl
-from webhook.core.tenancy.tenants import ancestors, parent_namespace
+from webhook.core.tenancy.tenants import below_toward, parent_namespace
 from webhook.kube.client import ApiError
 
 __all__ = ["Caps", "Room", "holder", "holders", "largest_share", "metadata_room"]
@@ -57,11 +57,7 @@ def _remembered_holder(pool: str, namespace: str) -> str:
 
 
 def _holder(pool: str, namespace: str) -> str:
-    chain = ancestors(namespace)
-    if pool in chain:
-        index = chain.index(pool)
-        return chain[index - 1] if index > 0 else pool
-    return namespace
+    return below_toward(pool, namespace)
 
 
 def holders(pool: str, entries: Iterable[Mapping[str, Any]]) -> dict[str, int]:

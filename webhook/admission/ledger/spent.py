@@ -12,13 +12,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 
-from webhook.admission.ledger.shares import holder
 from webhook.core.admission import escrow as core
 from webhook.core.admission.resolve import charge_annotation
 from webhook.core.admission.reviews import AdmissionRequest
 from webhook.core.admission.state import ReservationState
 from webhook.core.tenancy.applications import AppKey
 from webhook.core.tenancy.records import parse_recorded_charge
+from webhook.core.tenancy.tenants import below_toward
 
 __all__ = ["SpentAdmissions", "minted"]
 
@@ -26,15 +26,16 @@ __all__ = ["SpentAdmissions", "minted"]
 class SpentAdmissions:
     """Per spend: its object's key, the newest version seen at its decision, its charge, the
     request its object's signed record names, and the pools it spent in; and per pool and
-    tenant (:func:`~.shares.holder`), how many spends wait for their objects, which that
-    tenant's share of a ledger's entries bounds as it bounds them on the exact path (one whose
-    object was observed counts as usage, and waits only to be folded)."""
+    tenant (the tenant directly below the pool: sub-tenants count as theirs), how many spends
+    wait for their objects, which that tenant's share of a ledger's entries bounds as it
+    bounds them on the exact path (one whose object was observed counts as usage, and waits
+    only to be folded)."""
 
     def __init__(self, escrow: core.Escrow) -> None:
         self.escrow = escrow
         self._spent: dict[str, _Spent] = {}
         self._marked: set[str] = set()  # spends already marked observed
-        self._shares: Counter[tuple[str, str]] = Counter()  # (pool, holder) -> spends kept
+        self._shares: Counter[tuple[str, str]] = Counter()  # (pool, tenant) -> spends unobserved
 
     def remember(
         self,
@@ -45,14 +46,14 @@ class SpentAdmissions:
         request: str,
         pools: Iterable[str],
     ) -> None:
-        shares = tuple(sorted((pool, holder(pool, key[1])) for pool in pools))
+        shares = tuple(sorted((pool, below_toward(pool, key[1])) for pool in pools))
         self._shares.update(shares)
         self._spent[uid] = _Spent(key, after, expected, request, shares)
 
     def held(self, pool: str, namespace: str) -> int:
         """How many spends in ``pool`` of the tenant holding ``namespace``'s share wait for
         their objects to be observed."""
-        return self._shares[(pool, holder(pool, namespace))]
+        return self._shares[(pool, below_toward(pool, namespace))]
 
     def observe(self, state: ReservationState, pool: str | None = None) -> None:
         """Mark the spends whose object the state has observed: newer than everything this
@@ -98,7 +99,7 @@ class _Spent:
     after: int  # the newest version this replica had seen at the decision
     expected: dict[str, Decimal]
     request: str  # the request the object's signed record names ("": none)
-    shares: tuple[tuple[str, str], ...]  # (pool, holder) of each pool it spent in
+    shares: tuple[tuple[str, str], ...]  # (pool, tenant) of each pool it spent in
 
 
 def minted(request: AdmissionRequest) -> str:

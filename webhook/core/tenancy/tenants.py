@@ -63,6 +63,17 @@ def ancestors(namespace: str) -> list[str]:
     return chain
 
 
+def below_toward(pool: str, namespace: str) -> str:
+    """The namespace directly below ``pool`` on the way down to ``namespace`` (``pool`` for
+    ``pool`` itself; ``namespace`` when it is not beneath ``pool``): whose share of the pool a
+    write in ``namespace`` takes, sub-tenants counting as their tenant."""
+    chain = ancestors(namespace)
+    if pool in chain:
+        index = chain.index(pool)
+        return chain[index - 1] if index > 0 else pool
+    return namespace
+
+
 def beneath(namespace: str, top: str) -> bool:
     """Whether ``namespace`` is ``top`` or a tenant namespace below it. Not a prefix test: the
     root's children are ``tenant-<name>``, not ``tenant-root-<name>``."""

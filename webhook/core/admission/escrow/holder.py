@@ -203,10 +203,8 @@ class Escrow:
         return True
 
     def observed(self, uid: str) -> None:
-        """The state observed the object request ``uid`` stored (newer than its decision).
-        Kept only for a uid spent within the store bound (a look-up, not a walk of every
-        spend: marking each of many spends walked them all); one already folded is dropped
-        from the set at the next stored write, as any."""
+        """The state observed the object request ``uid`` stored (newer than its decision): a
+        look-up of the uids spent within the store bound, not a walk of every spend."""
         if uid in self._uids:
             self._observed.add(uid)
 
@@ -384,11 +382,9 @@ class Escrow:
         found.base = record
 
     def forget(self, pool: str, version: int) -> None:
-        """``pool``'s object was deleted at ``version``: what was spent from its slice went
-        with it, and once no write of it is in flight nothing is kept of it but the version
-        (the newest :data:`_GONE` deletions), so that a late answer older than the deletion
-        brings no slice back. A tenant churning sub-tenants leaves the holder nothing to walk.
-        """
+        """``pool``'s object was deleted at ``version``: once no write of it is in flight,
+        nothing is kept of it but the version (of the last :data:`_GONE` deletions), so that
+        a late answer older than the deletion brings no slice back."""
         self.recorded(pool, None, version)
         found = self._slices.get(pool)
         if found is None or found.inflight is not None or found.unknown or found.base is not None:
