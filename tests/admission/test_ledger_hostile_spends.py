@@ -43,7 +43,10 @@ async def test_a_tenant_whose_creates_are_never_stored_holds_no_more_spends_than
     a.deliver()
     limit = LedgerSettings("a").share_limit
     spent = a.ledger.spends
+    reasons: list[str] = []
+    a.ledger.on_fallback = lambda reason, seconds: reasons.append(reason)
     answers = [await a.admit(_disk("taken", uid=f"again-{index}")) for index in range(3 * limit)]
+    assert "share" in reasons, reasons[:5]  # the metrics say why those took the exact path
     held = len(escrowed.escrow.spends(POOL))
     refused = {(answer.reason, answer.code) for answer in answers if not answer.allowed}
     assert refused <= {("ledger-share", 429)}, refused  # past its share: "try again"

@@ -152,7 +152,7 @@ class Escrowed:
         limit = self.book.settings.share_limit
         if any(self.spent.held(pool, request.namespace) >= limit for pool in charges):
             return None  # its share of spends, as of entries: the exact path bounds it
-        if any(self._narrow(pool) for pool in charges):
+        if any(self.narrow(pool) for pool in charges):
             return None  # a record being drained for the kinds it misses takes no more spends
         # The request the object's record names (it verified, or decide() would have refused):
         # a spend is folded on observing an object whose record names it, and without one only
@@ -319,10 +319,10 @@ class Escrowed:
             or escrow.foldable(pool, now)
             or escrow.renew_due(pool, now)
             or escrow.removable(pool, now)
-            or self._narrow(pool)
+            or self.narrow(pool)
         )
 
-    def _narrow(self, pool: str) -> bool:
+    def narrow(self, pool: str) -> bool:
         """Whether this process's record of ``pool`` names fewer kinds than were lately
         admitted there: see :meth:`_pool`."""
         held = self.escrow.record(pool)
@@ -360,7 +360,7 @@ class Escrowed:
             # rare kind, or before other kinds came, is drained and removed at once, and the
             # next grant names every kind admitted lately. Refilled, it would answer none of
             # the pool's other creates for as long as they kept it busy.
-            narrow = self._narrow(pool)
+            narrow = self.narrow(pool)
             if rate and not (over or quiet or give_all or narrow or book.fenced(pool)):
                 wanted = refill_wanted(rl.mask(rate, node.budget), available, escrow.bounds)
                 if wanted:  # at least one more of the last admission (a whole unit at least)

@@ -25,6 +25,8 @@ REASONS = (
     "slices-full",  # a grant there was not made: the pool's records are at their byte bound
     "deadline",  # the slice's lease deadline passed (or its last write's outcome is unknown)
     "kind",  # the slice does not name the request's kind
+    "draining",  # the slice misses kinds lately admitted: drained, then granted anew
+    "share",  # the tenant's share of spends waiting for their objects is taken
     "no-room",  # the slice's unspent room does not hold the charge
     "other",  # a held preview, a pool counted past its budget, a change since
 )
@@ -55,6 +57,11 @@ def fallback_reason(escrowed: Escrowed, request: AdmissionRequest, answer: Decis
             return "deadline"
         if request.kind not in record.kinds:
             return "kind"
+        if escrowed.narrow(pool):
+            return "draining"
+    limit = escrowed.book.settings.share_limit
+    if any(escrowed.spent.held(pool, request.namespace) >= limit for pool in charged):
+        return "share"
     for pool, room in sorted(charged.items()):
         left = escrow.available(pool)
         if any(value > left.get(key, Decimal(0)) for key, value in room.items() if value > 0):
