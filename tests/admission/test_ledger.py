@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from webhook.core.admission.price import price
 from webhook.core.admission.reviews import AdmissionRequest, parse_review
 from webhook.core.admission.state import ReservationState
 from webhook.core.pricing.platform import Platform, PlatformBuilder
-from webhook.core.tenancy.applications import Application
+from webhook.core.tenancy.applications import CHARGE_ANNOTATION, Application
 from webhook.core.tenancy.records import parse_recorded_charge, record_annotation, sign
 from webhook.defaults import default_contracts, default_presets
 from webhook.kube.client import ApiError, KubeClient, ResourceRef
@@ -189,6 +190,31 @@ def create(name: str, memory: str, *, uid: str = "", namespace: str = POOL, **mo
     return parse_review(
         review("Thing", namespace, name, {"memory": memory, **more}, uid=uid or f"uid-{name}")
     )
+
+
+class Minted:
+    """Creates as the validating call sees them (the record /mutate signed on each, naming
+    its request), whose objects are stored, then observed by :meth:`observe` as the watch
+    would deliver them (one dropped from :attr:`stored` before is never stored)."""
+
+    def __init__(self, replica: Replica) -> None:
+        self.replica = replica
+        self.stored: list[Application] = []
+
+    def __call__(
+        self, kind: str, namespace: str, name: str, spec: dict[str, str]
+    ) -> AdmissionRequest:
+        body = parse_review(review(kind, namespace, name, spec, uid=f"mutate-{name}"))
+        written = decisions.mutate(body, self.replica.state, POLICY).patch[0]["value"]
+        assert isinstance(written, dict)
+        recorded = parse_recorded_charge(written[CHARGE_ANNOTATION])
+        self.stored.append(Application(kind, namespace, name, spec, recorded=recorded))
+        return parse_review(review(kind, namespace, name, spec, uid=name, annotations=written))
+
+    def observe(self) -> None:
+        for stored in self.stored:
+            self.replica.observe(replace(stored, version=self.replica.cluster.bump()))
+        self.stored.clear()
 
 
 def grow(name: str, old: str, new: str, *, uid: str) -> AdmissionRequest:

@@ -5,20 +5,17 @@ create parks no large share of a shared pool, and no charge is counted twice in 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
+from typing import ClassVar
 
 import pytest
 
-from tests.admission.test_ledger import POLICY, POOL, Clock, Cluster, Replica, create
+from tests.admission.test_ledger import POOL, Clock, Cluster, Minted, Replica, create
 from tests.admission.test_ledger_escrow_first_grant import cold_pool
 from tests.builders import review
 from tests.waiting import eventually
 from webhook.admission.ledger.slices import slice_records
-from webhook.core.admission.decisions import mutate
 from webhook.core.admission.escrow import SliceRecord
 from webhook.core.admission.reviews import AdmissionRequest, parse_review
-from webhook.core.tenancy.applications import CHARGE_ANNOTATION, Application
-from webhook.core.tenancy.records import parse_recorded_charge
 
 PARENT, CHILD, SIBLING = "tenant-acme", "tenant-acme-dev", "tenant-acme-ops"
 TREE = {PARENT: {"memory": "64Gi"}, CHILD: {"cpu": "8"}, SIBLING: None}
@@ -127,6 +124,55 @@ async def test_a_create_across_two_cold_pools_is_counted_once_in_the_parents_rat
     assert rate == pytest.approx(2.0), f"2Gi admitted into {PARENT}, {rate}Gi counted"
 
 
+class SharedPool:
+    """A pool shared by a hostile tenant and a victim (neither with a quota of its own) that
+    replica ``a`` (escrow on, its clocks the test's) meets cold: another replica admitted a
+    create of the victim's into it."""
+
+    POOL, HOSTILE, VICTIM = "tenant-acme", "tenant-acme-evil", "tenant-acme-ops"
+    TREE: ClassVar[dict[str, dict[str, str] | None]] = {
+        POOL: {"memory": "640Gi"},
+        HOSTILE: None,
+        VICTIM: None,
+    }
+
+    def __init__(self) -> None:
+        self.cluster, self.clock = Cluster(), Clock()
+        self.a = Replica(self.cluster, "a", self.TREE, escrow=True, clock=self.clock)
+        self.now = [100.0]
+        self.a.escrowed.monotonic = lambda: self.now[0]
+        self.minted = Minted(self.a)
+
+    @classmethod
+    async def cold(cls) -> SharedPool:
+        shared = cls()
+        seed = Replica(shared.cluster, "seed", cls.TREE, clock=shared.clock)
+        seeded = create("seed", "1Gi", namespace=cls.VICTIM, uid="seed")
+        assert (await seed.admit(seeded)).allowed
+        shared.a.deliver(cls.POOL)
+        return shared
+
+    async def victim_second(self, second: int) -> int:
+        """A second of the victim's steady creates, four of 256Mi, each stored and observed,
+        with an escrow round after each; how many were answered from the slice."""
+        a, spent = self.a, 0
+        for quarter in range(4):
+            before = a.ledger.spends
+            request = self.minted(
+                "Thing", self.VICTIM, f"vm{second}-{quarter}", {"memory": "256Mi"}
+            )
+            decided = await a.admit(request)
+            assert decided.allowed, decided.message
+            spent += a.ledger.spends - before
+            self.minted.observe()
+            self.now[0] += 0.25
+            self.clock.now += 0.25
+            a.deliver(self.POOL)
+            await a.ledger.escrow()
+            a.deliver(self.POOL)
+        return spent
+
+
 async def test_a_tenants_first_create_of_a_rare_kind_does_not_keep_other_kinds_off_a_shared_pools_slice() -> (  # noqa: E501
     None
 ):
@@ -137,64 +183,27 @@ async def test_a_tenants_first_create_of_a_rare_kind_does_not_keep_other_kinds_o
     # every 20 s, keeps the slice from going idle, so every other tenant's create in the pool
     # takes the exact path (a ledger write each) for as long as the trickle lasts, while the
     # refills sized from their own rate park room only the hostile's kind can spend.
-    pool, hostile, victim = "tenant-acme", "tenant-acme-evil", "tenant-acme-ops"
-    tree = {pool: {"memory": "640Gi"}, hostile: None, victim: None}
-    cluster = Cluster()
-    clock = Clock()
-    seed = Replica(cluster, "seed", tree, clock=clock)
-    assert (await seed.admit(create("seed", "1Gi", namespace=victim, uid="seed"))).allowed
-    a = Replica(cluster, "a", tree, escrow=True, clock=clock)
-    escrowed = a.escrowed
-    now = [100.0]
-    escrowed.monotonic = lambda: now[0]
-    a.deliver(pool)
-
-    stored: list[Application] = []  # created, observed by the next observe_stored()
-
-    def minted(kind: str, namespace: str, name: str, spec: dict[str, str]) -> AdmissionRequest:
-        """A create as the validating call sees it (the record /mutate signed on it); its
-        object is stored and then observed, as the watch delivers it."""
-        body = parse_review(review(kind, namespace, name, spec, uid=f"mutate-{name}"))
-        written = mutate(body, a.state, POLICY).patch[0]["value"]
-        assert isinstance(written, dict)
-        recorded = parse_recorded_charge(written[CHARGE_ANNOTATION])
-        stored.append(Application(kind, namespace, name, spec, recorded=recorded))
-        return parse_review(review(kind, namespace, name, spec, uid=name, annotations=written))
-
-    def observe_stored() -> None:
-        for app in stored:
-            a.observe(replace(app, version=cluster.bump()))
-        stored.clear()
+    shared = await SharedPool.cold()
+    a, pool, minted = shared.a, shared.POOL, shared.minted
 
     def rare(index: int) -> AdmissionRequest:
-        return minted("NATS", hostile, f"n{index}", {})
+        return minted("NATS", shared.HOSTILE, f"n{index}", {})
 
     assert (await a.admit(rare(0))).allowed  # the pool's first create on this replica
-    observe_stored()
-    (record,) = _records(cluster, pool).values()
+    minted.observe()
+    (record,) = _records(shared.cluster, pool).values()
     assert record.kinds == frozenset({"NATS"}), record.kinds
-    spends = {"Thing": 0}
-    writes_before = cluster.written.get(pool, 0)
+    spends = 0
+    writes_before = shared.cluster.written.get(pool, 0)
     for second in range(1, 61):  # a minute of the victim's steady creates, four a second
-        for quarter in range(4):
-            name = f"vm{second}-{quarter}"
-            before = a.ledger.spends
-            decided = await a.admit(minted("Thing", victim, name, {"memory": "256Mi"}))
-            assert decided.allowed, decided.message
-            spends["Thing"] += a.ledger.spends - before
-            observe_stored()
-            now[0] += 0.25
-            clock.now += 0.25
-            a.deliver(pool)
-            await a.ledger.escrow()
-            a.deliver(pool)
+        spends += await shared.victim_second(second)
         if second % 20 == 0:
             assert (await a.admit(rare(second))).allowed  # the trickle
-            observe_stored()
+            minted.observe()
     victims = 60 * 4
-    exact = cluster.written.get(pool, 0) - writes_before
-    assert spends["Thing"] >= victims // 2, (
-        f"{spends['Thing']} of {victims} victim creates answered from the slice; "
+    exact = shared.cluster.written.get(pool, 0) - writes_before
+    assert spends >= victims // 2, (
+        f"{spends} of {victims} victim creates answered from the slice; "
         f"{exact} writes of the shared pool's object; slice kinds "
-        f"{sorted(escrowed.escrow.record(pool).kinds)}"  # type: ignore[union-attr]
+        f"{sorted(a.escrowed.escrow.record(pool).kinds)}"  # type: ignore[union-attr]
     )
