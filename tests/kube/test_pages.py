@@ -121,4 +121,4 @@ def test_a_page_asks_for_one_to_page_size_objects_and_a_cut_page_for_fewer(
         before = sizes.limit
         sizes.too_large()
         assert sizes.limit < before or before == 1
-        assert (sizes.max_bytes is None) == (sizes.limit == 1)
+        assert sizes.streamed == (sizes.limit == 1 or sizes.unlimited)

@@ -6,14 +6,18 @@ well; requests and watches go through aiohttp, which this project already runs o
 async clients were not used: kubernetes_asyncio retries a ``410 Gone`` once and then raises, and
 a watch without a client-side read timeout can hang silently, both of which the reflector must
 control itself.
+
+Over 400 lines, and kept whole: requests, list pages and watches share one session, its
+headers, token and timeouts, and the bounds every body is read within.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
 import time
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypedDict, Unpack
 from urllib.parse import quote
@@ -24,11 +28,13 @@ from kubernetes import config as k8s_config
 
 from webhook.core.base.json_codec import decode_json, encode_json
 from webhook.core.base.kube_limits import ETCD_MAX_REQUEST_BYTES
+from webhook.kube.list_stream import NotAList, decode_list
 
 __all__ = [
     "METADATA_ONLY",
     "ApiError",
     "KubeClient",
+    "ListUnreadable",
     "PageOptions",
     "RequestOptions",
     "ResourceRef",
@@ -55,6 +61,12 @@ TOKEN_SECONDS: Final = 10.0  # kubelet rotates projected tokens long before they
 # covers it with room. kube-apiserver itself accepts request bodies up to 3 MiB (twice etcd's
 # limit) for the same reason; an event is read up to three times that, and never whole past it.
 MAX_WATCH_EVENT_BYTES: Final = 6 * ETCD_MAX_REQUEST_BYTES + 65_536
+# A list page read as a stream (:meth:`KubeClient.list_page`) may take as long as its kind is
+# large (cozystack-api sends a whole kind, hundreds of MB, whatever a page asks for): each read
+# is bounded by the caller's read timeout, and the whole by this (a GB at under 2 MB/s).
+STREAMED_LIST_SECONDS: Final = 600.0
+CHUNK: Final = 1 << 16  # bytes read (and fed to the decoder) at a time
+MAX_ERROR_BYTES: Final = 1 << 16  # of an error answer's body, what is read of a streamed page's
 
 
 class ApiError(Exception):
@@ -80,6 +92,15 @@ class WatchEventUnreadable(ApiError):
 
     def __init__(self, message: str) -> None:
         super().__init__(0, "WatchEventUnreadable", message)
+
+
+class ListUnreadable(ApiError):
+    """A list page read as a stream that is not a JSON list of objects (malformed, truncated,
+    an item not an object) or holds an item longer than any object can be: named by its
+    request, for the list to be retried, never decoded past the bound."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(0, "ListUnreadable", message)
 
 
 class WatchTimeout(Exception):
@@ -200,10 +221,85 @@ class KubeClient:
         result, _ = await self._call(method, path, **options)
         return result
 
-    async def list_page(self, path: str, **options: Unpack[PageOptions]) -> tuple[Obj, int]:
+    async def list_page(
+        self,
+        path: str,
+        *,
+        stream: Callable[[Obj], None] | None = None,
+        read_timeout: float | None = None,
+        **options: Unpack[PageOptions],
+    ) -> tuple[Obj, int]:
         """One page of a list (a ``GET`` as :meth:`request` makes it) and how many bytes it
-        came in: the next page is sized by them (:mod:`webhook.kube.pages`)."""
-        return await self._call("GET", path, **options)
+        came in: the next page is sized by them (:mod:`webhook.kube.pages`).
+
+        With ``stream`` (and ``max_bytes``), a page longer than ``max_bytes`` is not cut short
+        but read on as a stream: each item is handed to ``stream`` as it is decoded and then
+        dropped, and the page comes back without ``items``. A server that ignores ``limit``
+        sends a whole kind in one page, larger than a replica's memory once decoded; read so,
+        it costs a chunk and one object at a time. Each read waits ``read_timeout`` at most,
+        the whole :data:`STREAMED_LIST_SECONDS`; an item longer than :attr:`max_event_bytes`
+        (no object is) or a body that is no JSON list raises :class:`ListUnreadable`."""
+        max_bytes = options.get("max_bytes")
+        if stream is None or max_bytes is None:
+            return await self._call("GET", path, **options)
+        return await self._streamable(
+            path,
+            stream,
+            max_bytes=max_bytes,
+            read_timeout=self.timeout if read_timeout is None else read_timeout,
+            params=options.get("params"),
+            accept=options.get("accept", ""),
+        )
+
+    async def _streamable(
+        self,
+        path: str,
+        stream: Callable[[Obj], None],
+        *,
+        max_bytes: int,
+        read_timeout: float,
+        params: Mapping[str, str] | None,
+        accept: str,
+    ) -> tuple[Obj, int]:
+        """A page read whole and decoded at once up to ``max_bytes`` within the request's
+        deadline (the common case, and the fastest: orjson decodes some three times faster
+        than an incremental decoder), else read on as a stream (:mod:`webhook.kube.list_stream`)."""
+        what = f"GET {path}"
+        headers = self._headers()
+        if accept:
+            headers["Accept"] = accept
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=self.timeout, sock_read=read_timeout
+        )
+        try:
+            async with (
+                asyncio.timeout(self.timeout) as deadline,
+                self._client().get(
+                    self.host + path, params=params, headers=headers, timeout=timeout
+                ) as response,
+            ):
+                if response.status >= 400:
+                    text, _ = await _head(response, MAX_ERROR_BYTES)
+                    raise _api_error(response.status, text.decode("utf-8", errors="replace"))
+                declared = response.content_length
+                head, whole = bytearray(), False
+                if declared is None or declared <= max_bytes:
+                    head, whole = await _head(response, max_bytes)
+                if whole:
+                    raw = _utf8(head)
+                    result: Obj = decode_json(raw) if raw else {}
+                    return result, len(raw)
+                deadline.reschedule(asyncio.get_running_loop().time() + STREAMED_LIST_SECONDS)
+                try:
+                    return await decode_list(
+                        _chunks(head, response.content), stream, self.max_event_bytes
+                    )
+                except NotAList as exc:
+                    raise ListUnreadable(f"{what}: {exc}") from None
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise ApiError(
+                0, "Unreachable", f"GET {self.host}{path}: {exc or type(exc).__name__}"
+            ) from None
 
     async def _call(
         self,
@@ -382,13 +478,37 @@ async def _bounded_body(response: aiohttp.ClientResponse, max_bytes: int, what: 
     declared = response.content_length
     if declared is not None and declared > max_bytes:
         raise ResponseTooLarge(f"{what}: {declared} bytes, more than {max_bytes}")
+    body, whole = await _head(response, max_bytes)
+    if not whole:
+        raise ResponseTooLarge(f"{what}: more than {max_bytes} bytes")
+    return _utf8(body)
+
+
+async def _head(response: aiohttp.ClientResponse, max_bytes: int) -> tuple[bytearray, bool]:
+    """The body up to ``max_bytes`` (plus one chunk), and whether that was all of it; the rest
+    is left unread, for the caller to drop or to read on."""
     body = bytearray()
-    async for chunk in response.content.iter_chunked(1 << 16):
+    async for chunk in response.content.iter_chunked(CHUNK):
         body += chunk
         if len(body) > max_bytes:
-            raise ResponseTooLarge(f"{what}: more than {max_bytes} bytes")
+            return body, False
+    return body, True
+
+
+def _utf8(body: bytearray) -> bytes:
+    """``body``, its bytes that are not UTF-8 replaced (U+FFFD)."""
     try:
         body.decode("utf-8")
     except UnicodeDecodeError:
         return body.decode("utf-8", errors="replace").encode()
     return bytes(body)
+
+
+async def _chunks(head: bytearray, content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """``head`` in chunks, each dropped once taken, then the rest of ``content``."""
+    while head:
+        chunk = bytes(head[:CHUNK])
+        del head[:CHUNK]
+        yield chunk
+    async for chunk in content.iter_chunked(CHUNK):
+        yield chunk

@@ -8,9 +8,13 @@ many objects as fit :data:`PAGE_BYTES` at the size of those the last page brough
 :data:`PAGE_SIZE`, and at most twice as many as the last asked for: a run of small objects
 before fat ones grows the count step by step), and a page that still comes back larger than
 :data:`MAX_PAGE_BYTES` (its objects grew since, or small ones came first) is left unread past
-that and asked for again with a quarter of the objects. A page of one object is always read
-whole: an object is at most what the API server stores. The sizes are kept between lists of one
-resource, so a resync starts at the size the last one ended with.
+that and asked for again with a quarter of the objects. A page that cannot be asked for
+smaller is read on as a stream past the bound instead, one object decoded at a time
+(:meth:`~webhook.kube.client.KubeClient.list_page`): a page of one object, and any page of a
+resource whose server ignores ``limit`` (cozystack-api answers from its cache with every object
+of a kind, however few are asked for), known from a page that brought more than it asked for
+and remembered, so its next lists are not cut short four times first. The sizes are kept
+between lists of one resource, so a resync starts at the size the last one ended with.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class PageSizes:
     listed_bytes: int = 0  # bytes the pages of the list under way (or the last) brought
     pages: int = 0  # pages read by the list under way (or the last)
     cut_short: int = 0  # pages left unread past MAX_PAGE_BYTES, since start
+    unlimited: bool = False  # the server sent more objects than asked for: it ignores limit
 
     def start(self) -> None:
         """A list begins (or begins again): its bytes are counted from zero."""
@@ -42,14 +47,25 @@ class PageSizes:
         self.pages = 0
 
     @property
-    def max_bytes(self) -> int | None:
-        """How much of the next page is read at most (``None``: all of a one-object page)."""
-        return 2 * self.page_bytes if self.limit > 1 else None
+    def max_bytes(self) -> int:
+        """How much of the next page is read whole at most (past it: cut short, or streamed)."""
+        return 2 * self.page_bytes
 
-    def read(self, objects: int, size: int) -> None:
-        """A page of ``objects`` objects came in ``size`` bytes: size the next by them."""
+    @property
+    def streamed(self) -> bool:
+        """Whether the next page past :attr:`max_bytes` is read on as a stream, not cut short:
+        asked for smaller, it would come back as large."""
+        return self.limit == 1 or self.unlimited
+
+    def read(self, objects: int, size: int, *, more: bool = True) -> None:
+        """A page of ``objects`` objects came in ``size`` bytes (``more``: with a continue
+        token): size the next by them, and tell a server that ignores ``limit``."""
         self.listed_bytes += size
         self.pages += 1
+        if objects > self.limit:
+            self.unlimited = True
+        elif more:
+            self.unlimited = False  # paged as asked: it honours limit (again)
         if objects > 0 and size > 0:
             fit = self.page_bytes * objects // size
             self.limit = max(1, min(PAGE_SIZE, 2 * self.limit, fit))

@@ -42,6 +42,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from webhook.kube.client import (
+    REQUEST_TIMEOUT,
     ApiError,
     KubeClient,
     ResourceRef,
@@ -256,6 +257,7 @@ class Reflector:
             namespace=self.namespace,
             params=self.params,
             pages=pages if pages is not None else self.pages,
+            read_timeout=self.read_timeout,
         )
 
     @property
@@ -342,25 +344,42 @@ async def consistent_read(
     params: Mapping[str, str] | None = None,
     accept: str = "",
     pages: PageSizes | None = None,
+    read_timeout: float = REQUEST_TIMEOUT,
 ) -> tuple[str, list[Any]]:
     """A paginated list without a resourceVersion (kube-apiserver serves it at its current
     revision), each item reduced as its page arrives and the page dropped before the next is
     asked for; the list's resourceVersion and the reduced items. ``accept``: the pages' Accept
     header (``METADATA_ONLY``: metadata only). ``pages`` sizes each page by the bytes the last
     brought (:mod:`webhook.kube.pages`; kept by the caller between reads of one resource) and
-    counts the bytes this read listed."""
+    counts the bytes this read listed. A page that cannot be asked for smaller is streamed
+    past its bound, each item reduced as it is decoded, each read waiting ``read_timeout``."""
     pages = pages if pages is not None else PageSizes()
     pages.start()
     items: list[Any] = []
+    streamed = 0  # items of the page under way handed over as they were decoded
     token = ""
     path = resource.path(namespace)
+
+    def take(obj: Obj) -> None:
+        nonlocal streamed
+        streamed += 1
+        reduced = reduce(obj)
+        if reduced is not None:
+            items.append(reduced)
+
     while True:
         query = {**(params or {}), "limit": str(pages.limit)}
         if token:
             query["continue"] = token
+        streamed = 0
         try:
             page, size = await client.list_page(
-                path, params=query, accept=accept, max_bytes=pages.max_bytes
+                path,
+                params=query,
+                accept=accept,
+                max_bytes=pages.max_bytes,
+                stream=take if pages.streamed else None,
+                read_timeout=read_timeout,
             )
         except ResponseTooLarge:
             pages.too_large()  # cut short, unread past the bound: the same page, fewer objects
@@ -373,12 +392,10 @@ async def consistent_read(
             raise
         metadata = page.get("metadata") or {}
         objects = page.get("items") or []
-        pages.read(len(objects), size)
-        for obj in objects:
-            reduced = reduce(obj)
-            if reduced is not None:
-                items.append(reduced)
-        del page, objects
         token = str(metadata.get("continue") or "")
+        pages.read(streamed + len(objects), size, more=bool(token))
+        for obj in objects:
+            take(obj)
+        del page, objects
         if not token:
             return str(metadata.get("resourceVersion") or ""), items
