@@ -18,9 +18,9 @@ fresh list. So does an event the watch cannot read (longer than the client's bou
 :data:`STUCK_WATCHES` times in a row at one resourceVersion without delivering anything:
 reopened from before it, the watch would meet the same event again, for good, where a list
 reads the object whole and the next watch starts past it. So does a watch that breaks after it
-delivered objects: cozystack-api answers a watch from ``r`` with every object newer than ``r``
-in name order, not resourceVersion order, so the last one delivered may be newer than one not
-yet sent, which a watch reopened from it would never send. Each is counted
+delivered objects: cozystack-api starts a watch from ``r`` with every object newer than ``r`` in
+name order, so a watch reopened from the last one delivered might never send one not yet sent.
+Each is counted
 (:attr:`Reflector.unreadable_relists`, :attr:`Reflector.stuck_relists`,
 :attr:`Reflector.broken_relists`) and logged, and the relist waits the same growing backoff as
 any failure.
