@@ -20,10 +20,8 @@ reopened from before it, the watch would meet the same event again, for good, wh
 reads the object whole and the next watch starts past it. So does a watch that breaks after it
 delivered objects: cozystack-api starts a watch from ``r`` with every object newer than ``r`` in
 name order, so a watch reopened from the last one delivered might never send one not yet sent.
-Each is counted
-(:attr:`Reflector.unreadable_relists`, :attr:`Reflector.stuck_relists`,
-:attr:`Reflector.broken_relists`) and logged, and the relist waits the same growing backoff as
-any failure.
+Each is counted (:attr:`Reflector.unreadable_relists`, :attr:`Reflector.stuck_relists`,
+:attr:`Reflector.broken_relists`) and logged, and the relist waits the same backoff as any.
 
 :attr:`Reflector.synced` is true only after the first list was applied and while the watch is
 live: a watch silent for longer than its read timeout is dead, and the state is then stale.
