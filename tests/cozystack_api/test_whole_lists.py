@@ -59,16 +59,20 @@ async def test_a_kind_cozystack_api_lists_whole_is_streamed_and_then_asked_for_o
     client = KubeClient.from_kubeconfig(str(env.kubeconfig))
     counting = Counting(client)
     pages = PageSizes()
+
+    async def read() -> tuple[str, list[str]]:
+        return await consistent_read(
+            counting,  # type: ignore[arg-type]
+            VMDISKS,
+            lambda obj: obj["metadata"]["name"],
+            namespace=NAMESPACE,
+            pages=pages,
+        )
+
     try:
         tracemalloc.start()
         try:
-            version, names = await consistent_read(
-                counting,  # type: ignore[arg-type]
-                VMDISKS,
-                lambda obj: obj["metadata"]["name"],
-                namespace=NAMESPACE,
-                pages=pages,
-            )
+            version, names = await read()
             _, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
@@ -79,13 +83,7 @@ async def test_a_kind_cozystack_api_lists_whole_is_streamed_and_then_asked_for_o
         assert pages.unlimited  # and that brought them all
         assert peak < 4 * MAX_PAGE_BYTES, peak
         first = len(counting.limits)
-        again, listed = await consistent_read(
-            counting,  # type: ignore[arg-type]
-            VMDISKS,
-            lambda obj: obj["metadata"]["name"],
-            namespace=NAMESPACE,
-            pages=pages,
-        )
+        again, listed = await read()
         assert listed == names
         assert int(again) >= int(version)
         assert len(counting.limits) == first + 1  # one request: streamed at once

@@ -32,15 +32,18 @@ def thing(name: str, note: int) -> dict[str, Any]:
 
 
 class Recording:
-    """The client, with the bytes of every list page it read."""
+    """The client, with the bytes of every list page it read, the limit it asked and whether
+    it was offered a stream."""
 
     def __init__(self, client: KubeClient) -> None:
         self.client = client
         self.sizes: list[int] = []
         self.limits: list[int] = []
+        self.streamed: list[bool] = []
 
     async def list_page(self, path: str, **kwargs: Any) -> tuple[dict[str, Any], int]:
         self.limits.append(int(kwargs["params"]["limit"]))
+        self.streamed.append(kwargs.get("stream") is not None)
         page, size = await self.client.list_page(path, **kwargs)
         self.sizes.append(size)
         return page, size

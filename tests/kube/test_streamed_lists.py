@@ -23,6 +23,7 @@ from kubernetes import client as k8s_client
 
 from tests.apiserver.server import EmulatedAPIServer
 from tests.kube.reflecting import THINGS, Mirror, reflector
+from tests.kube.test_pages import Recording
 from tests.waiting import eventually
 from webhook.kube.client import ApiError, KubeClient, ListUnreadable
 from webhook.kube.pages import PageSizes
@@ -217,20 +218,6 @@ async def test_a_streamed_list_outlasts_the_request_deadline_within_its_read_tim
         await names(client, PageSizes(page_bytes=BUDGET, limit=1), read_timeout=0.3)
 
 
-class Recording:
-    """The client, with whether each page it read (by its limit) was offered a stream."""
-
-    def __init__(self, client: KubeClient) -> None:
-        self.client = client
-        self.pages: list[tuple[int, bool, int]] = []
-
-    async def list_page(self, path: str, **kwargs: Any) -> tuple[dict[str, Any], int]:
-        page, size = await self.client.list_page(path, **kwargs)
-        limit = int(kwargs["params"]["limit"])
-        self.pages.append((limit, kwargs.get("stream") is not None, size))
-        return page, size
-
-
 async def test_a_server_that_honours_limit_is_paged_as_before_never_streamed(
     server: EmulatedAPIServer, client: KubeClient
 ) -> None:
@@ -243,6 +230,7 @@ async def test_a_server_that_honours_limit_is_paged_as_before_never_streamed(
         _, listed = await names(recording, pages)  # type: ignore[arg-type]
         assert listed == expected
     assert not pages.unlimited
-    assert all(not streamed for limit, streamed, _ in recording.pages if limit > 1)
-    assert max(size for _, _, size in recording.pages) <= 2 * BUDGET
-    assert len(recording.pages) > 4  # paged, with continue tokens
+    pairs = zip(recording.limits, recording.streamed, strict=True)
+    assert all(not streamed for limit, streamed in pairs if limit > 1)
+    assert max(recording.sizes) <= 2 * BUDGET
+    assert len(recording.sizes) > 4  # paged, with continue tokens
