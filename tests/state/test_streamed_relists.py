@@ -130,7 +130,9 @@ async def test_a_tenants_fat_kind_relisted_as_a_stream_refuses_every_admission_p
     served: tuple[CozystackLike, KubeClient],
 ) -> None:
     server, client = served
-    live = LiveState(client, LiveSettings(read_timeout=30.0, watch_timeout=5))
+    live = LiveState(
+        client, LiveSettings(read_timeout=30.0, watch_timeout=5, relist_patience=DEADLINE)
+    )
     live.platform_generation = 1
     for reflector in live._platform_reflectors:  # the platform's lists are not at stake here
         reflector.listed = reflector.watching = True

@@ -1,27 +1,23 @@
 """A reflector: list a resource, then watch it, and keep a consumer in step.
 
 This is what client-go's Reflector does, written small: a paginated list replaces the consumer's
-view, then a watch from the list's resourceVersion streams changes (with bookmarks, so the
-resume point stays fresh). Each page is reduced as it arrives (``reduce`` keeps only what the
-consumer needs from an object) and sized by the bytes the last one brought
-(:mod:`webhook.kube.pages`), so a list of a large cluster, or of large objects, never holds more
-than one page of whole objects at once; the reduced items replace the consumer's view in one
-call, so readers never see half a list. A watch that ends normally is reopened from the last
-resourceVersion, and each asks the server to end it well within the read timeout
-(:attr:`Reflector.server_timeout`: kube-apiserver bookmarks no watch of a kind nothing writes,
-so a quiet watch ended only by its silence would be taken for dead); one that breaks, or stays
-silent past the read timeout, is reopened after a backoff with jitter, which grows only while
-reopened watches deliver nothing (a watch that worked for an hour and then broke is a first
-failure, not the next of a run); ``410 Gone`` (the resume point was compacted away) forces a
-fresh list. So does an event the watch cannot read (longer than the client's bound, not JSON:
-:class:`~webhook.kube.client.WatchEventUnreadable`), and a watch that broke
-:data:`STUCK_WATCHES` times in a row at one resourceVersion without delivering anything:
-reopened from before it, the watch would meet the same event again, for good, where a list
-reads the object whole and the next watch starts past it. So does a watch that breaks after it
+view, then a watch from the list's resourceVersion streams changes (with bookmarks). Each page
+is reduced as it arrives (``reduce`` keeps what the consumer needs) and sized by the bytes the
+last one brought (:mod:`webhook.kube.pages`), so a list never holds more than one page of whole
+objects at once; the reduced items replace the consumer's view in one call. A watch that ends
+normally is reopened from the last resourceVersion, and each asks the server to end it well
+within the read timeout (:attr:`Reflector.server_timeout`: kube-apiserver bookmarks no watch of
+a kind nothing writes, so a quiet watch ended only by its silence would be taken for dead); one
+that breaks, or stays silent past the read timeout, is reopened after a backoff with jitter,
+which grows only while reopened watches deliver nothing; ``410 Gone`` (the resume point was
+compacted away) forces a fresh list. So does an event the watch cannot read (longer than the
+client's bound, not JSON: :class:`~webhook.kube.client.WatchEventUnreadable`), and a watch that
+broke :data:`STUCK_WATCHES` times in a row at one resourceVersion without delivering anything:
+reopened from before it, the watch would meet the same event again, for good, where a list reads
+the object whole and the next watch starts past it. So does a watch that breaks after it
 delivered objects: cozystack-api starts a watch from ``r`` with every object newer than ``r`` in
 name order, so a watch reopened from the last one delivered might never send one not yet sent.
-Each is counted (:attr:`Reflector.unreadable_relists`, :attr:`Reflector.stuck_relists`,
-:attr:`Reflector.broken_relists`) and logged, and the relist waits the same backoff as any.
+Each is counted (``unreadable_relists``, ``stuck_relists``, ``broken_relists``) and logged.
 
 :attr:`Reflector.synced` is true only after the first list was applied and while the watch is
 live: a watch silent for longer than its read timeout is dead, and the state is then stale.
@@ -99,6 +95,7 @@ class Reflector:
         self.last_activity = 0.0
         self.started = clock()
         self.first_sync_seconds: float | None = None
+        self.listing_since: float | None = None  # when the list under way began (clock)
         self.relists = 0
         self.last_error = ""
         self.list_error = ""  # why the last list failed (with its URL); empty once one succeeds
@@ -230,7 +227,11 @@ class Reflector:
         return str(getattr(self.client, "host", "")) + self.resource.path(self.namespace)
 
     async def _list(self) -> None:
-        version, items = await self.read(self.reduce or _whole)
+        self.listing_since = self.clock()
+        try:
+            version, items = await self.read(self.reduce or _whole)
+        finally:
+            self.listing_since = None
         self.resource_version = version
         if self.resource_version == "0":
             # cozystack-api lists a kind with no objects at resourceVersion "0" (the largest of

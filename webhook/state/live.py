@@ -1,32 +1,26 @@
 """The live cluster state: reflectors feeding a reservation state.
 
-Platform reflectors watch ApplicationDefinitions, KubeVirt instance types (cluster and
-namespaced) and the optional preset ConfigMap. Of each object only what charges depend on is
-kept (a definition's kind, plural, schema, contract and release prefix; an instance type's guest
-CPU, memory and GPUs; the preset table), and an event that changes none of it (a label, a
-status) changes nothing. A change that matters rebuilds the :class:`Platform` (debounced) and
+Platform reflectors watch ApplicationDefinitions, KubeVirt instance types and the optional
+preset ConfigMap, keeping of each object only what charges depend on (an event changing none of
+it changes nothing). A change that matters rebuilds the :class:`Platform` (debounced) and
 re-prices the applications already held, in the background and without listing them again; the
 previous state keeps serving until the new one is complete, then the two are swapped at once.
-
-An object that cannot be read (a definition without kind or plural, a malformed instance type,
-a garbage preset table) never empties or reverts the platform: its last good version is kept,
-or, with none, it is left out (the preset table: preset-based charges fail closed, never the
-built-in figures); each such problem is reported (log, :attr:`LiveState.problems`, readiness
-details, metrics and the report).
+An object that cannot be read never empties or reverts the platform: its last good version is
+kept, or, with none, it is left out (preset-based charges then fail closed, never the built-in
+figures); each such problem is reported (log, :attr:`LiveState.problems`, readiness, metrics).
 
 Application reflectors, one per kind the definitions declare, feed the
 :class:`ReservationState`; they start and stop as kinds come and go. A kind whose list fails
-(``404``: not served yet, or a mistyped plural) is *unavailable*: its writes fail closed, the
-reason (with the URL) is reported, its list is retried with backoff, and every other kind keeps
-working. Tenants are the exception: without them no pool is known, so they stop admission. Of
-each application only its canonical spec and charge annotation are held (to re-price it).
+(``404``: a mistyped plural), or lists again for longer than a request's deadline, is
+*unavailable*: its writes fail closed, the reason is reported, its list retried with backoff,
+and every other kind keeps working. Tenants are the exception: without them no pool is known.
+Of each application only its canonical spec and charge annotation are held (to re-price it).
 
-This module holds readiness, the run loop and the application reflectors; the rest sits beside
-it, named after what it does: ``platform_objects`` (what of each platform object is kept, and
-the platform built from it), ``platform_rebuilds`` (debounced rebuilds, the re-price),
-``held_applications`` (what is held of each application), ``restamps`` (events changing none
-of it), ``consistent_reads`` (the barrier proving a quiet kind complete), ``watch_repairs``
-(what a watch lost), ``readiness`` (its answer kept between changes: asked in constant time).
+This module holds readiness, the run loop and the application reflectors; beside it:
+``platform_objects`` (what of each platform object is kept, and the platform built from it),
+``platform_rebuilds`` (debounced rebuilds, the re-price), ``held_applications``, ``restamps``
+(events changing none of it), ``consistent_reads`` (the barrier proving a quiet kind
+complete), ``watch_repairs`` (what a watch lost), ``readiness`` (its answer, kept).
 """
 
 from __future__ import annotations
@@ -44,7 +38,7 @@ from webhook.core.pricing.platform import PRESETS_CONFIGMAP, Platform
 from webhook.core.tenancy.applications import APPS_API_VERSION, resource_version
 from webhook.core.tenancy.records import RecordKeys
 from webhook.core.tenancy.tenants import TENANT_KIND
-from webhook.kube.client import KubeClient, ResourceRef
+from webhook.kube.client import REQUEST_TIMEOUT, KubeClient, ResourceRef
 from webhook.kube.reflector import Reflector
 from webhook.state.consistent_reads import ConsistentReads
 from webhook.state.held_applications import Held, held_application, held_from_object, settle_memory
@@ -63,6 +57,8 @@ from webhook.state.readiness import (
     Readiness,
     WatchedReflector,
     first_to_go_silent,
+    patience_ends,
+    relisting_long,
     why_not_synced,
 )
 from webhook.state.restamps import Restamps
@@ -97,6 +93,7 @@ class LiveSettings:
     confirm_bytes: float = 4 * 2**20
     repair_objects: int = 100  # fetched at most per read to repair a watch's losses
     resync_seconds: float = 300.0  # every kind read this often for them (0: only on demand)
+    relist_patience: float = REQUEST_TIMEOUT  # a kind relisting stops all this long, then itself
 
 
 @dataclass
@@ -213,6 +210,7 @@ class LiveState(PlatformRebuilds, ConsistentReads, Restamps):
             sentinels=first_to_go_silent(
                 [*self._platform_reflectors, *(watch.reflector for watch in watches)]
             ),
+            until=patience_ends([w.reflector for w in watches], self.settings.relist_patience),
         )
 
     def _kind_excused(self, watch: AppWatch) -> bool:
@@ -222,8 +220,8 @@ class LiveState(PlatformRebuilds, ConsistentReads, Restamps):
             return True
         if watch.kind == TENANT_KIND:
             return False  # without tenants no pool is known: nothing can be decided
-        if reflector.list_error:
-            return True  # cannot be listed: unavailable for that kind only
+        if reflector.list_error or relisting_long(reflector, self.settings.relist_patience):
+            return True  # cannot be listed (in time): unavailable for that kind only
         # A kind that appeared after the first sync, listing for the first time, holds nothing
         # yet: it waits alone. One listed before counts in shared pools: stale, it stops all.
         return self._first_synced and reflector.first_sync_seconds is None
@@ -235,6 +233,8 @@ class LiveState(PlatformRebuilds, ConsistentReads, Restamps):
             return ""
         if reflector.list_error:
             return f"cannot be listed ({reflector.list_error})"
+        if running := relisting_long(reflector, self.settings.relist_patience):
+            return f"listing again for {running:.0f} s"
         if reflector.first_sync_seconds is None and self._first_synced:
             return "not listed yet"  # a kind that appeared after the first sync
         return ""

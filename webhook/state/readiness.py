@@ -29,11 +29,19 @@ from typing import Any
 
 from webhook.kube.reflector import Reflector
 
-__all__ = ["Readiness", "WatchedReflector", "first_to_go_silent", "why_not_synced"]
+__all__ = [
+    "Readiness",
+    "WatchedReflector",
+    "first_to_go_silent",
+    "patience_ends",
+    "relisting_long",
+    "relisting_since",
+    "why_not_synced",
+]
 
 # What of a reflector readiness reads (with the clock, through :attr:`Reflector.synced`).
 READ: frozenset[str] = frozenset(
-    {"listed", "watching", "list_error", "first_sync_seconds", "last_activity"}
+    {"listed", "watching", "list_error", "first_sync_seconds", "last_activity", "listing_since"}
 )
 
 
@@ -82,10 +90,15 @@ class Readiness:
     reflectors_synced: bool
     unavailable: dict[str, str]
     sentinels: tuple[Reflector, ...]
+    # (clock, instant): the answer ends once a clock reaches its instant (a relist running
+    # past its patience then excuses its kind, which only time changes).
+    until: tuple[tuple[Callable[[], float], float], ...] = ()
 
     def current(self) -> bool:
         """Whether this answer still holds (asked while no assignment has dropped it)."""
-        return all(s.synced for s in self.sentinels)
+        return all(s.synced for s in self.sentinels) and all(
+            clock() < instant for clock, instant in self.until
+        )
 
 
 def first_to_go_silent(reflectors: Iterable[Reflector]) -> tuple[Reflector, ...]:
@@ -101,6 +114,37 @@ def first_to_go_silent(reflectors: Iterable[Reflector]) -> tuple[Reflector, ...]
         if kept is None or reflector.last_activity < kept.last_activity:
             first[key] = reflector
     return tuple(first.values())
+
+
+def relisting_since(reflector: Reflector) -> float | None:
+    """When ``reflector``, synced before, began listing again (None: it is not)."""
+    if reflector.synced or reflector.first_sync_seconds is None:
+        return None
+    return reflector.listing_since
+
+
+def patience_ends(
+    reflectors: Iterable[Reflector], patience: float
+) -> tuple[tuple[Callable[[], float], float], ...]:
+    """When each relisting reflector's ``patience`` ends, by its clock: a kept answer ends
+    then, as the kind is excused from then on."""
+    return tuple(
+        (reflector.clock, since + patience)
+        for reflector in reflectors
+        if (since := relisting_since(reflector)) is not None
+    )
+
+
+def relisting_long(reflector: Reflector, patience: float) -> float:
+    """For how long ``reflector`` has been listing again, once that is past ``patience`` (a
+    request's deadline; 0: not). A list used to end, or fail, within it; cozystack-api's
+    whole-kind list, streamed, may run for minutes (a tenant's fat applications make it
+    longer), and past that only its own kind waits, as a kind that cannot be listed does."""
+    since = relisting_since(reflector)
+    if since is None:
+        return 0.0
+    running = reflector.clock() - since
+    return running if running >= patience else 0.0
 
 
 def why_not_synced(reflector: Reflector) -> str:
