@@ -10,9 +10,33 @@ deadline, so they fail only when it really did not hold in time.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 
-__all__ = ["eventually", "eventually_async"]
+__all__ = ["eventually", "eventually_async", "loop_gaps"]
+
+
+@contextlib.asynccontextmanager
+async def loop_gaps(every: float = 0.0) -> AsyncIterator[list[float]]:
+    """The gaps between a ticker's turns of the event loop (each asking to wake ``every``
+    seconds later) while the block runs: how long whatever ran meanwhile held the loop."""
+    gaps: list[float] = []
+
+    async def tick() -> None:
+        loop = asyncio.get_running_loop()
+        last = loop.time()
+        while True:
+            await asyncio.sleep(every)
+            now = loop.time()
+            gaps.append(now - last)
+            last = now
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0)
+    try:
+        yield gaps
+    finally:
+        ticker.cancel()
 
 
 async def eventually(

@@ -15,7 +15,7 @@ import yaml
 from tests.apiserver.server import EmulatedAPIServer
 from tests.builders import FIXTURES
 from tests.capacity.objects import hostile_mixed_cluster, node_object, vm_objects
-from tests.waiting import eventually
+from tests.waiting import eventually, loop_gaps
 from webhook.capacity.rebalance import Rebalancer, RebalanceSettings
 from webhook.core.capacity.rebalance import Goal, fair_order, find_goals, for_tenant, tenant_of
 from webhook.kube.client import KubeClient
@@ -269,22 +269,10 @@ async def test_a_slow_goal_neither_holds_the_event_loop_nor_delays_other_goals(
             client,
             settings(max_moves=5, max_candidates=10**9, plan_seconds=2.0, planners=2),
         )
-        gaps: list[float] = []
-
-        async def tick() -> None:
-            loop = asyncio.get_running_loop()
-            last = loop.time()
-            while True:
-                await asyncio.sleep(0.01)
-                now = loop.time()
-                gaps.append(now - last)
-                last = now
-
-        ticker = asyncio.create_task(tick())
         try:
-            outcomes = await rebalancer.round()
+            async with loop_gaps(0.01) as gaps:
+                outcomes = await rebalancer.round()
         finally:
-            ticker.cancel()
             rebalancer.close()
         assert outcomes == [
             (Goal("place", "tenant-good/big"), "planned"),

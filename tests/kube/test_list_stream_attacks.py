@@ -12,13 +12,13 @@ in every replica, at every list of its kind.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import tracemalloc
 from collections.abc import AsyncIterator
 from typing import Any
 
+from tests.waiting import loop_gaps
 from webhook.kube.list_stream import decode_list
 
 ITEM_BYTES = 9 * 2**20  # what the client lets one item be (about its max_event_bytes)
@@ -76,22 +76,8 @@ async def test_a_long_key_blocks_the_event_loop_for_one_chunk_of_its_map() -> No
     long_key = "k" * (1024 * 1024)
     hostile = {long_key: {f"x{index}": 0 for index in range(6_000)}}  # some 60 KB of keys
     body = body_of(hostile)
-    stalls: list[float] = []
-
-    async def ticking() -> None:
-        last = time.perf_counter()
-        while True:
-            await asyncio.sleep(0)
-            now = time.perf_counter()
-            stalls.append(now - last)
-            last = now
-
-    ticker = asyncio.create_task(ticking())
-    try:
-        await asyncio.sleep(0)
+    async with loop_gaps() as stalls:
         await streamed_seconds(body)
-    finally:
-        ticker.cancel()
     # The webhook answers an admission in milliseconds; kube-apiserver gives it 10 s at most.
     assert max(stalls) < 0.1, f"the event loop stalled {max(stalls):.2f}s on one chunk"
 

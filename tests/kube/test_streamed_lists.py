@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from kubernetes import client as k8s_client
 
 from tests.apiserver.server import EmulatedAPIServer
+from tests.kube.loopback import client_of
 from tests.kube.reflecting import THINGS, Mirror, reflector
 from tests.kube.test_pages import Recording
 from tests.waiting import eventually
@@ -73,21 +73,8 @@ class Whole:
 @pytest.fixture
 async def whole() -> AsyncIterator[tuple[Whole, KubeClient]]:
     served = Whole()
-    app = web.Application()
-    app.router.add_get(THINGS.path(), served.serve)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    configuration = k8s_client.Configuration()
-    configuration.host = f"http://127.0.0.1:{port}"
-    client = KubeClient(configuration, max_event_bytes=256 * 1024)
-    try:
+    async with client_of(THINGS.path(), served.serve, max_event_bytes=256 * 1024) as client:
         yield served, client
-    finally:
-        await client.close()
-        await runner.cleanup()
 
 
 async def names(client: KubeClient, pages: PageSizes, **options: Any) -> tuple[str, list[Any]]:

@@ -21,8 +21,8 @@ from unittest import mock
 
 import pytest
 from aiohttp import web
-from kubernetes import client as k8s_client
 
+from tests.kube.loopback import client_of
 from tests.waiting import eventually
 from webhook.core.pricing.platform import Platform
 from webhook.core.tenancy.tenants import TENANT_KIND
@@ -105,20 +105,8 @@ class CozystackLike:
 @pytest.fixture
 async def served() -> AsyncIterator[tuple[CozystackLike, KubeClient]]:
     server = CozystackLike()
-    app = web.Application()
-    app.router.add_get(BASE + "/{plural}", server.serve)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    configuration = k8s_client.Configuration()
-    configuration.host = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    client = KubeClient(configuration, timeout=DEADLINE)
-    try:
+    async with client_of(BASE + "/{plural}", server.serve, timeout=DEADLINE) as client:
         yield server, client
-    finally:
-        await client.close()
-        await runner.cleanup()
 
 
 def platform_of(kinds: dict[str, str]) -> Platform:
