@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -404,8 +405,13 @@ class CozystackAPI:
                     data=json.dumps(body).encode(),
                     headers={"Content-Type": "application/json"},
                 )
-                with urllib.request.urlopen(request, context=context, timeout=5) as answer:
-                    response = json.loads(answer.read())["response"]
+                try:
+                    with urllib.request.urlopen(request, context=context, timeout=5) as answer:
+                        response = json.loads(answer.read())["response"]
+                except (TimeoutError, urllib.error.URLError) as exc:
+                    # A replica just started may take longer than the probe waits: its first
+                    # admission waits for the consistent reads that prove its kinds complete.
+                    response = {"error": repr(exc)}
                 audit = response.get("auditAnnotations") or {}
                 counted = json.loads(audit.get("reserved-after") or "{}")
                 if audit.get("pool") == namespace and (
