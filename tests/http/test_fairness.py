@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import http.client
 import io
 import json
@@ -322,3 +323,47 @@ def test_whatever_a_create_is_named_its_review_waits_in_its_namespaces_flow(name
     request = {"uid": "u", "name": name, "namespace": "tenant-beta-x", "operation": "CREATE"}
     review = {"request": request, "object": {"namespace": "tenant-acme"}}
     assert peek(json.dumps(review, separators=(",", ":")).encode()).flow == "tenant-beta"
+
+
+async def test_a_review_decoding_many_containers_sets_off_no_collection_while_it_runs() -> None:
+    """A body of a few hundred thousand lists, decoded in one step, would set off a collection
+    every 700 of them, each walking what the state made since its last full sync."""
+    seen: list[bool] = []
+    collections: list[int] = []
+
+    def counting(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    async def decision() -> int:
+        seen.append(gc.isenabled())
+        gc.callbacks.append(counting)
+        try:
+            lists: list[list[int]] = [[] for _ in range(50_000)]  # what decoding them makes
+        finally:
+            gc.callbacks.remove(counting)
+        await asyncio.sleep(0)  # waits on I/O: the next step is paused alike
+        seen.append(gc.isenabled())
+        return len(lists)
+
+    assert gc.isenabled()
+    made, _ = await FairAdmission(wait_seconds=1.0).run("tenant-acme", 1, decision())
+    assert made == 50_000
+    assert seen == [False, False], "each step ran with the collector paused"
+    assert collections == [], "no collection during the step"
+    assert gc.isenabled(), "and it is on again after"
+
+
+async def test_a_step_that_raises_leaves_the_collector_as_it_found_it() -> None:
+    async def failing() -> None:
+        raise ValueError("a decision's fault")
+
+    with pytest.raises(ValueError, match="fault"):
+        await FairAdmission(wait_seconds=1.0).run("tenant-acme", 1, failing())
+    assert gc.isenabled()
+    gc.disable()  # a process that runs with it off keeps it off
+    try:
+        await FairAdmission(wait_seconds=1.0).run("tenant-acme", 1, asyncio.sleep(0))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -38,7 +38,8 @@ from webhook.core.admission.escrow import (
     reclaimable,
     within,
 )
-from webhook.core.admission.escrow.holder import refill_wanted, surplus
+from webhook.core.admission.escrow.refills import refill_wanted, surplus
+from webhook.core.base import resources as rl
 
 POOL = "tenant-a"
 KIND = "Thing"
@@ -471,6 +472,16 @@ class EscrowMoves(RuleBasedStateMachine):
         for incarnation, record in self.records.items():
             room = record.granted.get(M, _d(0)) - record.returned.get(M, _d(0))
             assert self.spent.get(incarnation, _d(0)) <= room, incarnation
+
+    @invariant()
+    def the_sum_a_spend_is_checked_by_is_that_of_every_spend_still_to_fold(self) -> None:
+        for replica in self.replicas:
+            held = replica.escrow._slices.get(POOL)  # the holder's own books
+            if held is None:
+                continue
+            kept = rl.add(held.spent, held.inflight.folded if held.inflight else {})
+            walked = rl.total(spend.room for spend in replica.escrow.spends(POOL))
+            assert rl.positive_part(kept) == rl.positive_part(walked)
 
     @invariant()
     def every_replica_counts_at_least_what_is_committed(self) -> None:

@@ -44,7 +44,7 @@ from webhook.admission.ledger.status import Status
 from webhook.admission.ledger.wants import with_want
 from webhook.core.admission import escrow as core
 from webhook.core.admission.decisions import Decision, Policy, decide
-from webhook.core.admission.escrow.holder import refill_wanted, surplus
+from webhook.core.admission.escrow.refills import refill_wanted, surplus
 from webhook.core.admission.reviews import AdmissionRequest
 from webhook.core.admission.state import ReservationState
 from webhook.core.base import resources as rl

@@ -503,10 +503,23 @@ def _loads(text: str) -> object:
 _QUANTITY_FIELDS: Final = ("charge", "factor", "committed", "own", "marks")
 
 
+# Records this short are read through a small cache: one admission reads its object's record
+# four times (the key check, the price, the spend, the watch echo), and a record is some 600
+# characters. A longer annotation, tenant-made, is read each time and never kept.
+_CACHED_CHARS: Final = 4096
+
+
 def parse_recorded_charge(text: object) -> RecordedCharge | None:
-    """The annotation's content, unverified; ``None`` when absent or unreadable."""
+    """The annotation's content, unverified; ``None`` when absent or unreadable. The record is
+    shared between callers (a short one is cached): read it, never change it."""
     if not isinstance(text, str) or len(text) > MAX_ANNOTATION_CHARS:
         return None
+    if len(text) <= _CACHED_CHARS:
+        return _parse_cached(text)
+    return _parse(text)
+
+
+def _parse(text: str) -> RecordedCharge | None:
     try:
         body = _loads(text)
         if not isinstance(body, Mapping):
@@ -556,3 +569,6 @@ def parse_recorded_charge(text: object) -> RecordedCharge | None:
         dry,
         request,
     )
+
+
+_parse_cached = lru_cache(maxsize=256)(_parse)

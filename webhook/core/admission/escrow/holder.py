@@ -23,13 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from decimal import ROUND_FLOOR, Decimal
+from decimal import Decimal
 from typing import Final
 
 from webhook.core.admission.escrow.records import EscrowBounds, SliceRecord
 from webhook.core.base import resources as rl
 
-__all__ = ["Escrow", "Spend", "Write", "refill_wanted", "surplus"]
+__all__ = ["Escrow", "Spend", "Write"]
 
 _ZERO = Decimal(0)
 
@@ -55,6 +55,7 @@ class Write:
     folds: tuple[Spend, ...]
     version: int
     sent: float  # monotonic
+    folded: Mapping[str, Decimal] = field(default_factory=dict)  # the folds' rooms' sum
 
 
 # Deleted pools whose version the holder keeps: a late answer comes within the request timeout,
@@ -68,46 +69,22 @@ class _Slice:
     base: SliceRecord | None = None  # the newest stored copy of the holder's record
     version: int = 0  # the pool object's version that copy was read at
     spends: list[Spend] = field(default_factory=list)  # not folded, not in a write
+    spent: dict[str, Decimal] = field(default_factory=dict)  # their rooms' sum
     inflight: Write | None = None
     unknown: bool = False  # the write in flight failed without saying whether it was stored
     deadline: float = float("-inf")  # monotonic: no spending from then on
     last_spend: float = float("-inf")  # or the last refill, if later
 
+    def keep(self, spends: list[Spend]) -> None:
+        """Hold ``spends`` as the unfolded ones, their sum recounted: a spend is checked
+        against the sum, never by a walk of every spend still to be folded (a busy slice
+        holds a few seconds of them)."""
+        self.spends = spends
+        self.spent = rl.total(spend.room for spend in spends)
 
-def refill_wanted(
-    rate: Mapping[str, Decimal], available: Mapping[str, Decimal], bounds: EscrowBounds
-) -> dict[str, Decimal]:
-    """What a refill should add when the slice holds less than ``runway_seconds`` of ``rate``
-    (per second) on some key: enough for ``target_seconds`` of it (``{}``: no refill)."""
-    runway = Decimal(str(bounds.runway_seconds))
-    if all(available.get(key, _ZERO) >= value * runway for key, value in rate.items()):
-        return {}
-    target = Decimal(str(bounds.target_seconds))
-    wanted = {key: value * target - available.get(key, _ZERO) for key, value in rate.items()}
-    return {key: value for key, value in wanted.items() if value > 0}
-
-
-def surplus(
-    rate: Mapping[str, Decimal],
-    available: Mapping[str, Decimal],
-    bounds: EscrowBounds,
-    *,
-    least: Mapping[str, Decimal] | None = None,
-) -> dict[str, Decimal]:
-    """What a renewal gives back: the unspent room beyond ``target_seconds`` of ``rate`` (per
-    second) on each key, and beyond ``least`` (the last admission's charge, so the slice still
-    answers one more like it). A slice sized for a burst and kept alive by a trickle would
-    otherwise hold the burst's room for as long as the trickle lasts, room no other replica
-    and not the exact path may use. Whole units, rounded down."""
-    target = Decimal(str(bounds.target_seconds))
-    floor = least or {}
-    given: dict[str, Decimal] = {}
-    for key, held in sorted(available.items()):
-        keep = max(rate.get(key, _ZERO) * target, floor.get(key, _ZERO))
-        extra = (held - keep).to_integral_value(ROUND_FLOOR)
-        if extra > 0:
-            given[key] = extra
-    return given
+    def add(self, spend: Spend) -> None:
+        self.spends.append(spend)
+        self.spent = rl.add(self.spent, spend.room)
 
 
 class Escrow:
@@ -135,12 +112,9 @@ class Escrow:
         found = self._slices.get(pool)
         if found is None or found.base is None:
             return {}
-        left = found.base.outstanding()
-        for spend in found.spends:
-            left = rl.subtract(left, spend.room)
+        left = rl.subtract(found.base.outstanding(), found.spent)
         if found.inflight is not None:
-            for spend in found.inflight.folds:
-                left = rl.subtract(left, spend.room)
+            left = rl.subtract(left, found.inflight.folded)
             returning = rl.subtract(found.inflight.record.returned, found.base.returned)
             left = rl.subtract(left, rl.positive_part(returning))
         return {key: max(_ZERO, value) for key, value in left.items()}
@@ -197,7 +171,7 @@ class Escrow:
         for pool, room in charges.items():
             positive = {key: value for key, value in room.items() if value > 0}
             found = self._slices[pool]
-            found.spends.append(Spend(uid, pool, positive, kind, now, update))
+            found.add(Spend(uid, pool, positive, kind, now, update))
             found.last_spend = now
         self._uids[uid] = now
         return True
@@ -211,11 +185,14 @@ class Escrow:
     def spends(self, pool: str | None = None) -> list[Spend]:
         """Every spend not yet shown folded (in a write or not), of ``pool`` or every pool."""
         found: list[Spend] = []
-        for name, held in sorted(self._slices.items()):
-            if pool is None or name == pool:
-                found.extend(held.spends)
-                if held.inflight is not None:
-                    found.extend(held.inflight.folds)
+        if pool is not None:  # one look-up, not a walk of every pool held
+            slices = [self._slices[pool]] if pool in self._slices else []
+        else:
+            slices = [held for _, held in sorted(self._slices.items())]
+        for held in slices:
+            found.extend(held.spends)
+            if held.inflight is not None:
+                found.extend(held.inflight.folds)
         return found
 
     def foldable(self, pool: str, now: float) -> bool:
@@ -293,15 +270,17 @@ class Escrow:
         }
         if not grow and not give and not folds and not self.renew_due(pool, now):
             return None  # nothing to change, and the lease is not due
+        folded = rl.total(s.room for s in folds)
         record = replace(
             base,
             granted=rl.add(base.granted, {k: v for k, v in (grow or {}).items() if v > 0}),
-            folded=rl.add(base.folded, rl.total(s.room for s in folds)),
+            folded=rl.add(base.folded, folded),
             returned=rl.add(base.returned, give),
             expires=wall + self.bounds.lease_seconds,
         )
-        found.spends = [s for s in found.spends if s not in folds]
-        found.inflight = Write(pool, record, folds, version, now)
+        leaving = {id(s) for s in folds}  # by identity: a thousand folds compare no fields
+        found.keep([s for s in found.spends if id(s) not in leaving])
+        found.inflight = Write(pool, record, folds, version, now, folded)
         if grow:
             found.last_spend = max(found.last_spend, now)  # idle counts from the refill too
         return found.inflight
@@ -347,7 +326,7 @@ class Escrow:
         if found.inflight is not write:
             return
         found.inflight, found.unknown = None, False
-        found.spends = [*write.folds, *found.spends]
+        found.keep([*write.folds, *found.spends])
 
     def unknown(self, write: Write) -> None:
         """``write`` failed without saying whether it was stored: spend nothing from the slice
@@ -378,7 +357,7 @@ class Escrow:
         found.version = version
         if record is None and found.base is not None:
             # Removed (reclaimed): what was spent from it is counted as its removal departs.
-            found.spends = []
+            found.keep([])
         found.base = record
 
     def forget(self, pool: str, version: int) -> None:
