@@ -112,15 +112,26 @@ def too_many_caps(pool: str, *, in_bytes: bool = False) -> Decision:
     )
 
 
-def cap_share_full(pool: str, who: str, settings: LedgerSettings) -> Decision:
+def cap_share_full(
+    pool: str, who: str, settings: LedgerSettings, *, in_bytes: bool = False
+) -> Decision:
+    """One tenant's sub-tenants admitted in warn beyond what fits take its whole share of the
+    pool's caps, in count or, for caps of many long keys, in bytes (``in_bytes``: never less
+    than one cap of the largest size)."""
+    share = f"{settings.namespace_share * 100:g}%"
+    held, of = (
+        (f"{settings.cap_share_bytes_limit} bytes of", f"{bounds.MAX_CAPS_BYTES} bytes")
+        if in_bytes
+        else (f"{settings.cap_share_limit}", f"{bounds.MAX_CAPS}")
+    )
     return errored(
         429,
         "TooManyRequests",
         "ledger-share",
-        f"tenant reservations: {who} already has {settings.cap_share_limit} sub-tenants "
-        f"admitted in warn mode beyond what fits in pool {pool}, its share "
-        f"({settings.namespace_share * 100:g}% of {bounds.MAX_CAPS}); fix their quotas, then "
-        "try again",
+        f"tenant reservations: {who} already has {held} sub-tenants admitted in warn mode "
+        f"beyond what fits in pool {pool}, its share ({share} of {of}"
+        + (", never less than one cap at its largest" if in_bytes else "")
+        + "); fix their quotas, then try again",
     )
 
 

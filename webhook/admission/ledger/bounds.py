@@ -136,3 +136,12 @@ class LedgerSettings:
     def cap_share_limit(self) -> int:
         """How many caps one tenant's sub-tenants may have listed in one pool's ledger."""
         return max(1, int(MAX_CAPS * self.namespace_share))
+
+    @property
+    def cap_share_bytes_limit(self) -> int:
+        """How many bytes one tenant's sub-tenants' caps may take in one pool's ledger (never
+        less than one cap of the largest size, as the caps list it)."""
+        # And its key: the namespace its Tenant owns (a namespace, "-", a name: 63 + 1 + 253
+        # characters), quoted, its colon and the comma after it.
+        largest = MAX_CAP_BYTES + 63 + 1 + 253 + 4
+        return max(largest, int(MAX_CAPS_BYTES * self.namespace_share))

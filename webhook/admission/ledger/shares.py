@@ -4,11 +4,12 @@ One tenant (the tenant namespace directly below the pool, with its sub-tenants) 
 most ``LedgerSettings.namespace_share`` of a pool's :data:`~.bounds.MAX_ENTRIES` entries listed,
 and of its :data:`~.bounds.MAX_PENDING_BYTES` (:class:`Room`: long names take their share in
 bytes before they take it in entries), and its sub-tenants at most that share of its
-:data:`~.bounds.MAX_CAPS` caps: past it only that tenant is told to try again, and creating
-namespaces never multiplies its share (:func:`holder`). A sub-Tenant allowed only because
-Tenant is in warn, beyond what fits, is recorded in the pool's ``status.capped`` before the
-answer (:class:`Caps`, the cap found by :mod:`webhook.core.admission.warn_caps`, as the offline
-paths find it): it then counts no more
+:data:`~.bounds.MAX_CAPS` caps and of their :data:`~.bounds.MAX_CAPS_BYTES`
+(:func:`cap_refusal`: a cap of many long keys takes some 42 KB, and five took them all): past
+it only that tenant is told to try again, and creating namespaces never multiplies its share
+(:func:`holder`). A sub-Tenant allowed only because Tenant is in warn, beyond what fits, is
+recorded in the pool's ``status.capped`` before the answer (:class:`Caps`, the cap found by
+:mod:`webhook.core.admission.warn_caps`, as the offline paths find it): it then counts no more
 than before the write, and nothing is held for it.
 """
 
@@ -31,7 +32,16 @@ from webhook.core.base import resources as rl
 from webhook.core.tenancy.tenants import below_toward, parent_namespace
 from webhook.kube.client import ApiError
 
-__all__ = ["Caps", "Room", "holder", "holders", "largest_share", "metadata_room"]
+__all__ = [
+    "Caps",
+    "Room",
+    "cap_refusal",
+    "holder",
+    "holders",
+    "largest_share",
+    "listed_cap_size",
+    "metadata_room",
+]
 
 
 def holder(pool: str, namespace: str) -> str:
@@ -181,6 +191,34 @@ def _cap_holder(pool: str, owned: str) -> str:
     return holder(pool, parent_namespace(owned) or owned)
 
 
+def listed_cap_size(owned: str, raw: object) -> int:
+    """The bytes the cap ``raw`` of the Tenant owning ``owned`` takes in the caps as the ledger
+    writes them: its key, its value and the comma that follows it."""
+    return size({owned: raw}) - 1  # without its braces, with the comma after it
+
+
+def cap_refusal(
+    pool: str, caps: Mapping[str, Any], who: str, settings: LedgerSettings
+) -> Decision | None:
+    """Why ``pool``'s ledger may not list ``caps`` (what it lists with one more of ``who``'s,
+    the tenant whose share it takes); ``None`` when it may. The pool's caps take at most
+    :data:`~.bounds.MAX_CAPS` and :data:`~.bounds.MAX_CAPS_BYTES`, one tenant's at most its
+    share of each, as its entries do of :data:`~.bounds.MAX_ENTRIES` and
+    :data:`~.bounds.MAX_PENDING_BYTES`: past it only that tenant is refused."""
+    if len(caps) > bounds.MAX_CAPS:
+        return answers.too_many_caps(pool)
+    if size(caps) > bounds.MAX_CAPS_BYTES:
+        return answers.too_many_caps(pool, in_bytes=True)
+    mine = [owned for owned in caps if _cap_holder(pool, str(owned)) == who]
+    if len(mine) > settings.cap_share_limit:
+        return answers.cap_share_full(pool, who, settings)
+    if sum(listed_cap_size(str(owned), caps[owned]) for owned in mine) > (
+        settings.cap_share_bytes_limit
+    ):
+        return answers.cap_share_full(pool, who, settings, in_bytes=True)
+    return None
+
+
 # -- a carve-out admitted in warn: only what fits is counted ----------------------------------
 
 
@@ -210,8 +248,7 @@ class Caps:
         """Make ``pool``'s ledger list ``cap`` for ``owned``; ``None`` once written, else the
         answer to give. A cap whose Tenant is not stored with its quota within the grace
         period is dropped by the next write (see :meth:`Status.build`). One tenant's caps take
-        at most its share of :data:`~.bounds.MAX_CAPS`, as its entries do of
-        :data:`~.bounds.MAX_ENTRIES`: past it only that tenant is refused."""
+        at most its share of the caps, in count and in bytes (:func:`cap_refusal`)."""
         book, settings = self.book, self.book.settings
         who = _cap_holder(pool, owned)
         raw = {
@@ -232,13 +269,9 @@ class Caps:
                 kept = self.status.kept(pool, current, state, without=set())
                 status = self.status.build(pool, current, state, kept)
                 caps = {**raw_caps(status), owned: raw}
-                if len(caps) > bounds.MAX_CAPS:
-                    return answers.too_many_caps(pool)
-                if size(caps) > bounds.MAX_CAPS_BYTES:
-                    return answers.too_many_caps(pool, in_bytes=True)
-                mine = sum(1 for other in caps if _cap_holder(pool, str(other)) == who)
-                if mine > settings.cap_share_limit:
-                    return answers.cap_share_full(pool, who, settings)
+                refused = cap_refusal(pool, caps, who, settings)
+                if refused is not None:
+                    return refused
                 outcome = await book.attempt(pool, current, {**status, "capped": caps})
                 if outcome == "written":
                     return None
