@@ -114,7 +114,9 @@ class StubClient:
             if fault[0] == name:
                 self.cluster.faults.remove(fault)
                 raise ApiError(fault[1], "Fault", "injected")
-        current = self.cluster.objects[name]
+        current = self.cluster.objects.get(name)
+        if current is None:  # deleted meanwhile (its namespace, with its Tenant)
+            raise ApiError(404, "NotFound", name)
         if obj["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
             raise ApiError(409, "Conflict", "the object has been modified")
         stored = copy.deepcopy(obj)

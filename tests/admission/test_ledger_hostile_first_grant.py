@@ -1,21 +1,27 @@
 """Attacks on a cold pool's first slice (``Escrowed.open``): a tenant's own pools' writes hold
 up no other tenant's create, a create cut off mid-grant leaves no pool ungrantable, one small
-create parks no large share of a shared pool, and no charge is counted twice in the rate."""
+create parks no large share of a shared pool, no charge is counted twice in the rate, and a
+sub-tenant deleted while its pool's grant is written leaves nothing in the holder's books (nor,
+created again, gets a slice spent twice)."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import ClassVar
+import copy
+from collections.abc import Awaitable
+from decimal import Decimal
+from typing import Any, ClassVar
 
 import pytest
 
 from tests.admission.test_ledger import POOL, Clock, Cluster, Minted, Replica, create
 from tests.admission.test_ledger_escrow_first_grant import cold_pool
-from tests.builders import review
+from tests.builders import review, tenant
 from tests.waiting import eventually
 from webhook.admission.ledger.slices import slice_records
 from webhook.core.admission.escrow import SliceRecord
 from webhook.core.admission.reviews import AdmissionRequest, parse_review
+from webhook.core.base import resources as rl
 
 PARENT, CHILD, SIBLING = "tenant-acme", "tenant-acme-dev", "tenant-acme-ops"
 TREE = {PARENT: {"memory": "64Gi"}, CHILD: {"cpu": "8"}, SIBLING: None}
@@ -207,3 +213,107 @@ async def test_a_tenants_first_create_of_a_rare_kind_does_not_keep_other_kinds_o
         f"{exact} writes of the shared pool's object; slice kinds "
         f"{sorted(a.escrowed.escrow.record(pool).kinds)}"  # type: ignore[union-attr]
     )
+
+
+class DeletedSubTenant:
+    """A hostile tenant's sub-tenant pool CHILD (a quota of its own, inside PARENT) that replica
+    ``a`` (escrow on, its clock the test's) meets cold: replica ``seed`` admitted a create into
+    it. The tenant deletes CHILD while ``a`` writes its object, and may create it again."""
+
+    TREE: ClassVar[dict[str, dict[str, str] | None]] = {
+        PARENT: {"memory": "64Gi"},
+        CHILD: {"memory": "8Gi"},
+    }
+
+    def __init__(self) -> None:
+        self.cluster = Cluster()
+        self.seed = Replica(self.cluster, "seed", self.TREE)
+        self.a = Replica(self.cluster, "a", self.TREE, escrow=True)
+        self.now = [100.0]
+        self.a.escrowed.monotonic = lambda: self.now[0]
+        self.escrow = self.a.escrowed.escrow
+
+    @classmethod
+    async def cold(cls) -> DeletedSubTenant:
+        child = cls()
+        seeded = create("seed", "1Gi", namespace=CHILD, uid="seed")
+        assert (await child.seed.admit(seeded)).allowed
+        child.a.deliver(CHILD)
+        return child
+
+    async def delete_during(self, write: Awaitable[Any]) -> Any:
+        """``write`` (a's, of CHILD's object) held at the API server while CHILD is deleted
+        (its namespace goes, with the TenantReservation in it, and both replicas' watches
+        deliver it), then let through: it finds no object."""
+        cluster = self.cluster
+        stall = cluster.stall(CHILD)
+        task = asyncio.ensure_future(write)
+        await eventually(lambda: cluster.held.get(CHILD) == 1)
+        deleted = cluster.objects.pop(CHILD)
+        deleted["metadata"]["resourceVersion"] = str(cluster.bump())
+        gone = cluster.bump()
+        for replica in (self.a, self.seed):
+            replica.ledger.reflector.on_event("DELETED", copy.deepcopy(deleted))
+            replica.state.forget(("Tenant", PARENT, "dev"), version=gone)
+        stall.set()
+        del cluster.stalls[CHILD]
+        return await task
+
+    async def create_again(self) -> None:
+        """CHILD by the same name again: its new object (the seed's create) delivered to a."""
+        for replica in (self.a, self.seed):
+            replica.state.observe(tenant(CHILD, {"memory": "8Gi"}))
+        assert (await self.seed.admit(create("again", "1Gi", namespace=CHILD, uid="again"))).allowed
+        self.a.deliver(CHILD)
+
+
+async def test_a_sub_tenant_deleted_while_its_first_grant_is_in_flight_leaves_nothing_the_holder_keeps() -> (  # noqa: E501
+    None
+):
+    # The hostile tenant creates into its own cold sub-tenant pool and deletes the sub-tenant
+    # while the first grant's write is on its way: the write finds no object (404, an outcome
+    # the holder cannot tell), and the deletion, seen while the write was in flight, left the
+    # pool in the holder's books for good. Repeated, each sub-tenant created and deleted so
+    # grew them by one pool, which every round of the escrow duty walked.
+    child = await DeletedSubTenant.cold()
+    a, escrow = child.a, child.escrow
+    opener = a.admit(create("vm", "1Gi", namespace=CHILD, uid="req-1"))
+    assert not (await child.delete_during(opener)).allowed, "its namespace is no Tenant's now"
+    assert await a.ledger.escrow() == 0
+    assert escrow.pools() == [], "nothing kept of a pool whose object is gone"
+    # The sub-tenant again, by the same name: the holder starts afresh from a grant of its own.
+    await child.create_again()
+    assert await a.ledger.escrow() == 1, "the pool is still rated: the duty grants it"
+    a.deliver(CHILD)
+    assert (await a.admit(create("vm2", "1Gi", namespace=CHILD, uid="req-2"))).allowed
+    (record,) = _records(child.cluster, CHILD).values()
+    assert record.folded == {}
+    assert a.escrowed.spends == 1
+    assert escrow.available(CHILD) == rl.subtract(record.granted, {"memory": Decimal(1024**3)})
+
+
+async def test_a_sub_tenant_deleted_and_created_again_gets_no_slice_spent_twice() -> None:
+    # The reverse: the holder drops a deleted pool's books, so a copy of the old object listing
+    # its record (a relist from a stale cache) must not bring them back without the spends
+    # made from it, and the request spent there is not answered from the new pool's slice.
+    child = await DeletedSubTenant.cold()
+    a, escrow = child.a, child.escrow
+    assert (await a.admit(create("vm", "1Gi", namespace=CHILD, uid="req-1"))).allowed
+    assert a.escrowed.spends == 1, "answered from the slice granted for it"
+    old = copy.deepcopy(child.cluster.objects[CHILD])
+    child.now[0] += escrow.bounds.renew_seconds  # a renewal is due: a write of the record
+    assert await child.delete_during(a.ledger.escrow()) == 0
+    assert await a.ledger.escrow() == 0
+    assert escrow.pools() == []
+    a.ledger.reflector.on_event("MODIFIED", old)  # older than the deletion
+    assert escrow.record(CHILD) is None, "a copy older than the deletion brings no slice back"
+    assert escrow.available(CHILD) == {}
+    await child.create_again()
+    assert await a.ledger.escrow() == 1
+    a.deliver(CHILD)
+    (record,) = _records(child.cluster, CHILD).values()
+    assert record.folded == {}
+    assert escrow.spends(CHILD) == [], "nothing spent from the old slice is in the new one's"
+    again = await a.admit(create("vm", "1Gi", namespace=CHILD, uid="req-1"))  # the same call
+    assert again.allowed
+    assert a.escrowed.spends == 1, "a uid spent within the store bound takes the exact path"

@@ -36,9 +36,10 @@ from webhook.core.admission.escrow import (
     covers_shortfall,
     grant_size,
     reclaimable,
+    refill_wanted,
+    surplus,
     within,
 )
-from webhook.core.admission.escrow.refills import refill_wanted, surplus
 from webhook.core.base import resources as rl
 
 POOL = "tenant-a"

@@ -22,7 +22,7 @@ from typing import Any
 from tests.simulation.apiserver import SimAPI
 from webhook.core.admission import escrow as core
 from webhook.core.admission.escrow import records as escrow_records
-from webhook.core.admission.escrow.refills import refill_wanted, surplus
+from webhook.core.admission.escrow.records import refill_wanted, surplus
 
 Obj = dict[str, Any]
 KIND = "Thing"

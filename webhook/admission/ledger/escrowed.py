@@ -44,7 +44,7 @@ from webhook.admission.ledger.status import Status
 from webhook.admission.ledger.wants import with_want
 from webhook.core.admission import escrow as core
 from webhook.core.admission.decisions import Decision, Policy, decide
-from webhook.core.admission.escrow.refills import refill_wanted, surplus
+from webhook.core.admission.escrow import refill_wanted, surplus
 from webhook.core.admission.reviews import AdmissionRequest
 from webhook.core.admission.state import ReservationState
 from webhook.core.base import resources as rl
@@ -312,9 +312,9 @@ class Escrowed:
         """Whether a round would leave ``pool``'s record as it is: nothing to spend or give
         back, nothing to fold, no renewal due and not yet removable (a record waits so for
         its spends' objects or the store bound, and a round over it is all the duty does
-        then)."""
+        then). A pool whose object is gone is taken up, to be dropped."""
         escrow = self.escrow
-        return not (
+        return pool in self.book.objects and not (
             any(escrow.available(pool).values())
             or escrow.foldable(pool, now)
             or escrow.renew_due(pool, now)
@@ -332,7 +332,8 @@ class Escrowed:
         book, escrow = self.book, self.escrow
         async with book.locked([pool]):
             current = book.objects.get(pool)
-            if current is None:
+            if current is None:  # deleted: no write left in flight or unknown can be stored now
+                escrow.drop(pool)
                 return 0
             state = book.current()
             node = state.tree.get(pool)

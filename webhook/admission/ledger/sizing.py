@@ -10,8 +10,7 @@ from collections.abc import Mapping
 from decimal import ROUND_FLOOR, Decimal
 
 from webhook.core.admission import escrow as core
-from webhook.core.admission.escrow.holder import Spend
-from webhook.core.admission.escrow.refills import refill_wanted
+from webhook.core.admission.escrow import Spend, refill_wanted
 from webhook.core.base import resources as rl
 
 __all__ = ["FOLD_SPENDS", "fold_due", "warmed_grant"]

@@ -3,8 +3,8 @@
 A slice is granted by the holder's conditional write of the pool's ``TenantReservation``
 (:mod:`.records`), counted whole by every replica, with the room that left it counted as
 departed until each replica's state has caught up (:mod:`.counting`), and spent, folded,
-refilled and returned by its holder alone (:mod:`.holder`; how much, :mod:`.refills`). The
-design, the bounds and what the known designs do is ``docs/escrow.md``.
+refilled and returned by its holder alone (:mod:`.holder`). The design, the bounds and what
+the known designs do is ``docs/escrow.md``.
 """
 
 from webhook.core.admission.escrow.counting import SliceCount
@@ -15,6 +15,8 @@ from webhook.core.admission.escrow.records import (
     covers_shortfall,
     grant_size,
     reclaimable,
+    refill_wanted,
+    surplus,
     within,
 )
 
@@ -28,5 +30,7 @@ __all__ = [
     "covers_shortfall",
     "grant_size",
     "reclaimable",
+    "refill_wanted",
+    "surplus",
     "within",
 ]

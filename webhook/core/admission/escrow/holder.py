@@ -363,15 +363,24 @@ class Escrow:
     def forget(self, pool: str, version: int) -> None:
         """``pool``'s object was deleted at ``version``: once no write of it is in flight,
         nothing is kept of it but the version (of the last :data:`_GONE` deletions), so that
-        a late answer older than the deletion brings no slice back."""
+        a late answer older than the deletion brings no slice back. One in flight then is
+        left to :meth:`drop`."""
         self.recorded(pool, None, version)
         found = self._slices.get(pool)
         if found is None or found.inflight is not None or found.unknown or found.base is not None:
             return
-        del self._slices[pool]
-        self._gone[pool] = version
-        while len(self._gone) > _GONE:
-            del self._gone[next(iter(self._gone))]
+        self.drop(pool)
+
+    def drop(self, pool: str) -> None:
+        """Keep nothing of ``pool`` but the version of its deletion: its object is gone, and no
+        write of it is under way any more. A write the deletion left in flight, or of unknown
+        outcome (its answer a 404), can never be stored now: it was conditional on a copy of
+        the deleted object. Kept, it held the pool in the holder's books for good."""
+        found = self._slices.pop(pool, None)
+        if found is not None:
+            self._gone[pool] = found.version  # forget() read the deletion's
+            while len(self._gone) > _GONE:
+                del self._gone[next(iter(self._gone))]
 
     def _foldable(self, spend: Spend, now: float) -> bool:
         if now > spend.decided + self.bounds.store_seconds:

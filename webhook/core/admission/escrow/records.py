@@ -7,7 +7,9 @@ unspent. Its *outstanding* room is ``granted - folded - returned``; a replica th
 versions still learns exactly what was folded between two copies by subtracting. ``kinds`` is
 fixed at the first grant: every replica waits for those kinds' watches before it releases room
 folded out of the slice, so the holder spends it on no other kind. Another replica only ever
-removes a whole record, once :func:`reclaimable`.
+removes a whole record, once :func:`reclaimable`. What a grant gives (:func:`grant_size`), what
+a refill asks for (:func:`refill_wanted`) and what a renewal gives back (:func:`surplus`) are
+sized here, from the bounds.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ __all__ = [
     "covers_shortfall",
     "grant_size",
     "reclaimable",
+    "refill_wanted",
+    "surplus",
     "within",
 ]
 
@@ -132,3 +136,39 @@ def grant_size(
             return {}
         granted[key] = give
     return granted
+
+
+def refill_wanted(
+    rate: Mapping[str, Decimal], available: Mapping[str, Decimal], bounds: EscrowBounds
+) -> dict[str, Decimal]:
+    """What a refill should add when the slice holds less than ``runway_seconds`` of ``rate``
+    (per second) on some key: enough for ``target_seconds`` of it (``{}``: no refill)."""
+    runway = Decimal(str(bounds.runway_seconds))
+    if all(available.get(key, _ZERO) >= value * runway for key, value in rate.items()):
+        return {}
+    target = Decimal(str(bounds.target_seconds))
+    wanted = {key: value * target - available.get(key, _ZERO) for key, value in rate.items()}
+    return {key: value for key, value in wanted.items() if value > 0}
+
+
+def surplus(
+    rate: Mapping[str, Decimal],
+    available: Mapping[str, Decimal],
+    bounds: EscrowBounds,
+    *,
+    least: Mapping[str, Decimal] | None = None,
+) -> dict[str, Decimal]:
+    """What a renewal gives back: the unspent room beyond ``target_seconds`` of ``rate`` (per
+    second) on each key, and beyond ``least`` (the last admission's charge, so the slice still
+    answers one more like it). A slice sized for a burst and kept alive by a trickle would
+    otherwise hold the burst's room for as long as the trickle lasts, room no other replica
+    and not the exact path may use. Whole units, rounded down."""
+    target = Decimal(str(bounds.target_seconds))
+    floor = least or {}
+    given: dict[str, Decimal] = {}
+    for key, held in sorted(available.items()):
+        keep = max(rate.get(key, _ZERO) * target, floor.get(key, _ZERO))
+        extra = (held - keep).to_integral_value(ROUND_FLOOR)
+        if extra > 0:
+            given[key] = extra
+    return given
