@@ -41,7 +41,7 @@ from webhook.core.pricing.evaluation import Charge
 from webhook.core.pricing.kinds import ApplicationKind, kind_from_definition
 from webhook.core.tenancy.applications import AppKey
 from webhook.core.tenancy.counts import count_key
-from webhook.core.tenancy.records import canonical_sha256, digest_text
+from webhook.core.tenancy.records import canonical_sha256, digest_text, plain_json
 from webhook.core.tenancy.tenants import TENANT_KIND, owned_namespace
 
 __all__ = [
@@ -278,10 +278,12 @@ def _exact_sha256(values: object) -> bytes:
     orjson refuses keys that are not strings, integers past 64 bits, dates and subclasses, and
     writes NaN and infinities as ``null`` and a tuple as a list: only values the text reads back
     as are plain JSON (two values with one text then read back as one value, so are equal and
-    of the same types: the text tells an integer, a float and a boolean apart)."""
+    of the same types: the text tells an integer, a float and a boolean apart). Values holding
+    no float, tuple or subclass (:func:`plain_json`, a look at each container's children's
+    types in C) always read back as they are; only the others are read back to be sure."""
     try:
         text = orjson.dumps(values, option=_EXACT)
-        same = orjson.loads(text) == values
+        same = plain_json(values) or orjson.loads(text) == values
     except orjson.JSONEncodeError as exc:
         raise TypeError("not plain JSON") from exc
     if not same:

@@ -59,6 +59,7 @@ __all__ = [
     "key_id",
     "mac",
     "parse_recorded_charge",
+    "plain_json",
     "record_annotation",
     "sign",
     "sign_record",
@@ -185,7 +186,7 @@ def _no_float(value: object, text: bytes) -> bool:
     """Whether orjson's ``text`` of ``value`` holds no float (so no NaN either): a scan of a
     short text (fast for the values most writes carry), a walk over the types of a long one."""
     if len(text) > _SCANNED_BYTES:
-        return _plain(value)
+        return plain_json(value)
     return (
         _FLOAT.search(text) is None
         and not (text[0] in _NUMBER_START and (b"." in text or b"e" in text))
@@ -194,7 +195,7 @@ def _no_float(value: object, text: bytes) -> bool:
     )
 
 
-def _plain(value: object) -> bool:
+def plain_json(value: object) -> bool:
     """Whether ``value`` holds only maps, lists, strings, integers, booleans and ``None`` (no
     float, so every ``null`` is a None, and no subclass): one look at each container's
     children's types, in C (``map(type, ...)``), so the cost is per container and per entry."""
