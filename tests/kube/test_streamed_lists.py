@@ -5,8 +5,9 @@ replica's memory. Past the page's bound it is decoded one item at a time instead
 to the reducer and dropped; these tests hold it to what a list must still be: its
 resourceVersion and every item as the standard library reads them, bad bodies refused as
 unreadable (never a crash, never decoded whole), an item past any object's size refused, its
-time bounded per read rather than by the request deadline, and a server that honours ``limit``
-paged exactly as before.
+time bounded per read rather than by the request deadline (its first byte too: a server that
+builds a whole kind before it answers), and a server that honours ``limit`` paged exactly as
+before.
 """
 
 from __future__ import annotations
@@ -50,11 +51,13 @@ def listing(items: list[Any], version: str = "7", *, metadata_last: bool = False
 
 class Whole:
     """A server that sends ``body`` whatever a list asks (as cozystack-api does), in chunks,
-    ``pause`` seconds apart; the limits it was asked for."""
+    ``pause`` seconds apart, the first ``first_byte`` seconds after its headers; the limits it
+    was asked for."""
 
     def __init__(self) -> None:
         self.body = listing([])
         self.pause = 0.0
+        self.first_byte = 0.0
         self.limits: list[str] = []
 
     async def serve(self, request: web.Request) -> web.StreamResponse:
@@ -62,6 +65,7 @@ class Whole:
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         response.enable_chunked_encoding()
         await response.prepare(request)
+        await asyncio.sleep(self.first_byte)  # the whole kind built before it is sent
         for start in range(0, len(self.body), 1 << 14):
             await response.write(self.body[start : start + (1 << 14)])
             if self.pause:
@@ -203,6 +207,26 @@ async def test_a_streamed_list_outlasts_the_request_deadline_within_its_read_tim
     served.pause = 1.0  # silent past the read timeout between two chunks: given up on
     with pytest.raises(ApiError, match="Unreachable"):
         await names(client, PageSizes(page_bytes=BUDGET, limit=1), read_timeout=0.3)
+
+
+async def test_a_streamed_list_waits_the_read_timeout_not_the_request_deadline_for_its_first_byte(
+    whole: tuple[Whole, KubeClient],
+) -> None:
+    # cozystack-api builds a whole kind before it sends a byte of it: seconds for a kind a
+    # tenant fattens. The request deadline (10 s) ran from the request to the end of the part
+    # read whole, so such a list failed every time before it could stream, the kind never
+    # listed again.
+    served, client = whole
+    served.body = listing([thing(f"t{index:02d}") for index in range(40)])
+    served.first_byte = 0.8
+    client.timeout = 0.3
+    pages = PageSizes(page_bytes=BUDGET, limit=1)
+    version, listed = await names(client, pages, read_timeout=2)
+    assert (version, len(listed)) == ("7", 40)
+    with pytest.raises(ApiError, match="Unreachable"):  # still bounded: by the read timeout
+        await names(client, PageSizes(page_bytes=BUDGET, limit=1), read_timeout=0.4)
+    with pytest.raises(ApiError, match="Unreachable"):  # a page never streamed: the deadline
+        await names(client, PageSizes(page_bytes=BUDGET), read_timeout=2)
 
 
 async def test_a_server_that_honours_limit_is_paged_as_before_never_streamed(

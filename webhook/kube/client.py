@@ -263,7 +263,11 @@ class KubeClient:
     ) -> tuple[Obj, int]:
         """A page read whole and decoded at once up to ``max_bytes`` within the request's
         deadline (the common case, and the fastest: orjson decodes some three times faster
-        than an incremental decoder), else read on as a stream (:mod:`webhook.kube.list_stream`)."""
+        than an incremental decoder), else read on as a stream (:mod:`webhook.kube.list_stream`).
+
+        Its first byte is waited for as any read of a stream is, ``read_timeout`` at most: a
+        server that builds a whole kind before it answers (cozystack-api) may take longer than
+        the request deadline to send any of it. The deadline runs from that byte."""
         what = f"GET {path}"
         headers = self._headers()
         if accept:
@@ -271,20 +275,24 @@ class KubeClient:
         timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=self.timeout, sock_read=read_timeout
         )
+        loop = asyncio.get_running_loop()
         try:
             async with (
-                asyncio.timeout(self.timeout) as deadline,
+                asyncio.timeout(STREAMED_LIST_SECONDS) as deadline,
                 self._client().get(
                     self.host + path, params=params, headers=headers, timeout=timeout
                 ) as response,
             ):
                 if response.status >= 400:
+                    deadline.reschedule(loop.time() + self.timeout)
                     text, _ = await _head(response, MAX_ERROR_BYTES)
                     raise _api_error(response.status, text.decode("utf-8", errors="replace"))
                 declared = response.content_length
                 head, whole = bytearray(), False
                 if declared is None or declared <= max_bytes:
-                    head, whole = await _head(response, max_bytes)
+                    head = bytearray(await response.content.readany())  # within read_timeout
+                    deadline.reschedule(loop.time() + self.timeout)
+                    head, whole = await _head(response, max_bytes, head)
                 if whole:
                     raw = _utf8(head)
                     result: Obj = decode_json(raw) if raw else {}
@@ -484,10 +492,15 @@ async def _bounded_body(response: aiohttp.ClientResponse, max_bytes: int, what: 
     return _utf8(body)
 
 
-async def _head(response: aiohttp.ClientResponse, max_bytes: int) -> tuple[bytearray, bool]:
-    """The body up to ``max_bytes`` (plus one chunk), and whether that was all of it; the rest
-    is left unread, for the caller to drop or to read on."""
-    body = bytearray()
+async def _head(
+    response: aiohttp.ClientResponse, max_bytes: int, body: bytearray | None = None
+) -> tuple[bytearray, bool]:
+    """The body up to ``max_bytes`` (plus one chunk), after the ``body`` already read of it,
+    and whether that was all of it; the rest is left unread, for the caller to drop or to
+    read on."""
+    body = body if body is not None else bytearray()
+    if len(body) > max_bytes:
+        return body, False
     async for chunk in response.content.iter_chunked(CHUNK):
         body += chunk
         if len(body) > max_bytes:
