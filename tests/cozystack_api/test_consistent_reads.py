@@ -16,7 +16,7 @@ from tests.test_live import Caller, caller, certs, replica, wait_ready
 from tests.waiting import eventually
 from webhook.core.admission.policy_reports import build_reports
 from webhook.kube.client import METADATA_ONLY
-from webhook.kube.reflector import consistent_read
+from webhook.kube.pages import consistent_read
 from webhook.state.consistent_reads import (
     HELM_RELEASES,
     RELEASE_GROUP,

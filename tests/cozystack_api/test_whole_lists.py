@@ -14,8 +14,7 @@ import pytest
 
 from tests.cozystack_api.conftest import NAMESPACE, CozystackAPI
 from webhook.kube.client import KubeClient, ResourceRef
-from webhook.kube.pages import MAX_PAGE_BYTES, PageSizes
-from webhook.kube.reflector import consistent_read
+from webhook.kube.pages import MAX_PAGE_BYTES, PageSizes, consistent_read
 
 pytestmark = pytest.mark.cozystack_api
 

@@ -27,8 +27,7 @@ import pytest
 from kubernetes import client as k8s_client
 
 from webhook.kube.client import ApiError, KubeClient, ResourceRef
-from webhook.kube.pages import MAX_PAGE_BYTES, PageSizes
-from webhook.kube.reflector import consistent_read
+from webhook.kube.pages import MAX_PAGE_BYTES, PageSizes, consistent_read
 
 VMDISKS = ResourceRef("apps.cozystack.io", "v1alpha1", "vmdisks")
 OBJECTS = 64

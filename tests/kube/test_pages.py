@@ -16,8 +16,7 @@ from hypothesis import strategies as st
 from tests.apiserver.server import EmulatedAPIServer
 from tests.kube.reflecting import THINGS
 from webhook.kube.client import KubeClient
-from webhook.kube.pages import PAGE_SIZE, PageSizes
-from webhook.kube.reflector import consistent_read
+from webhook.kube.pages import PAGE_SIZE, PageSizes, consistent_read
 
 BUDGET = 64 * 1024  # a page's bytes in these tests (the shipped budget is 8 MiB)
 

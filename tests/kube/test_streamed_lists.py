@@ -27,8 +27,7 @@ from tests.kube.reflecting import THINGS, Mirror, reflector
 from tests.kube.test_pages import Recording
 from tests.waiting import eventually
 from webhook.kube.client import ApiError, KubeClient, ListUnreadable
-from webhook.kube.pages import PageSizes
-from webhook.kube.reflector import consistent_read
+from webhook.kube.pages import PageSizes, consistent_read
 
 BUDGET = 16 * 1024  # a page's bytes here: read whole up to twice that, streamed past it
 

@@ -15,14 +15,20 @@ resource whose server ignores ``limit`` (cozystack-api answers from its cache wi
 of a kind, however few are asked for), known from a page that brought more than it asked for
 and remembered, so its next lists are not cut short four times first. The sizes are kept
 between lists of one resource, so a resync starts at the size the last one ended with.
+:func:`consistent_read` is such a list, made now: the reflector's lists and the state's reads.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
-__all__ = ["MAX_PAGE_BYTES", "PAGE_BYTES", "PAGE_SIZE", "PageSizes"]
+from webhook.kube.client import REQUEST_TIMEOUT, ApiError, KubeClient, ResourceRef, ResponseTooLarge
+
+__all__ = ["MAX_PAGE_BYTES", "PAGE_BYTES", "PAGE_SIZE", "PageSizes", "consistent_read"]
+
+Obj = dict[str, Any]
 
 PAGE_SIZE: Final = 500  # objects a page asks for at most (client-go's pager asks for 500)
 PAGE_BYTES: Final = 2 * 2**20  # what a page is sized to, at its objects' last known size
@@ -74,3 +80,69 @@ class PageSizes:
         """The page just asked for ran past :attr:`max_bytes` and was cut short."""
         self.cut_short += 1
         self.limit = max(1, self.limit // SHRINK)
+
+
+async def consistent_read(
+    client: KubeClient,
+    resource: ResourceRef,
+    reduce: Callable[[Obj], Any],
+    *,
+    namespace: str = "",
+    params: Mapping[str, str] | None = None,
+    accept: str = "",
+    pages: PageSizes | None = None,
+    read_timeout: float = REQUEST_TIMEOUT,
+) -> tuple[str, list[Any]]:
+    """A paginated list without a resourceVersion (kube-apiserver serves it at its current
+    revision), each item reduced as its page arrives and the page dropped before the next is
+    asked for; the list's resourceVersion and the reduced items. ``accept``: the pages' Accept
+    header (``METADATA_ONLY``: metadata only). ``pages`` sizes each page by the bytes the last
+    brought (:class:`PageSizes`, kept by the caller between reads of one resource) and
+    counts the bytes this read listed. A page that cannot be asked for smaller is streamed
+    past its bound, each item reduced as it is decoded, each read waiting ``read_timeout``."""
+    pages = pages if pages is not None else PageSizes()
+    pages.start()
+    items: list[Any] = []
+    streamed = 0  # items of the page under way handed over as they were decoded
+    token = ""
+    path = resource.path(namespace)
+
+    def take(obj: Obj) -> None:
+        nonlocal streamed
+        streamed += 1
+        reduced = reduce(obj)
+        if reduced is not None:
+            items.append(reduced)
+
+    while True:
+        query = {**(params or {}), "limit": str(pages.limit)}
+        if token:
+            query["continue"] = token
+        streamed = 0
+        try:
+            page, size = await client.list_page(
+                path,
+                params=query,
+                accept=accept,
+                max_bytes=pages.max_bytes,
+                stream=take if pages.streamed else None,
+                read_timeout=read_timeout,
+            )
+        except ResponseTooLarge:
+            pages.too_large()  # cut short, unread past the bound: the same page, fewer objects
+            continue
+        except ApiError as exc:
+            if exc.status == 410:  # the continue token expired: start the read over
+                items, token = [], ""
+                pages.start()
+                continue
+            raise
+        metadata = page.get("metadata") or {}
+        objects = page.get("items") or []
+        token = str(metadata.get("continue") or "")
+        pages.read(streamed + len(objects), size, more=bool(token))
+        for obj in objects:
+            take(obj)
+        del page, objects
+        if not token:
+            return str(metadata.get("resourceVersion") or ""), items

@@ -35,18 +35,11 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from webhook.kube.client import (
-    REQUEST_TIMEOUT,
-    ApiError,
-    KubeClient,
-    ResourceRef,
-    ResponseTooLarge,
-    WatchEventUnreadable,
-)
-from webhook.kube.pages import PageSizes
+from webhook.kube.client import ApiError, KubeClient, ResourceRef, WatchEventUnreadable
+from webhook.kube.pages import PageSizes, consistent_read
 from webhook.waits import sleep_unless_stopped
 
-__all__ = ["Reflector", "consistent_read"]
+__all__ = ["Reflector"]
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -332,69 +325,3 @@ class Reflector:
 
 def _whole(obj: Obj) -> Obj:
     return obj
-
-
-async def consistent_read(
-    client: KubeClient,
-    resource: ResourceRef,
-    reduce: Callable[[Obj], Any],
-    *,
-    namespace: str = "",
-    params: Mapping[str, str] | None = None,
-    accept: str = "",
-    pages: PageSizes | None = None,
-    read_timeout: float = REQUEST_TIMEOUT,
-) -> tuple[str, list[Any]]:
-    """A paginated list without a resourceVersion (kube-apiserver serves it at its current
-    revision), each item reduced as its page arrives and the page dropped before the next is
-    asked for; the list's resourceVersion and the reduced items. ``accept``: the pages' Accept
-    header (``METADATA_ONLY``: metadata only). ``pages`` sizes each page by the bytes the last
-    brought (:mod:`webhook.kube.pages`; kept by the caller between reads of one resource) and
-    counts the bytes this read listed. A page that cannot be asked for smaller is streamed
-    past its bound, each item reduced as it is decoded, each read waiting ``read_timeout``."""
-    pages = pages if pages is not None else PageSizes()
-    pages.start()
-    items: list[Any] = []
-    streamed = 0  # items of the page under way handed over as they were decoded
-    token = ""
-    path = resource.path(namespace)
-
-    def take(obj: Obj) -> None:
-        nonlocal streamed
-        streamed += 1
-        reduced = reduce(obj)
-        if reduced is not None:
-            items.append(reduced)
-
-    while True:
-        query = {**(params or {}), "limit": str(pages.limit)}
-        if token:
-            query["continue"] = token
-        streamed = 0
-        try:
-            page, size = await client.list_page(
-                path,
-                params=query,
-                accept=accept,
-                max_bytes=pages.max_bytes,
-                stream=take if pages.streamed else None,
-                read_timeout=read_timeout,
-            )
-        except ResponseTooLarge:
-            pages.too_large()  # cut short, unread past the bound: the same page, fewer objects
-            continue
-        except ApiError as exc:
-            if exc.status == 410:  # the continue token expired: start the read over
-                items, token = [], ""
-                pages.start()
-                continue
-            raise
-        metadata = page.get("metadata") or {}
-        objects = page.get("items") or []
-        token = str(metadata.get("continue") or "")
-        pages.read(streamed + len(objects), size, more=bool(token))
-        for obj in objects:
-            take(obj)
-        del page, objects
-        if not token:
-            return str(metadata.get("resourceVersion") or ""), items

@@ -25,8 +25,8 @@ from webhook.core.tenancy.applications import (
     resource_version,
 )
 from webhook.kube.client import METADATA_ONLY, ApiError, KubeClient, ResourceRef
-from webhook.kube.pages import PageSizes
-from webhook.kube.reflector import Reflector, consistent_read
+from webhook.kube.pages import PageSizes, consistent_read
+from webhook.kube.reflector import Reflector
 from webhook.state.watch_repairs import WatchRepairs
 
 if TYPE_CHECKING:
