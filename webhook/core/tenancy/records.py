@@ -92,6 +92,7 @@ _FAST_OPTIONS: Final = (
 )
 _PLAIN_SCALARS: Final = frozenset({str, int, bool, type(None)})
 _CONTAINERS: Final = frozenset({dict, list})
+_WIDE: Final = 32  # children past which a container's are picked out in C, not one by one
 _PLAIN: Final = _PLAIN_SCALARS | _CONTAINERS
 # A number token with a fraction or an exponent after what a value follows in compact JSON
 # (or a text that is one number): where a float is written. A string that looks like one
@@ -208,8 +209,10 @@ def plain_json(value: object) -> bool:
         kinds = set(map(type, children))
         if not kinds <= _PLAIN:
             return False
-        if dict in kinds or list in kinds:  # picked out in C, without a Python step each
+        if (dict in kinds or list in kinds) and len(current) > _WIDE:  # picked out in C
             stack.extend(compress(children, map(_CONTAINERS.__contains__, map(type, children))))
+        elif dict in kinds or list in kinds:
+            stack.extend(child for child in children if type(child) is dict or type(child) is list)
     return True
 
 
