@@ -27,9 +27,9 @@ from webhook.core.admission.reviews import parse_review
 
 WARN = Policy(per_kind={"Tenant": "warn"})  # the README's order: Tenant enforced last
 HOSTILE, OTHER = f"{POOL}-a", f"{POOL}-b"
-# Over the pool's memory (so admitted in warn beyond what fits), and 63 of the longest keys a
-# budget may name besides (64 in all, its most): a cap of some 42 KB.
-FAT = {"memory": "1000Ti", **dict.fromkeys(KEYS[1:], "1000000")}
+# Over the pool's memory (so admitted in warn beyond what fits), and 19 of the longest keys a
+# budget may name besides: a cap of some 13 KB, so that a tenant's share holds one, not two.
+FAT = {"memory": "1000Ti", **dict.fromkeys(KEYS[1:20], "1000000")}
 
 
 async def sub_tenant(replica: Replica, parent: str, name: str) -> Decision:
@@ -65,14 +65,38 @@ async def test_one_tenants_caps_take_at_most_its_share_of_MAX_CAPS_BYTES() -> No
     assert size(capped(cluster)) <= MAX_CAPS_BYTES
 
 
-def test_a_cap_of_the_largest_size_fits_a_tenants_share_of_the_caps() -> None:
+def test_five_tenants_within_their_cap_byte_shares_leave_room_for_another_tenants_cap() -> None:
+    # Each a sub-tenant with a quota of 60 of the longest keys: some 43,700 bytes a cap, which
+    # a floor of one cap at its largest let in as each tenant's share.
     settings_ = LedgerSettings(replica="a")
-    owned = "n" * 63 + "-" + "x" * 253  # the longest namespace a Tenant owns
+    caps: dict[str, Any] = {}
+    for tenant in "abcde":
+        who = f"{POOL}-{tenant}"
+        fat = {f"{who}-s": {"digest": "d" * 32, "padding": "p" * 43_500}}
+        if cap_refusal(POOL, {**caps, **fat}, who, settings_) is None:
+            caps.update(fat)
+    first = {f"{POOL}-f-s": {"digest": "d" * 32, "padding": "p" * 100}}
+    assert cap_refusal(POOL, {**caps, **first}, f"{POOL}-f", settings_) is None
+    assert sum(listed_cap_size(owned, raw) for owned, raw in caps.items()) <= (
+        5 * settings_.cap_share_bytes_limit
+    )
+    # The shares divide the pool's caps: however many tenants fill theirs, all of them fit.
+    assert 10 * settings_.cap_share_bytes_limit <= MAX_CAPS_BYTES
+
+
+def test_a_cap_larger_than_a_tenants_share_is_refused_to_that_tenant_only() -> None:
+    settings_ = LedgerSettings(replica="a")
+    who = f"{POOL}-a"
     raw = {"digest": "d" * 32, "padding": ""}
     raw["padding"] = "p" * (MAX_CAP_BYTES - size(raw))
-    assert size(raw) == MAX_CAP_BYTES
-    assert listed_cap_size(owned, raw) <= settings_.cap_share_bytes_limit
-    assert cap_refusal(POOL, {owned: raw}, "tenant-acme-a", settings_) is None
+    refused = cap_refusal(POOL, {f"{who}-s": raw}, who, settings_)
+    assert refused is not None
+    assert (refused.code, refused.reason) == (429, "ledger-share")
+    assert f"{who} already has 21860 bytes" in refused.message
+    small = {"digest": "d" * 32}
+    assert (
+        cap_refusal(POOL, {f"{who}-s": raw, f"{POOL}-b-s": small}, f"{POOL}-b", settings_) is None
+    )
 
 
 @settings(max_examples=200, deadline=None)

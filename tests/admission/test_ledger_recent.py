@@ -62,3 +62,17 @@ def test_a_young_rate_is_warmed_up_and_an_old_one_is_not() -> None:
     assert recent.warmth("p", 101.0) == pytest.approx(1 - math.exp(-1 / RATE_SECONDS))
     assert recent.warmth("p", 100.0 + 5 * RATE_SECONDS) > 0.99
     assert recent.warmth("never", 0.0) > 0.99
+
+
+def test_sub_tenants_created_and_deleted_leave_no_rate_entries() -> None:
+    # A tenant creating and deleting sub-tenants, one admission into each: every pool's rate
+    # went idle, and yet each kept its entries, walked by every duty round from then on.
+    recent = RecentAdmissions(idle_seconds=30.0)
+    for index in range(1_000):
+        recent.note(f"tenant-acme-x{index}", {"memory": Decimal(1)}, "VMInstance", float(index))
+    later = 1_000.0 + 31.0
+    assert recent.rated(later) == set()
+    kept = (recent._rates, recent._noted, recent._admitted, recent._since, recent._kinds)
+    assert all(not entries for entries in kept), "nothing kept of an idle pool"
+    assert recent._last == {}
+    assert recent.rate("tenant-acme-x1", later) == {}

@@ -367,3 +367,28 @@ async def test_a_step_that_raises_leaves_the_collector_as_it_found_it() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+async def test_the_collection_a_reviews_step_leaves_is_charged_to_its_flow() -> None:
+    """Deferred past the step, it would run at the next allocation, after the step's CPU was
+    read: a flood of reviews keeping their containers across a wait took a fifth more of the
+    loop than its flow was charged."""
+    clock = [0.0]  # the CPU clock the queue charges by: a collection takes a second of it
+
+    def collected(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            clock[0] += 1.0
+
+    async def decision() -> list[list[int]]:
+        return [[] for _ in range(50_000)]  # kept: the review holds its body to the answer
+
+    charged: list[float] = []
+    fair = FairAdmission(wait_seconds=1.0, cpu=lambda: clock[0])
+    fair.on_done = lambda flow, waited, cpu: charged.append(cpu)
+    gc.callbacks.append(collected)
+    try:
+        kept, _ = await fair.run("tenant-acme", 1, decision())
+    finally:
+        gc.callbacks.remove(collected)
+    assert len(kept) == 50_000
+    assert charged[0] >= 1.0, "what the step left was collected, and charged, in its window"

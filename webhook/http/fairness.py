@@ -7,10 +7,11 @@ decoding, parsing and deciding happen only once seated. The seat is given back a
 decision first waits on something (the ledger's write, a key re-read), so a decision waiting
 on I/O never holds the loop from others; the CPU the decision took, measured around each of
 its steps with :func:`time.thread_time` (another task's steps are not counted), is charged to
-its flow when it ends. Each step runs with the cyclic garbage collector paused: a review
-decoding a few hundred thousand containers would otherwise set off a collection every 700 of
-them, each walking every young object and, often, much of the state, for several times the
-decode's own cost; what the step leaves is collected once, after it.
+its flow when it ends. Each step runs with the cyclic garbage collector paused
+(:mod:`webhook.collector`): a review decoding a few hundred thousand containers would otherwise
+set off a collection every 700 of them, each walking every young object and, often, much of the
+state, for several times the decode's own cost; what the step leaves is collected once, at its
+end, and charged to its flow with the rest of the step.
 
 A flow holding its queue length of waiting requests, or a request that waited longer than the
 wait limit (a quarter of the webhook's timeout, as APF waits at most a quarter of the request
@@ -27,6 +28,7 @@ import time
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Final, NamedTuple, TypeVar
 
+from webhook import collector
 from webhook.core.admission.fair_queue import (
     BASE_SECONDS,
     DEFAULT_FAIR_LIMITS,
@@ -319,20 +321,16 @@ class _Metered:
                 except BaseException as exc:
                     thrown = exc
             begun = self._clock()
-            collecting = gc.isenabled()  # paused for the step (see the module's docstring)
-            gc.disable()
+            collector.pause()  # for the step (see the module's docstring)
             try:
                 yielded = step.throw(thrown) if thrown is not None else step.send(sent)
             except StopIteration as stop:
-                self.cpu += self._clock() - begun
+                self._ended(begun)
                 return stop.value
             except BaseException:
-                self.cpu += self._clock() - begun
+                self._ended(begun)
                 raise
-            finally:
-                if collecting:
-                    gc.enable()
-            self.cpu += self._clock() - begun
+            self._ended(begun)
             self._fair._free(self.later[-1] if self.later else self.ticket)
             suspended = True
             thrown = None
@@ -340,3 +338,10 @@ class _Metered:
                 sent = yield yielded
             except BaseException as exc:
                 thrown = exc
+
+    def _ended(self, begun: float) -> None:
+        """A step ended: the collector back on, what the step left collected now (it is the
+        step's work, charged to its flow, not to whoever allocates next), the CPU counted."""
+        if collector.resume() and gc.get_count()[0] > gc.get_threshold()[0]:
+            gc.collect(0)
+        self.cpu += self._clock() - begun

@@ -13,7 +13,6 @@ document and path.
 
 from __future__ import annotations
 
-import gc
 import itertools
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -23,6 +22,7 @@ from typing import Any, Final
 
 import yaml
 
+from webhook import collector
 from webhook.core.admission.state import ReservationState
 from webhook.core.base.errors import ManifestError
 from webhook.core.capacity.guard import QuotaBook, quota_from_object
@@ -175,13 +175,11 @@ def load_state(
     """
     # Loading creates the long-lived state and little cyclic garbage: the collector's full
     # passes over the growing heap would cost seconds and free almost nothing.
-    enabled = gc.isenabled()
-    gc.disable()
+    collector.pause()
     try:
         return _Load(quotas, keys, progress).run(list(_files(paths)))
     finally:
-        if enabled:
-            gc.enable()
+        collector.resume()
 
 
 class _Load:

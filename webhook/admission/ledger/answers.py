@@ -116,8 +116,7 @@ def cap_share_full(
     pool: str, who: str, settings: LedgerSettings, *, in_bytes: bool = False
 ) -> Decision:
     """One tenant's sub-tenants admitted in warn beyond what fits take its whole share of the
-    pool's caps, in count or, for caps of many long keys, in bytes (``in_bytes``: never less
-    than one cap of the largest size)."""
+    pool's caps, in count or, for caps of many long keys, in bytes (``in_bytes``)."""
     share = f"{settings.namespace_share * 100:g}%"
     held, of = (
         (f"{settings.cap_share_bytes_limit} bytes of", f"{bounds.MAX_CAPS_BYTES} bytes")
@@ -129,9 +128,8 @@ def cap_share_full(
         "TooManyRequests",
         "ledger-share",
         f"tenant reservations: {who} already has {held} sub-tenants admitted in warn mode "
-        f"beyond what fits in pool {pool}, its share ({share} of {of}"
-        + (", never less than one cap at its largest" if in_bytes else "")
-        + "); fix their quotas, then try again",
+        f"beyond what fits in pool {pool}, its share ({share} of {of}); fix their quotas, then "
+        "try again",
     )
 
 

@@ -139,9 +139,9 @@ class LedgerSettings:
 
     @property
     def cap_share_bytes_limit(self) -> int:
-        """How many bytes one tenant's sub-tenants' caps may take in one pool's ledger (never
-        less than one cap of the largest size, as the caps list it)."""
-        # And its key: the namespace its Tenant owns (a namespace, "-", a name: 63 + 1 + 253
-        # characters), quoted, its colon and the comma after it.
-        largest = MAX_CAP_BYTES + 63 + 1 + 253 + 4
-        return max(largest, int(MAX_CAPS_BYTES * self.namespace_share))
+        """How many bytes one tenant's sub-tenants' caps may take in one pool's ledger: its
+        share of them and no more, so that the shares divide the pool's caps. A floor of one
+        cap at its largest (some 49 KB, 23% of them) let five tenants each within its share
+        take them all; a cap past the share (a quota of dozens of long keys; real ones take a
+        few hundred bytes) is refused to its own tenant only."""
+        return max(1, int(MAX_CAPS_BYTES * self.namespace_share))

@@ -334,6 +334,8 @@ class Escrowed:
             current = book.objects.get(pool)
             if current is None:  # deleted: no write left in flight or unknown can be stored now
                 escrow.drop(pool)
+                self._quiet.pop(pool, None)
+                self.crowded.pop(pool, None)
                 return 0
             state = book.current()
             node = state.tree.get(pool)

@@ -41,6 +41,8 @@ class RecentAdmissions:
         rates = self.rate(pool, now)
         if not rates:
             self._since[pool] = now
+            rates = self._rates.setdefault(pool, {})
+            self._noted[pool] = now
         for key, value in room.items():
             rates[key] = rates.get(key, 0.0) + float(value) / RATE_SECONDS
         self._kinds.setdefault(pool, set()).add(kind)
@@ -48,13 +50,18 @@ class RecentAdmissions:
         self._admitted[pool] = now
 
     def rate(self, pool: str, now: float) -> dict[str, float]:
-        """``pool``'s recent rate per key, decayed to ``now`` (empty once idle)."""
-        rates = self._rates.setdefault(pool, {})
+        """``pool``'s recent rate per key, decayed to ``now`` (empty once idle: then nothing is
+        kept of the pool, so pools admitted into once, sub-tenants come and gone, leave no
+        entry behind for every later round to walk)."""
+        rates = self._rates.get(pool)
+        if rates is None:
+            return {}
         last = self._noted.get(pool, now)
         if now - self._admitted.get(pool, now) > self.idle_seconds:
-            rates.clear()
-            self._kinds.pop(pool, None)
-            self._admitted.pop(pool, None)
+            for kept in (self._rates, self._noted, self._admitted, self._since, self._kinds):
+                kept.pop(pool, None)
+            self._last.pop(pool, None)
+            return {}
         decay = math.exp(-(now - last) / RATE_SECONDS)
         for key in rates:
             rates[key] *= decay
