@@ -1,7 +1,6 @@
 """Builders for the reflector's tests: Things (served by the ``server`` fixture of this folder),
 the view a consumer keeps of them, a reflector of them running (and synced) for the length of a
-block, the backoff it asks for, and a client that lists one empty page, for fakes of the
-watch."""
+block, and a client that lists one empty page, for fakes of the watch."""
 
 from __future__ import annotations
 
@@ -49,19 +48,6 @@ def reflector(client: KubeClient, mirror: Mirror, **kwargs: Any) -> Reflector:
     return Reflector(
         client, THINGS, on_replace=mirror.replace, on_event=mirror.event, **{**options, **kwargs}
     )
-
-
-def delays_asked(reflector: Reflector) -> list[int]:
-    """The failure counts ``reflector`` asks its backoff for, in order, from now on."""
-    asked: list[int] = []
-    delay = reflector._delay
-
-    def recorded(failures: int) -> float:
-        asked.append(failures)
-        return delay(failures)
-
-    reflector._delay = recorded  # type: ignore[method-assign]
-    return asked
 
 
 async def run(reflector: Reflector) -> tuple[asyncio.Event, asyncio.Task[None]]:

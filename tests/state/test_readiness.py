@@ -1,8 +1,7 @@
 """Readiness kept between changes answers exactly as walking every reflector does, at every
 step of any sequence of what reflectors go through (lists failing and succeeding, 410 relists,
-runs of relists watches force, past their patience or not, watches dropped and reopened,
-silence past the read timeout, kinds coming and going), and a reflector that stops being
-synced is seen by the very next request."""
+watches dropped and reopened, silence past the read timeout, kinds coming and going), and a
+reflector that stops being synced is seen by the very next request."""
 
 from __future__ import annotations
 
@@ -21,7 +20,6 @@ from webhook.kube.reflector import Reflector
 from webhook.state.live import LiveSettings, LiveState
 
 READ_TIMEOUT = 1.0
-PATIENCE = 0.5  # how long a run of relists stops every kind, here (within READ_TIMEOUT)
 KINDS = (("tenants", TENANT_KIND), ("buckets", "Bucket"), ("vminstances", "VMInstance"))
 
 
@@ -35,24 +33,13 @@ class Clock:
 
 def live_state(clock: Clock) -> LiveState:
     client = cast(KubeClient, object())  # never asked: no reflector runs here
-    settings = LiveSettings(read_timeout=READ_TIMEOUT, relist_patience=PATIENCE)
-    return LiveState(client, settings, clock=clock)
+    return LiveState(client, LiveSettings(read_timeout=READ_TIMEOUT), clock=clock)
 
 
 def platform_of(plurals: tuple[str, ...]) -> Platform:
     kinds = {kind: SimpleNamespace(plural=plural, kind=kind) for plural, kind in KINDS}
     wanted = {kind: k for kind, k in kinds.items() if k.plural in plurals}
     return cast(Platform, SimpleNamespace(kinds=wanted))
-
-
-def relisting_long(reflector: Reflector) -> float:
-    """How long a reflector listed before has been listing again, past the patience."""
-    since = reflector.stale_since
-    if reflector.synced or reflector.listed or reflector.first_sync_seconds is None:
-        return 0.0
-    if since is None or reflector.clock() - since < PATIENCE:
-        return 0.0
-    return reflector.clock() - since
 
 
 def walked_synced(live: LiveState) -> bool:
@@ -65,7 +52,7 @@ def walked_synced(live: LiveState) -> bool:
         return False
     for watch in live._apps.values():
         reflector = watch.reflector
-        if reflector.synced or relisting_long(reflector):
+        if reflector.synced:
             continue
         if watch.kind == TENANT_KIND:
             return False
@@ -83,8 +70,6 @@ def walked_unavailable(live: LiveState, kind: str) -> str:
         reflector = watch.reflector
         if reflector.list_error:
             return f"cannot be listed ({reflector.list_error})"
-        if relisting_long(reflector):
-            return f"listing again for over {PATIENCE:g} s"
         if reflector.first_sync_seconds is None and live._first_synced:
             return "not listed yet"
     return ""
@@ -104,8 +89,6 @@ def synced_reflector(reflector: Reflector) -> None:
 STEPS = st.one_of(
     st.tuples(st.just("list"), st.integers(0, 20)),  # a good list and a watch opened
     st.tuples(st.just("relist"), st.integers(0, 20)),  # 410: listed again from scratch
-    st.tuples(st.just("forced"), st.integers(0, 20)),  # a watch forced a list, in a run
-    st.tuples(st.just("run-ends"), st.integers(0, 20)),  # a watch ended as it asked
     st.tuples(st.just("list-error"), st.integers(0, 20)),  # a list failed (404, 403, ...)
     st.tuples(st.just("watch-error"), st.integers(0, 20)),  # a watch broke
     st.tuples(st.just("event"), st.integers(0, 20)),  # an event or bookmark heard
@@ -128,13 +111,6 @@ def step(live: LiveState, clock: Clock, required: list[bool], move: tuple[str, A
         synced_reflector(reflector)
     elif what == "relist" and reflector is not None:
         reflector.listed = False
-    elif what == "forced" and reflector is not None:
-        reflector.watching = False
-        reflector.listed = False
-        if reflector.stale_since is None:
-            reflector.stale_since = clock()
-    elif what == "run-ends" and reflector is not None:
-        reflector.stale_since = None
     elif what == "list-error" and reflector is not None:
         reflector.watching = False
         if not reflector.listed:
@@ -279,25 +255,6 @@ async def test_a_relisting_kind_stops_admission_on_the_next_request_not_later() 
     assert live.state.synced
     app_reflector(live, "tenants").watching = False  # the tenants' watch broke
     assert not live.state.synced
-    for watch in live._apps.values():
-        watch.task.cancel()
-
-
-async def test_a_relist_past_its_patience_excuses_its_kind_on_the_next_request_not_later() -> None:
-    clock = Clock()
-    live = await synced_live(clock)
-    tenants = app_reflector(live, "tenants")
-    tenants.watching = False  # a watch broke after it delivered objects: listing again
-    tenants.listed = False
-    tenants.stale_since = clock()
-    assert not live.state.synced  # within its patience: every kind waits
-    clock.now += PATIENCE  # nothing assigned meanwhile: only time passed
-    assert live.state.synced  # the tree last listed decides the others
-    assert live.state.kind_unavailable(TENANT_KIND) == f"listing again for over {PATIENCE:g} s"
-    tenants.listed = tenants.watching = True
-    tenants.last_activity = clock()
-    assert live.state.synced
-    assert not live.state.kind_unavailable(TENANT_KIND)
     for watch in live._apps.values():
         watch.task.cancel()
 

@@ -17,9 +17,7 @@ reopened from before it, the watch would meet the same event again, for good, wh
 the object whole and the next watch starts past it. So does a watch that breaks after it
 delivered objects: cozystack-api starts a watch from ``r`` with every object newer than ``r`` in
 name order, so a watch reopened from the last one delivered might never send one not yet sent.
-Each is counted (``unreadable_relists``, ``stuck_relists``, ``broken_relists``) and logged, and
-waits a backoff that grows with the lists watches forced in a row: a tenant that breaks every
-watch again makes one list after a longer and longer wait, not one list after another.
+Each is counted (``unreadable_relists``, ``stuck_relists``, ``broken_relists``) and logged.
 
 :attr:`Reflector.synced` is true only after the first list was applied and while the watch is
 live: a watch silent for longer than its read timeout is dead, and the state is then stale.
@@ -90,9 +88,7 @@ class Reflector:
         self.last_activity = 0.0
         self.started = clock()
         self.first_sync_seconds: float | None = None
-        # When the run of relists under way began (clock): see :meth:`_forced_in_row`.
-        self.stale_since: float | None = None
-        self._forced = 0  # lists watches forced in that run
+        self.listing_since: float | None = None  # when the list under way began (clock)
         self.relists = 0
         self.last_error = ""
         self.list_error = ""  # why the last list failed (with its URL); empty once one succeeds
@@ -116,7 +112,6 @@ class Reflector:
     async def run(self, stop: asyncio.Event) -> None:
         """List and watch until ``stop`` is set."""
         failures = 0
-        opened = time.monotonic()
         while not stop.is_set():
             try:
                 if not self.listed:
@@ -126,9 +121,7 @@ class Reflector:
                 opened = time.monotonic()
                 await self._watch(stop)
                 if self._heard or stop.is_set() or not self._ended_at_once(opened):
-                    failures = self._forced = 0  # ended as it asked: a run of relists ends
-                    if self.stale_since is not None:
-                        self.stale_since = None
+                    failures = 0
                 else:
                     # Ended normally with nothing sent, long before the timeout it asked for:
                     # a stream closed as it opened, not a quiet kind. Reopened at once, it
@@ -152,8 +145,6 @@ class Reflector:
                 self.listed = False
                 self.relists += 1
                 failures = 0
-                if self.stale_since is None:
-                    self.stale_since = self.clock()
             # Anything else a list or watch raised (one object's page that its consumer or the
             # decoder cannot take) is a failure like these: reported and retried. Let out, it
             # would end this reflector for good, and readiness with it.
@@ -188,8 +179,6 @@ class Reflector:
                         self.listed = False
                         self.stuck_relists += 1
                         message = "watch broken at one version again: listing again"
-                    if not self.listed:
-                        failures = max(failures, self._forced_in_row(time.monotonic() - opened))
                 delay = self._delay(failures)
                 log.warning(
                     message,
@@ -205,18 +194,6 @@ class Reflector:
                 )
                 await sleep_unless_stopped(delay, stop)
         self.watching = False
-
-    def _forced_in_row(self, lived: float) -> int:
-        """Count a list that a watch open for ``lived`` seconds forced; how many in a row now,
-        which its wait backs off from. Each list once reset the backoff, so a tenant breaking
-        every watch as it reopened (a write of a fat object) made one whole-kind list after
-        another. A run ends when a watch ends as it asked, or breaks after outliving its read
-        timeout; :attr:`stale_since` is when it began, for readiness to bound how long the
-        kind's relists stop every other kind (once a run, not once a relist)."""
-        if lived >= self.read_timeout or self.stale_since is None:
-            self.stale_since, self._forced = self.clock(), 0
-        self._forced += 1
-        return self._forced
 
     def _stuck_again(self) -> bool:
         """Count a watch broken with nothing delivered at the current resourceVersion; true
@@ -243,7 +220,11 @@ class Reflector:
         return str(getattr(self.client, "host", "")) + self.resource.path(self.namespace)
 
     async def _list(self) -> None:
-        version, items = await self.read(self.reduce or _whole)
+        self.listing_since = self.clock()
+        try:
+            version, items = await self.read(self.reduce or _whole)
+        finally:
+            self.listing_since = None
         self.resource_version = version
         if self.resource_version == "0":
             # cozystack-api lists a kind with no objects at resourceVersion "0" (the largest of

@@ -13,8 +13,7 @@ Application reflectors, one per kind the definitions declare, feed the
 :class:`ReservationState`; they start and stop as kinds come and go. A kind whose list fails
 (``404``: a mistyped plural), or lists again for longer than a request's deadline, is
 *unavailable*: its writes fail closed, the reason is reported, its list retried with backoff,
-and every other kind keeps working. Tenants are the exception until listed: without them no
-pool is known; listed once, past the patience their relist stops only Tenant writes.
+and every other kind keeps working. Tenants are the exception: without them no pool is known.
 Of each application only its canonical spec and charge annotation are held (to re-price it).
 
 This module holds readiness, the run loop and the application reflectors; beside it:
@@ -38,6 +37,7 @@ from webhook.core.admission.state import ReservationState
 from webhook.core.pricing.platform import PRESETS_CONFIGMAP, Platform
 from webhook.core.tenancy.applications import APPS_API_VERSION, resource_version
 from webhook.core.tenancy.records import RecordKeys
+from webhook.core.tenancy.tenants import TENANT_KIND
 from webhook.kube.client import REQUEST_TIMEOUT, KubeClient, ResourceRef
 from webhook.kube.reflector import Reflector
 from webhook.state.consistent_reads import ConsistentReads
@@ -56,10 +56,9 @@ from webhook.state.platform_rebuilds import PlatformRebuilds
 from webhook.state.readiness import (
     Readiness,
     WatchedReflector,
-    excused,
     first_to_go_silent,
     patience_ends,
-    unavailable_because,
+    relisting_long,
     why_not_synced,
 )
 from webhook.state.restamps import Restamps
@@ -94,7 +93,7 @@ class LiveSettings:
     confirm_bytes: float = 4 * 2**20
     repair_objects: int = 100  # fetched at most per read to repair a watch's losses
     resync_seconds: float = 300.0  # every kind read this often for them (0: only on demand)
-    relist_patience: float = REQUEST_TIMEOUT  # a run of relists stops all this long, then its kind
+    relist_patience: float = REQUEST_TIMEOUT  # a kind relisting stops all this long, then itself
 
 
 @dataclass
@@ -216,13 +215,29 @@ class LiveState(PlatformRebuilds, ConsistentReads, Restamps):
 
     def _kind_excused(self, watch: AppWatch) -> bool:
         """Whether this kind's reflector does not hold back the whole state."""
-        patience, first = self.settings.relist_patience, self._first_synced
-        return excused(watch.reflector, watch.kind, patience=patience, first_synced=first)
+        reflector = watch.reflector
+        if reflector.synced:
+            return True
+        if watch.kind == TENANT_KIND:
+            return False  # without tenants no pool is known: nothing can be decided
+        if reflector.list_error or relisting_long(reflector, self.settings.relist_patience):
+            return True  # cannot be listed (in time): unavailable for that kind only
+        # A kind that appeared after the first sync, listing for the first time, holds nothing
+        # yet: it waits alone. One listed before counts in shared pools: stale, it stops all.
+        return self._first_synced and reflector.first_sync_seconds is None
 
     def _unavailable(self, watch: AppWatch) -> str:
         """Why this watch's kind cannot be decided now; empty when it can."""
-        patience, first = self.settings.relist_patience, self._first_synced
-        return unavailable_because(watch.reflector, patience=patience, first_synced=first)
+        reflector = watch.reflector
+        if reflector.synced:
+            return ""
+        if reflector.list_error:
+            return f"cannot be listed ({reflector.list_error})"
+        if running := relisting_long(reflector, self.settings.relist_patience):
+            return f"listing again for {running:.0f} s"
+        if reflector.first_sync_seconds is None and self._first_synced:
+            return "not listed yet"  # a kind that appeared after the first sync
+        return ""
 
     def explain(self) -> tuple[list[str], list[str]]:
         """What keeps the state from being synced, and what only degrades it (one kind, one

@@ -5,16 +5,15 @@ least twice; walking every reflector (the platform's four and one per applicatio
 thirty on Cozystack) each time spends the event loop on an answer that changes only when a
 list or a watch does. So the walk is made once and its answer kept until something it read
 changes: any assignment to a reflector's ``listed``, ``watching``, ``list_error``,
-``first_sync_seconds``, ``last_activity`` or ``stale_since`` (made by the reflector's own code:
-a 410 and relist, a failed list, a 404, a dropped watch, an event) drops it, as do a kind's
-watch started or stopped and the first sync. The only changes with no assignment are of time:
-a relist running past its patience (the answer keeps when that is, :attr:`Readiness.until`),
-and a watch silent past its read timeout, which stops being synced. For that the answer also
-keeps, per read timeout and clock, the synced reflector heard from longest ago, the first of
-them to go silent; once it is no longer synced the answer is walked again. A reflector that
-stops being synced is therefore seen by the very next request: readiness fails closed at once,
-never on a timer. (Clocks are monotonic, so a reflector unsynced by silence stays so until it
-hears something, which is an assignment.)
+``first_sync_seconds`` or ``last_activity`` (made by the reflector's own code: a 410 and
+relist, a failed list, a 404, a dropped watch, an event) drops it, as do a kind's watch
+started or stopped and the first sync. The only change with no assignment is time: a watch
+silent past its read timeout stops being synced. For that the answer also keeps, per read
+timeout and clock, the synced reflector heard from longest ago, the first of them to go
+silent; once it is no longer synced the answer is walked again. A reflector that stops being
+synced is therefore seen by the very next request: readiness fails closed at once, never on a
+timer. (Clocks are monotonic, so a reflector unsynced by silence stays so until it hears
+something, which is an assignment.)
 
 One assignment keeps the answer: a reflector that hears something (an event: its
 ``last_activity`` moves forward) while it is synced, and is not among the answer's sentinels,
@@ -28,24 +27,21 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.core.tenancy.tenants import TENANT_KIND
 from webhook.kube.reflector import Reflector
 
 __all__ = [
     "Readiness",
     "WatchedReflector",
-    "excused",
     "first_to_go_silent",
     "patience_ends",
     "relisting_long",
     "relisting_since",
-    "unavailable_because",
     "why_not_synced",
 ]
 
 # What of a reflector readiness reads (with the clock, through :attr:`Reflector.synced`).
 READ: frozenset[str] = frozenset(
-    {"listed", "watching", "list_error", "first_sync_seconds", "last_activity", "stale_since"}
+    {"listed", "watching", "list_error", "first_sync_seconds", "last_activity", "listing_since"}
 )
 
 
@@ -121,24 +117,21 @@ def first_to_go_silent(reflectors: Iterable[Reflector]) -> tuple[Reflector, ...]
 
 
 def relisting_since(reflector: Reflector) -> float | None:
-    """When ``reflector``, synced before and listing again now, began the run of relists this
-    one is part of (its backoff and failures included; None: it is not listing again)."""
-    if reflector.synced or reflector.listed or reflector.first_sync_seconds is None:
+    """When ``reflector``, synced before, began listing again (None: it is not)."""
+    if reflector.synced or reflector.first_sync_seconds is None:
         return None
-    return reflector.stale_since
+    return reflector.listing_since
 
 
 def patience_ends(
     reflectors: Iterable[Reflector], patience: float
 ) -> tuple[tuple[Callable[[], float], float], ...]:
-    """When each relisting reflector's ``patience`` ends, by its clock, if it has not yet: a
-    kept answer ends then, as the kind is excused from then on (an answer kept past an end
-    that had come would be walked again at every ask)."""
+    """When each relisting reflector's ``patience`` ends, by its clock: a kept answer ends
+    then, as the kind is excused from then on."""
     return tuple(
         (reflector.clock, since + patience)
         for reflector in reflectors
         if (since := relisting_since(reflector)) is not None
-        and reflector.clock() < since + patience
     )
 
 
@@ -146,9 +139,7 @@ def relisting_long(reflector: Reflector, patience: float) -> float:
     """For how long ``reflector`` has been listing again, once that is past ``patience`` (a
     request's deadline; 0: not). A list used to end, or fail, within it; cozystack-api's
     whole-kind list, streamed, may run for minutes (a tenant's fat applications make it
-    longer), and past that only its own kind waits, as a kind that cannot be listed does.
-    Counted from the run's first relist: one that a watch forced again soon after (a tenant
-    that breaks every watch) is past it at once, so a run stops every kind once, not each time."""
+    longer), and past that only its own kind waits, as a kind that cannot be listed does."""
     since = relisting_since(reflector)
     if since is None:
         return 0.0
@@ -156,51 +147,10 @@ def relisting_long(reflector: Reflector, patience: float) -> float:
     return running if running >= patience else 0.0
 
 
-def excused(reflector: Reflector, kind: str, *, patience: float, first_synced: bool) -> bool:
-    """Whether the reflector of ``kind`` does not hold back the whole state (``first_synced``:
-    whether the state was synced once)."""
-    if reflector.synced:
-        return True
-    if relisting_long(reflector, patience):
-        # Listed before, listing again past its patience: only its own writes wait, Tenants'
-        # too. The tree last listed still holds every pool, and no write of the kind is
-        # decided here until the list ends (every kind's within the patience, its own past
-        # it): the others are decided against what was stale when the watch broke, as a slow
-        # event leaves it. What a Tenant write admitted before that (or by another replica)
-        # adds to its parent pools stays held by the ledger until the kind is listed again
-        # (an entry that leaves the ledger is let go once the kind's watch passes it); a
-        # namespace whose Tenant the tree does not hold is refused (``unseen_tenant``); a
-        # quota lowered is enforced from the list's end, as from a slow event's arrival.
-        return True
-    if kind == TENANT_KIND:
-        return False  # never listed, or listing again within its patience: no pool is known
-    if reflector.list_error:
-        return True  # cannot be listed: unavailable for that kind only
-    # A kind that appeared after the first sync, listing for the first time, holds nothing
-    # yet: it waits alone. One listed before counts in shared pools: stale, it stops all.
-    return first_synced and reflector.first_sync_seconds is None
-
-
-def unavailable_because(reflector: Reflector, *, patience: float, first_synced: bool) -> str:
-    """Why writes of this reflector's kind cannot be decided now; empty when they can."""
-    if reflector.synced:
-        return ""
-    if reflector.list_error:
-        return f"cannot be listed ({reflector.list_error})"
-    if relisting_long(reflector, patience):
-        # Not for how long: the answer is kept past the patience, until something changes.
-        return f"listing again for over {patience:g} s"
-    if reflector.first_sync_seconds is None and first_synced:
-        return "not listed yet"  # a kind that appeared after the first sync
-    return ""
-
-
 def why_not_synced(reflector: Reflector) -> str:
     """Why ``reflector`` is not synced, in readiness's words."""
     if reflector.list_error:
         return f"cannot be listed ({reflector.list_error}); retrying with backoff"
-    if relisting_since(reflector) is not None:
-        return "listing again"
     if not reflector.listed:
         return "not listed yet"
     if reflector.last_error:
