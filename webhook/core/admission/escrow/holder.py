@@ -55,7 +55,7 @@ class Write:
     folds: tuple[Spend, ...]
     version: int
     sent: float  # monotonic
-    folded: Mapping[str, Decimal] = field(default_factory=dict)  # the folds' rooms' sum
+    folded: Mapping[str, Decimal]  # the folds' rooms' sum, which a spend is checked against
 
 
 # Deleted pools whose version the holder keeps: a late answer comes within the request timeout,
