@@ -187,12 +187,13 @@ async def test_a_tenants_fat_sub_tenants_relisted_as_a_stream_do_not_refuse_ever
     assert not tenants.listed, "the relist is still streaming"
     # Past its patience, every other kind is decided from the tree last listed; the
     # Tenants' own writes are refused until the list ends.
-    assert live.state.synced, (
+    decided, why = live.state.synced, live.kind_unavailable(TENANT_KIND)
+    await eventually(lambda: tenants.synced, timeout=15)  # nothing left streaming after
+    assert decided, (
         "every admission refused while the Tenants stream, "
         f"{3 * DEADLINE:g}s past the relist patience of {DEADLINE:g}s"
     )
-    assert live.kind_unavailable(TENANT_KIND).startswith("listing again for")
-    await eventually(lambda: tenants.synced, timeout=15)
+    assert why.startswith("listing again for")
     assert live.state.synced
     assert not live.kind_unavailable(TENANT_KIND)
     # It breaks the next watch at once: a run of relists stops everything once, not at
