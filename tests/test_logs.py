@@ -15,7 +15,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from webhook.logs import BatchingHandler, JsonFormatter, encode
+from webhook.logs import MAX_FIELD_CHARACTERS, BatchingHandler, JsonFormatter, cut, encode
 
 
 def _record(created: float, msecs: float = 0.0, **extra: object) -> logging.LogRecord:
@@ -136,3 +136,23 @@ def test_a_tenant_name_with_a_line_separator_cannot_split_the_log_line() -> None
     line = JsonFormatter().format(_record(0.0, fields={"name": 'vm\u2028{"forged":1}\x85'}))
     assert len(line.splitlines()) == 1  # str.splitlines splits on U+2028 and U+0085
     assert json.loads(line)["name"] == 'vm\u2028{"forged":1}\x85'
+
+
+def test_a_tenant_value_quoted_in_an_error_makes_no_line_longer_than_its_bound() -> None:
+    # An error naming what a tenant wrote (a quantity that does not parse, a long user name)
+    # is logged on every request that carries it: the line keeps the start and the length.
+    value = "9" * 1_000_000
+    record = _record(0.0, fields={"error": f"not a quantity: {value}", "user": "u" * 100_000})
+    entry = json.loads(JsonFormatter().format(record))
+    assert entry["error"].startswith("not a quantity: 999")
+    assert entry["error"].endswith(f"({len(value) + 16} characters)")
+    assert len(entry["error"]) <= MAX_FIELD_CHARACTERS
+    assert len(entry["user"]) <= MAX_FIELD_CHARACTERS
+
+
+@given(st.text(max_size=3 * MAX_FIELD_CHARACTERS))
+def test_a_field_is_cut_only_past_its_bound_and_never_past_it(text: str) -> None:
+    kept = cut(text)
+    assert len(kept) <= MAX_FIELD_CHARACTERS
+    assert (kept == text) == (len(text) <= MAX_FIELD_CHARACTERS)
+    assert text.startswith(kept.rsplit("... (", 1)[0])

@@ -32,11 +32,22 @@ from typing import Final, TextIO
 
 import orjson
 
-__all__ = ["BatchingHandler", "JsonFormatter", "configure", "encode"]
+__all__ = ["MAX_FIELD_CHARACTERS", "BatchingHandler", "JsonFormatter", "configure", "cut", "encode"]
 
 _STANDARD: Final = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 _ENCODER: Final = json.JSONEncoder(separators=(",", ":"), default=str, check_circular=False)
 _PLAIN: Final = frozenset({str, int, bool, type(None)})
+MAX_FIELD_CHARACTERS: Final = 8192  # of one field of a line (a traceback's frames fit)
+
+
+def cut(text: str) -> str:
+    """``text`` within :data:`MAX_FIELD_CHARACTERS`, saying how long it was: a field quoting
+    what a tenant wrote (an error naming a value, a name, a user) makes one line no longer
+    than this, however large the value."""
+    if len(text) <= MAX_FIELD_CHARACTERS:
+        return text
+    kept = MAX_FIELD_CHARACTERS - 40
+    return f"{text[:kept]}... ({len(text)} characters)"
 
 
 def encode(entry: dict[str, object]) -> str:
@@ -88,6 +99,9 @@ class JsonFormatter(logging.Formatter):
                 entry[key] = value
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
+        for key, value in entry.items():
+            if type(value) is str and len(value) > MAX_FIELD_CHARACTERS:
+                entry[key] = cut(value)
         return encode(entry)
 
 

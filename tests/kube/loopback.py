@@ -16,10 +16,10 @@ Handler = Any  # an aiohttp request handler
 
 @contextlib.asynccontextmanager
 async def client_of(path: str, handler: Handler, **options: Any) -> AsyncIterator[KubeClient]:
-    """A :class:`KubeClient` (with ``options``) of a server answering GETs of ``path`` with
-    ``handler``; both closed after."""
+    """A :class:`KubeClient` (with ``options``) of a server answering every request for
+    ``path`` (GETs, writes, watches) with ``handler``; both closed after."""
     app = web.Application()
-    app.router.add_get(path, handler)
+    app.router.add_route("*", path, handler)
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()

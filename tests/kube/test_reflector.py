@@ -232,12 +232,16 @@ async def test_a_watch_broken_as_its_replica_stops_leaves_no_unretrieved_error()
 
 
 class ErrorEventClient(EmptyList):
-    """Lists one empty page; every watch opens and sends one ERROR event (etcd unavailable)."""
+    """Lists one empty page; every watch opens and sends one ERROR event (by default etcd
+    unavailable; a 410: a history compacted faster than the kind is listed and watched)."""
+
+    def __init__(self, code: int = 500, reason: str = "InternalError") -> None:
+        super().__init__()
+        self.status = {"kind": "Status", "code": code, "reason": reason, "message": "etcd"}
 
     async def watch(self, path: str, **_: Any) -> AsyncIterator[dict[str, Any]]:
         self.watches += 1
-        status = {"kind": "Status", "code": 500, "reason": "InternalError", "message": "etcd"}
-        yield {"type": "ERROR", "object": status}
+        yield {"type": "ERROR", "object": self.status}
 
 
 async def test_a_watch_answering_every_open_with_an_error_event_backs_off() -> None:
@@ -305,3 +309,15 @@ async def test_a_watch_that_ends_at_once_every_time_is_not_reopened_in_a_tight_l
         await asyncio.sleep(0.5)
     assert 1 <= client.watches <= 12, client.watches
     assert "ended at once" in watcher.last_error
+
+
+async def test_a_watch_expired_every_time_it_opens_is_not_relisted_in_a_tight_loop() -> None:
+    # A 410 relisted at once and reset the backoff: a server whose every watch expired as it
+    # opened was listed (the whole kind, every tenant's objects) without a pause, for good.
+    client = ErrorEventClient(410, "Expired")
+    watcher = reflector(client, Mirror(), backoff=(0.05, 0.2))  # type: ignore[arg-type]
+    async with running(watcher):
+        await asyncio.sleep(0.5)
+    assert 1 <= client.watches <= 12, client.watches
+    assert watcher.relists == client.watches
+    assert "expired as it opened" in watcher.last_error

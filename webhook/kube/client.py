@@ -67,14 +67,19 @@ MAX_WATCH_EVENT_BYTES: Final = 6 * ETCD_MAX_REQUEST_BYTES + 65_536
 STREAMED_LIST_SECONDS: Final = 600.0
 CHUNK: Final = 1 << 16  # bytes read (and fed to the decoder) at a time
 MAX_ERROR_BYTES: Final = 1 << 16  # of an error answer's body, what is read of a streamed page's
+MAX_ERROR_MESSAGE: Final = 1024  # characters of an error's message kept: what is logged of it
 
 
 class ApiError(Exception):
-    """The API server answered with an error Status (or could not be reached: status 0)."""
+    """The API server answered with an error Status (or could not be reached: status 0).
+    Its message is kept to :data:`MAX_ERROR_MESSAGE` characters: it is logged, counted and
+    may be quoted in a denial, and a Status can quote what was written at any length."""
 
     def __init__(self, status: int, reason: str, message: str) -> None:
+        if len(message) > MAX_ERROR_MESSAGE:
+            message = f"{message[:MAX_ERROR_MESSAGE]}... ({len(message)} characters)"
         self.status = status
-        self.reason = reason
+        self.reason = reason[:200]
         self.message = message
         super().__init__(f"{status} {reason}: {message}")
 
@@ -285,8 +290,7 @@ class KubeClient:
             ):
                 if response.status >= 400:
                     deadline.reschedule(loop.time() + self.timeout)
-                    text, _ = await _head(response, MAX_ERROR_BYTES)
-                    raise _api_error(response.status, text.decode("utf-8", errors="replace"))
+                    raise await _error_of(response)
                 declared = response.content_length
                 head, whole = bytearray(), False
                 if declared is None or declared <= max_bytes:
@@ -342,12 +346,12 @@ class KubeClient:
                 headers=headers,
                 timeout=self._timeout,
             ) as response:
+                if response.status >= 400:
+                    raise await _error_of(response)
                 if max_bytes is None:
                     raw = await response.read()
                 else:
                     raw = await _bounded_body(response, max_bytes, f"{method} {path}")
-                if response.status >= 400:
-                    raise _api_error(response.status, raw.decode("utf-8", errors="replace"))
                 result: Obj = decode_json(raw) if raw else {}
                 return result, len(raw)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
@@ -404,7 +408,7 @@ class KubeClient:
                 self.host + path, params=query, headers=self._headers(), timeout=timeout
             ) as response:
                 if response.status >= 400:
-                    raise _api_error(response.status, await response.text())
+                    raise await _error_of(response)
                 async for line in bounded_lines(response.content, self.max_event_bytes):
                     if line.strip():
                         yield self._event(line)
@@ -458,10 +462,18 @@ async def bounded_lines(content: aiohttp.StreamReader, limit: int) -> AsyncGener
         yield bytes(pending)
 
 
+async def _error_of(response: aiohttp.ClientResponse) -> ApiError:
+    """The error ``response`` states, read from at most :data:`MAX_ERROR_BYTES` of its body:
+    an error answer is logged, counted and may be quoted in a denial, and what fills it (a
+    Status echoing the object written, a proxy's page) is not the client's to size."""
+    text, _ = await _head(response, MAX_ERROR_BYTES)
+    return _api_error(response.status, text.decode("utf-8", errors="replace"))
+
+
 def _api_error(status: int, text: str) -> ApiError:
     try:
         body = json.loads(text)
-    except ValueError:
+    except ValueError:  # not JSON, or a Status cut short: its first characters stand for it
         body = {}
     if not isinstance(body, Mapping):
         body = {}

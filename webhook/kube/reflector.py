@@ -10,7 +10,9 @@ within the read timeout (:attr:`Reflector.server_timeout`: kube-apiserver bookma
 a kind nothing writes, so a quiet watch ended only by its silence would be taken for dead); one
 that breaks, or stays silent past the read timeout, is reopened after a backoff with jitter,
 which grows only while reopened watches deliver nothing; ``410 Gone`` (the resume point was
-compacted away) forces a fresh list. So does an event the watch cannot read (longer than the
+compacted away) forces a fresh list: at once after a watch that worked, after the backoff when
+the watch expired as it opened (a history compacted faster than the kind is listed would be
+listed again and again without a pause). So does an event the watch cannot read (longer than the
 client's bound, not JSON: :class:`~webhook.kube.client.WatchEventUnreadable`), and a watch that
 broke :data:`STUCK_WATCHES` times in a row at one resourceVersion without delivering anything:
 reopened from before it, the watch would meet the same event again, for good, where a list reads
@@ -128,23 +130,21 @@ class Reflector:
                     # would be reopened without a pause for good.
                     failures += 1
                     self.last_error = f"watch {self._url()}: ended at once, nothing sent"
-                    delay = self._delay(failures)
-                    log.warning(
-                        "watch ended at once",
-                        extra={
-                            "fields": {
-                                "resource": self.resource.plural,
-                                "url": self._url(),
-                                "failures": failures,
-                                "retry_seconds": round(delay, 2),
-                            }
-                        },
-                    )
-                    await sleep_unless_stopped(delay, stop)
+                    await self._back_off("watch ended at once", failures, stop)
             except _Relist:
                 self.listed = False
                 self.relists += 1
-                failures = 0
+                if self._heard:
+                    failures = 0  # its history expired after it worked: list again at once
+                else:
+                    # Expired as it opened, at the version a list had just given: listed
+                    # again at once, a server answering every watch so (compacting faster than
+                    # a list of the kind takes) would be listed without a pause, for good.
+                    failures += 1
+                    self.last_error = f"watch {self._url()}: expired as it opened"
+                    await self._back_off(
+                        "watch expired as it opened: listing again", failures, stop
+                    )
             # Anything else a list or watch raised (one object's page that its consumer or the
             # decoder cannot take) is a failure like these: reported and retried. Let out, it
             # would end this reflector for good, and readiness with it.
@@ -194,6 +194,13 @@ class Reflector:
                 )
                 await sleep_unless_stopped(delay, stop)
         self.watching = False
+
+    async def _back_off(self, message: str, failures: int, stop: asyncio.Event) -> None:
+        """Log ``message`` and wait the backoff of the ``failures``-th failure in a row."""
+        delay = self._delay(failures)
+        fields = {"resource": self.resource.plural, "url": self._url(), "failures": failures}
+        log.warning(message, extra={"fields": {**fields, "retry_seconds": round(delay, 2)}})
+        await sleep_unless_stopped(delay, stop)
 
     def _stuck_again(self) -> bool:
         """Count a watch broken with nothing delivered at the current resourceVersion; true
