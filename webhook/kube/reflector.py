@@ -90,7 +90,9 @@ class Reflector:
         self.last_activity = 0.0
         self.started = clock()
         self.first_sync_seconds: float | None = None
-        self.listing_since: float | None = None  # when the list under way began (clock)
+        # When the list under way began (clock), or the backoff before it after a watch
+        # that expired as it opened.
+        self.listing_since: float | None = None
         self.relists = 0
         self.last_error = ""
         self.list_error = ""  # why the last list failed (with its URL); empty once one succeeds
@@ -142,6 +144,10 @@ class Reflector:
                     # a list of the kind takes) would be listed without a pause, for good.
                     failures += 1
                     self.last_error = f"watch {self._url()}: expired as it opened"
+                    # Relisting from now: the backoff is part of the relist, so readiness's
+                    # patience runs through it (waited out unexcused, the kind would stop
+                    # every kind's admissions for the whole backoff, at every cycle).
+                    self.listing_since = self.clock()
                     await self._back_off(
                         "watch expired as it opened: listing again", failures, stop
                     )
@@ -227,7 +233,8 @@ class Reflector:
         return str(getattr(self.client, "host", "")) + self.resource.path(self.namespace)
 
     async def _list(self) -> None:
-        self.listing_since = self.clock()
+        if self.listing_since is None:  # else relisting since a watch expired as it opened
+            self.listing_since = self.clock()
         try:
             version, items = await self.read(self.reduce or _whole)
         finally:
