@@ -156,3 +156,20 @@ def test_a_field_is_cut_only_past_its_bound_and_never_past_it(text: str) -> None
     assert len(kept) <= MAX_FIELD_CHARACTERS
     assert (kept == text) == (len(text) <= MAX_FIELD_CHARACTERS)
     assert text.startswith(kept.rsplit("... (", 1)[0])
+
+
+def test_a_tenant_value_in_a_chained_exception_cannot_hide_the_exception_that_was_raised() -> None:
+    # A traceback is cut like any field, from its start: a tenant's long value quoted by the
+    # first exception of a chain filled the field, and the exception finally raised (its
+    # type, its message: the last line) was cut off every line that logged it.
+    try:
+        try:
+            raise ValueError("not a quantity: " + "9" * 20_000)
+        except ValueError:
+            raise KeyError("the real failure")  # noqa: B904  # chained: "During handling"
+    except KeyError:
+        record = logging.LogRecord("x", logging.ERROR, "", 0, "event ignored", None, sys.exc_info())
+    entry = json.loads(JsonFormatter().format(record))
+    assert len(entry["exception"]) <= MAX_FIELD_CHARACTERS
+    assert entry["exception"].startswith("Traceback (most recent call last):")
+    assert entry["exception"].rstrip().endswith("KeyError: 'the real failure'")
