@@ -50,6 +50,17 @@ def cut(text: str) -> str:
     return f"{text[:kept]}... ({len(text)} characters)"
 
 
+def cut_traceback(text: str) -> str:
+    """A traceback within :data:`MAX_FIELD_CHARACTERS`, its start and its end kept: what was
+    finally raised is its last lines, and a long value quoted earlier in a chain (a tenant's)
+    would otherwise push them out of the line."""
+    if len(text) <= MAX_FIELD_CHARACTERS:
+        return text
+    note = f"\n... ({len(text)} characters; middle left out) ...\n"
+    half = (MAX_FIELD_CHARACTERS - len(note)) // 2
+    return f"{text[:half]}{note}{text[-half:]}"
+
+
 def encode(entry: dict[str, object]) -> str:
     """``entry`` as the compact stdlib encoder writes it (``default=str``), by orjson where its
     output is the same bytes: plain values only (orjson serialises dataclasses, enums and dates
@@ -98,7 +109,7 @@ class JsonFormatter(logging.Formatter):
             if key not in _STANDARD and key != "fields" and not key.startswith("_"):
                 entry[key] = value
         if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
+            entry["exception"] = cut_traceback(self.formatException(record.exc_info))
         for key, value in entry.items():
             if type(value) is str and len(value) > MAX_FIELD_CHARACTERS:
                 entry[key] = cut(value)
