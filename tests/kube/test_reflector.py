@@ -20,7 +20,7 @@ from tests.kube.reflecting import (
     thing,
 )
 from tests.waiting import eventually
-from webhook.kube.client import KubeClient, ResourceRef, WatchTimeout
+from webhook.kube.client import ApiError, KubeClient, ResourceRef, WatchTimeout
 from webhook.kube.reflector import Reflector
 
 
@@ -321,3 +321,35 @@ async def test_a_watch_expired_every_time_it_opens_is_not_relisted_in_a_tight_lo
     assert 1 <= client.watches <= 12, client.watches
     assert watcher.relists == client.watches
     assert "expired as it opened" in watcher.last_error
+
+
+class FlakyListExpiringWatchClient(ErrorEventClient):
+    """Lists fail ``failing`` times, then list one empty page; every watch expires (410)."""
+
+    def __init__(self, failing: int) -> None:
+        super().__init__(410, "Expired")
+        self.failing = failing
+
+    async def list_page(self, path: str, **options: Any) -> tuple[dict[str, Any], int]:
+        if self.failing > 0:
+            self.failing -= 1
+            raise ApiError(503, "ServiceUnavailable", "etcd")
+        return await super().list_page(path, **options)
+
+
+async def test_an_expiry_after_list_failures_backs_off_as_the_first_expiry_does() -> None:
+    # The expiries' own count, not the list failures before them: five failed lists left the
+    # first expiry's wait at the fifth step (the relist the backoff delays took seconds).
+    client = FlakyListExpiringWatchClient(failing=5)
+    watcher = reflector(client, Mirror(), backoff=(0.001, 60.0))  # type: ignore[arg-type]
+    delays: list[int] = []
+    delay = watcher._delay
+
+    def recorded(failures: int) -> float:
+        delays.append(failures)
+        return delay(failures)
+
+    watcher._delay = recorded  # type: ignore[method-assign]
+    async with running(watcher):
+        await eventually(lambda: len(delays) >= 8)
+    assert delays[:8] == [1, 2, 3, 4, 5, 1, 2, 3], delays

@@ -1,11 +1,11 @@
 """A kind whose every watch expires as it opens stops only itself, also while it backs off.
 
-A watch that gets ``410 Expired`` before it delivers anything is now listed again only after
-the reflector's backoff (up to 30 s). Between the 410 and that list the kind's reflector is not
-listed, has no list error and is not listing: readiness then does not excuse it (a kind listed
-before "counts in shared pools: stale, it stops all"), so every tenant's admissions of every
-kind are refused for the whole backoff, at every cycle. Relisted at once (before the change),
-the kind was listing again, and past the relist patience it was denied alone.
+A watch that gets ``410 Expired`` before it delivers anything is listed again only after the
+reflector's backoff (up to 30 s). Were that wait not part of the relist, the kind's reflector
+would be neither listed, nor failing to list, nor listing: readiness would not excuse it (a kind
+listed before "counts in shared pools: stale, it stops all"), and every tenant's admissions of
+every kind would be refused for the whole backoff, at every cycle. Counted as relisting, past
+the relist patience it is denied alone.
 
 A tenant who slides its kind's watch-cache window faster than the kind is listed (its own
 writes, at the fairness limit) makes every watch expire as it opens.

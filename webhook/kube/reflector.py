@@ -116,6 +116,7 @@ class Reflector:
     async def run(self, stop: asyncio.Event) -> None:
         """List and watch until ``stop`` is set."""
         failures = 0
+        expired = 0  # watches in a row that expired as they opened: their backoff's count
         while not stop.is_set():
             try:
                 if not self.listed:
@@ -125,7 +126,7 @@ class Reflector:
                 opened = time.monotonic()
                 await self._watch(stop)
                 if self._heard or stop.is_set() or not self._ended_at_once(opened):
-                    failures = 0
+                    failures = expired = 0
                 else:
                     # Ended normally with nothing sent, long before the timeout it asked for:
                     # a stream closed as it opened, not a quiet kind. Reopened at once, it
@@ -136,21 +137,21 @@ class Reflector:
             except _Relist:
                 self.listed = False
                 self.relists += 1
+                failures = 0  # listed and watched: what failed before is behind it
                 if self._heard:
-                    failures = 0  # its history expired after it worked: list again at once
+                    expired = 0  # its history expired after it worked: list again at once
                 else:
                     # Expired as it opened, at the version a list had just given: listed
                     # again at once, a server answering every watch so (compacting faster than
                     # a list of the kind takes) would be listed without a pause, for good.
-                    failures += 1
+                    # Backed off by these expiries alone, not by list failures before them.
+                    expired += 1
                     self.last_error = f"watch {self._url()}: expired as it opened"
                     # Relisting from now: the backoff is part of the relist, so readiness's
                     # patience runs through it (waited out unexcused, the kind would stop
                     # every kind's admissions for the whole backoff, at every cycle).
                     self.listing_since = self.clock()
-                    await self._back_off(
-                        "watch expired as it opened: listing again", failures, stop
-                    )
+                    await self._back_off("watch expired as it opened: listing again", expired, stop)
             # Anything else a list or watch raised (one object's page that its consumer or the
             # decoder cannot take) is a failure like these: reported and retried. Let out, it
             # would end this reflector for good, and readiness with it.
