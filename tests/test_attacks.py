@@ -242,13 +242,6 @@ async def test_crowding_out_the_record_in_warn_mode_does_not_drop_a_shrunk_volum
         assert "storage" in second.reason
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="in warn an update past the values bound is stored unevaluable and record-less: it "
-    "counts only its existence and, its kind in warn, blocks nothing, so its kept PVC's room is "
-    "admitted again; the fix keeps the stored object's last charge (at least its marks) counted "
-    "while it cannot be evaluated, in the state, not only on the mutating side",
-)
 async def test_an_update_past_the_values_bound_in_warn_mode_does_not_drop_a_volumes_high_mark(
     tmp_path: Path, certs: Path
 ) -> None:

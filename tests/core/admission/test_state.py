@@ -3,8 +3,11 @@
 import json
 from decimal import Decimal
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from tests.builders import platform, signed, signed_record, state, tenant, thing
-from webhook.core.admission.state import recount
+from webhook.core.admission.state import ReservationState, recount
 from webhook.core.tenancy.applications import (
     Application,
     application_from_helmrelease,
@@ -101,3 +104,68 @@ def test_a_factor_on_the_root_tenant_reprices_every_tenant_beneath_it() -> None:
     assert current.repricing("tenant-root", {"memory": Decimal(2)}) == {
         "memory": -2 * Decimal(1024**3)
     }
+
+
+GIB = 1024**3
+
+
+def _vm(instance_type: str, name: str = "vm") -> Application:
+    return Application("VMInstance", "tenant-acme", name, {"instanceType": instance_type})
+
+
+def _memory(current: ReservationState) -> Decimal:
+    node = current.tree.get("tenant-acme")
+    assert node is not None
+    return node.usage.get("memory", Decimal(0))
+
+
+def test_an_update_the_state_cannot_price_keeps_counting_what_it_was_priced_at() -> None:
+    # An update stored unpriced (values past their bound, admitted in warn) has not shrunk
+    # what the application holds: counted at nothing, its room went to the pool's other kinds.
+    current = state({"tenant-acme": {"memory": "16Gi"}}, _vm("u1.medium"))
+    current.observe(_vm("u1.nope"))
+    assert _memory(current) == 4 * GIB
+    assert _vm("u1.nope").key in current.unknown()  # still unknown: refusals stay as they were
+    assert recount(current) == {}
+    current.replace_kind("VMInstance", [_vm("u1.nope")])  # a relist keeps it too
+    assert _memory(current) == 4 * GIB
+    current.observe(_vm("u1.micro"))  # priced again: its own charge, nothing kept
+    assert _memory(current) == 1 * GIB
+    assert current.kept() == {}
+    current.observe(_vm("u1.nope"))
+    current.forget(_vm("u1.nope").key)
+    assert _memory(current) == 0
+    assert current.kept() == {}
+    assert recount(current) == {}
+
+
+def test_an_application_never_priced_counts_only_its_existence() -> None:
+    current = state({"tenant-acme": {"memory": "16Gi"}}, _vm("u1.nope"))
+    assert _memory(current) == 0
+    assert current.kept() == {}
+
+
+_SIZES = {"u1.micro": 1, "u1.small": 2, "u1.medium": 4, "u1.nope": None}
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from([*_SIZES, "delete"])),
+        max_size=30,
+    )
+)
+def test_what_each_application_counts_is_its_last_price_since_it_was_created(
+    steps: list[tuple[str, str]],
+) -> None:
+    current = state({"tenant-acme": {"memory": "1Ti"}})
+    expected: dict[str, int] = {}  # name -> GiB last priced since it was (re)created
+    for name, change in steps:
+        if change == "delete":
+            current.forget(_vm("u1.micro", name).key)
+            expected.pop(name, None)
+            continue
+        current.observe(_vm(change, name))
+        size = _SIZES[change]
+        expected[name] = size if size is not None else expected.get(name, 0)
+        assert _memory(current) == sum(expected.values()) * GIB
+        assert recount(current) == {}

@@ -130,6 +130,11 @@ class ReservationState:
         self._unavailable = unavailable  # a live source: why one kind cannot be decided now
         self._apps: dict[AppKey, AppRecord] = {}
         self._unknown: dict[AppKey, str] = {}  # key -> why it has no charge
+        # What an application with no charge now still counts: the charge it was last priced
+        # at in this state. An update stored unpriced (values past their bound, admitted in
+        # warn) has not shrunk what its volumes hold, nor anything else: counted at nothing, its
+        # room would be admitted again to the pool's other kinds, enforced or not.
+        self._kept: dict[AppKey, dict[str, Decimal]] = {}
         self._owned: dict[AppKey, str] = {}  # Tenant application -> namespace it owns
         self._tenant_versions: dict[AppKey, int] = {}  # Tenant application -> resourceVersion
         self._tenant_factors: dict[str, dict[str, Decimal]] = {}  # owned namespace -> factor
@@ -223,16 +228,20 @@ class ReservationState:
         if record is not None:
             record.written = _written_at(previous, record, app.version)
         known_before = self._unknown.pop(key, None) is not None or previous is not None
+        kept_before = self._kept.pop(key, None)
+        kept = previous.resources if previous is not None else kept_before
         if record is None:
             self._unknown[key] = problem
+            if kept:
+                self._kept[key] = kept
         else:
             self._apps[key] = record
         self._by_namespace.setdefault(namespace, set()).add(key)
         # An application counts 1 of its kind's count key from when it is stored until it is
         # deleted, whether or not its size can be evaluated: existence is never unknown.
         counted = self.platform.count_of(key)
-        before = previous.resources if previous else {}
-        after = rl.add(record.resources if record else {}, counted)
+        before = previous.resources if previous else kept_before or {}
+        after = rl.add(record.resources if record else kept or {}, counted)
         if known_before:
             before = rl.add(before, counted)
         self.tree.add_usage(namespace, rl.subtract(after, before))
@@ -272,13 +281,15 @@ class ReservationState:
             self.generation += 1
         previous = self._apps.pop(key, None)
         was_unknown = self._unknown.pop(key, None) is not None
+        kept = self._kept.pop(key, None)
         members = self._by_namespace.get(key[1])
         if members is not None:
             members.discard(key)
             if not members:
                 del self._by_namespace[key[1]]
         if previous is not None or was_unknown:
-            held = rl.add(previous.resources if previous else {}, self.platform.count_of(key))
+            last = previous.resources if previous else kept or {}
+            held = rl.add(last, self.platform.count_of(key))
             self.tree.add_usage(key[1], rl.scale(held, Decimal(-1)))
         if previous is not None:
             self._add_discount(key[1], previous, -1)
@@ -657,6 +668,10 @@ class ReservationState:
     def unknown(self) -> Mapping[AppKey, str]:
         return self._unknown
 
+    def kept(self) -> Mapping[AppKey, Mapping[str, Decimal]]:
+        """What each application with no charge now still counts: its last priced charge."""
+        return self._kept
+
     def unknown_in_pool(self, pool_namespace: str, key: str) -> list[AppKey]:
         """Unknown applications whose usage of ``key`` would land in that pool."""
         found = []
@@ -695,6 +710,8 @@ def recount(state: ReservationState) -> dict[tuple[str, str], tuple[Decimal, Dec
         totals = own.setdefault(app_key[1], {})
         for key, value in record.resources.items():
             totals[key] = totals.get(key, Decimal(0)) + value
+    for app_key, last in state.kept().items():
+        own[app_key[1]] = rl.add(own.get(app_key[1], {}), last)
     for app_key in [*(k for k, _ in state.records()), *state.unknown()]:
         totals = own.setdefault(app_key[1], {})
         for key, value in state.platform.count_of(app_key).items():
