@@ -257,6 +257,24 @@ async def test_an_update_past_the_values_bound_in_warn_mode_does_not_drop_a_volu
         assert not second.allowed, "the 100Gi PVC is still held: 199Gi on a 100Gi budget"
 
 
+async def test_unpadding_an_update_past_the_values_bound_does_not_launder_a_volumes_high_mark(
+    tmp_path: Path, certs: Path
+) -> None:
+    """As above, then the padding taken off again: the 1Gi values now price, but the stored
+    object they replace carries no record (warn stored it record-less) and does not evaluate,
+    so unless the state's kept charge lends its marks the disk is priced at 1Gi and the PVC's
+    100Gi goes to the pool's enforced kinds after all."""
+    async with on_manifests(tmp_path, certs, mode_for={"VMDisk": "warn"}) as api:
+        assert (await api.write("VMDisk", NS, "d1", {"storage": "100Gi"})).allowed
+        padded = {"storage": "1Gi", "optional": {f"k{i}": 0 for i in range(20_001)}}
+        assert (await api.write("VMDisk", NS, "d1", padded)).allowed  # warn: stored unpriced
+        unpadded = await api.write("VMDisk", NS, "d1", {"storage": "1Gi"})
+        assert unpadded.allowed  # a decrease always passes
+        pg = {"replicas": 1, "size": "99Gi", "resourcesPreset": "nano"}
+        second = await api.write("Postgres", NS, "pg", pg)
+        assert not second.allowed, "the 100Gi PVC is still held: 199Gi on a 100Gi budget"
+
+
 # -- 2. a factor the tenant planted ------------------------------------------------------------
 
 

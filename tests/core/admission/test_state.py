@@ -169,3 +169,31 @@ def test_what_each_application_counts_is_its_last_price_since_it_was_created(
         expected[name] = size if size is not None else expected.get(name, 0)
         assert _memory(current) == sum(expected.values()) * GIB
         assert recount(current) == {}
+
+
+def test_a_floor_over_an_application_counted_at_its_kept_charge_is_not_counted_twice() -> None:
+    # An update admitted while the VM was priced (a label: its floor expects 4Gi), then one
+    # stored unpriced: the pool counts max(kept, floor), not both (8Gi refused the pool's others).
+    from webhook.core.admission.pending import Hold
+
+    current = state({"tenant-acme": {"memory": "16Gi"}})
+    current.observe(
+        Application("VMInstance", "tenant-acme", "vm", {"instanceType": "u1.medium"}, version=5)
+    )
+    label = Hold(
+        id="label",
+        key=_vm("u1.medium").key,
+        namespace="tenant-acme",
+        increase={},
+        charge={"memory": Decimal(4 * GIB)},
+        after=6,
+        until="2099-01-01T00:00:00.000000Z",
+        update=True,
+    )
+    current.pending.track("tenant-acme", [label], version=7)
+    assert _memory(current) == 4 * GIB
+    current.observe(
+        Application("VMInstance", "tenant-acme", "vm", {"instanceType": "u1.nope"}, version=8)
+    )
+    assert _memory(current) == 4 * GIB
+    assert recount(current) == {}

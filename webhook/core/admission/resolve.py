@@ -305,6 +305,10 @@ def old_marks(subject: Subject) -> Mapping[str, Decimal]:
     kept_record = state.record(app.key)
     if kept_record is not None and kept_record.marks:
         return kept_record.marks
+    if kept_record is None and state.kept_marks(app.key):
+        # Stored unpriced and record-less since (warn past the values bound): the marks of the
+        # charge it is still counted at, or the next priced write launders them.
+        return state.kept_marks(app.key)
     if old is None:
         return {}
     try:

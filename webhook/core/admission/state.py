@@ -135,6 +135,9 @@ class ReservationState:
         # warn) has not shrunk what its volumes hold, nor anything else: counted at nothing, its
         # room would be admitted again to the pool's other kinds, enforced or not.
         self._kept: dict[AppKey, dict[str, Decimal]] = {}
+        # And its volumes' high marks then: the next priced update is held at them (the stored
+        # object it replaces has no record and does not evaluate, so nothing else says them).
+        self._kept_marks: dict[AppKey, dict[str, Decimal]] = {}
         self._owned: dict[AppKey, str] = {}  # Tenant application -> namespace it owns
         self._tenant_versions: dict[AppKey, int] = {}  # Tenant application -> resourceVersion
         self._tenant_factors: dict[str, dict[str, Decimal]] = {}  # owned namespace -> factor
@@ -229,11 +232,15 @@ class ReservationState:
             record.written = _written_at(previous, record, app.version)
         known_before = self._unknown.pop(key, None) is not None or previous is not None
         kept_before = self._kept.pop(key, None)
+        marks_before = self._kept_marks.pop(key, None)
         kept = previous.resources if previous is not None else kept_before
+        kept_marks = (previous.marks if previous is not None else marks_before) or None
         if record is None:
             self._unknown[key] = problem
             if kept:
                 self._kept[key] = kept
+            if kept_marks:
+                self._kept_marks[key] = kept_marks
         else:
             self._apps[key] = record
         self._by_namespace.setdefault(namespace, set()).add(key)
@@ -282,6 +289,7 @@ class ReservationState:
         previous = self._apps.pop(key, None)
         was_unknown = self._unknown.pop(key, None) is not None
         kept = self._kept.pop(key, None)
+        self._kept_marks.pop(key, None)
         members = self._by_namespace.get(key[1])
         if members is not None:
             members.discard(key)
@@ -547,7 +555,9 @@ class ReservationState:
             node = self.tree.get(owned) if owned is not None else None
             return node.budget if node is not None and node.declared else {}
         record = self._apps.get(key)
-        return record.resources if record is not None else {}
+        if record is None:  # unknown: what it is still counted at (a floor tops up only above)
+            return self._kept.get(key, {})
+        return record.resources
 
     def _written(self, key: AppKey) -> int:
         record = self._apps.get(key)
@@ -671,6 +681,10 @@ class ReservationState:
     def kept(self) -> Mapping[AppKey, Mapping[str, Decimal]]:
         """What each application with no charge now still counts: its last priced charge."""
         return self._kept
+
+    def kept_marks(self, key: AppKey) -> Mapping[str, Decimal]:
+        """The volume high marks of the charge ``key`` is kept at while it has none now."""
+        return self._kept_marks.get(key, {})
 
     def unknown_in_pool(self, pool_namespace: str, key: str) -> list[AppKey]:
         """Unknown applications whose usage of ``key`` would land in that pool."""
