@@ -246,12 +246,17 @@ async def test_an_update_past_the_values_bound_in_warn_mode_does_not_drop_a_volu
     tmp_path: Path, certs: Path
 ) -> None:
     """As above with no annotations: the 1Gi write carries values past their 20,000-entry bound
-    (any map the kind's schema allows: Postgres' users), which warn lets through unpriced."""
+    (any map the kind's schema allows: Postgres' users), which warn let through unpriced and
+    record-less. Its volume is held at 100Gi and only a record keeps that: refused in warn too.
+    Were it stored, the replica that priced the disk before keeps counting 100Gi; one that
+    starts after never priced it."""
     async with on_manifests(tmp_path, certs, mode_for={"VMDisk": "warn"}) as api:
         assert (await api.write("VMDisk", NS, "d1", {"storage": "100Gi"})).allowed
         padded = {"storage": "1Gi", "optional": {f"k{i}": 0 for i in range(20_001)}}
         shrink = await api.write("VMDisk", NS, "d1", padded)
-        assert shrink.allowed  # warn: stored, warned of the bound
+        assert not shrink.allowed
+        assert "refused in warn too: its volumes are held at their high marks" in shrink.reason
+        assert "20000 entries" in shrink.reason  # why it cannot be priced comes first
         pg = {"replicas": 1, "size": "99Gi", "resourcesPreset": "nano"}
         second = await api.write("Postgres", NS, "pg", pg)
         assert not second.allowed, "the 100Gi PVC is still held: 199Gi on a 100Gi budget"
@@ -260,14 +265,22 @@ async def test_an_update_past_the_values_bound_in_warn_mode_does_not_drop_a_volu
 async def test_unpadding_an_update_past_the_values_bound_does_not_launder_a_volumes_high_mark(
     tmp_path: Path, certs: Path
 ) -> None:
-    """As above, then the padding taken off again: the 1Gi values now price, but the stored
-    object they replace carries no record (warn stored it record-less) and does not evaluate,
-    so unless the state's kept charge lends its marks the disk is priced at 1Gi and the PVC's
-    100Gi goes to the pool's enforced kinds after all."""
+    """As above, the padded write stored record-less all the same (with no webhook in its way:
+    made while the webhook was off, or before it refused such writes), then the padding taken
+    off again: the 1Gi values now price, but the stored object they replace carries no record
+    and does not evaluate, so unless the state's kept charge lends its marks the disk is priced
+    at 1Gi and the PVC's 100Gi goes to the pool's enforced kinds after all."""
     async with on_manifests(tmp_path, certs, mode_for={"VMDisk": "warn"}) as api:
         assert (await api.write("VMDisk", NS, "d1", {"storage": "100Gi"})).allowed
         padded = {"storage": "1Gi", "optional": {f"k{i}": 0 for i in range(20_001)}}
-        assert (await api.write("VMDisk", NS, "d1", padded)).allowed  # warn: stored unpriced
+        assert not (await api.write("VMDisk", NS, "d1", padded)).allowed  # held: refused
+        key = ("VMDisk", NS, "d1")
+        unrecorded = copy.deepcopy(api.objects[key])
+        unrecorded["spec"] = padded
+        del unrecorded["metadata"]["annotations"][CHARGE_ANNOTATION]
+        stored = await api.store(key, unrecorded)
+        assert stored is not None
+        api.objects[key] = stored
         unpadded = await api.write("VMDisk", NS, "d1", {"storage": "1Gi"})
         assert unpadded.allowed  # a decrease always passes
         pg = {"replicas": 1, "size": "99Gi", "resourcesPreset": "nano"}

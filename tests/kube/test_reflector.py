@@ -244,20 +244,26 @@ class ErrorEventClient(EmptyList):
         yield {"type": "ERROR", "object": self.status}
 
 
+def recorded_delays(watcher: Reflector) -> list[int]:
+    """The failure counts ``watcher`` computes its backoffs from, in order, as it runs."""
+    counts: list[int] = []
+    delay = watcher._delay
+
+    def recorded(failures: int) -> float:
+        counts.append(failures)
+        return delay(failures)
+
+    watcher._delay = recorded  # type: ignore[method-assign]
+    return counts
+
+
 async def test_a_watch_answering_every_open_with_an_error_event_backs_off() -> None:
     # An ERROR event is what broke the watch, not a sign it worked: counted as heard, it
     # reset the backoff at every reopen, so a sick API server answering each watch with one
     # was reopened at the shortest backoff (several a second per kind per replica) for good.
     client = ErrorEventClient()
     watcher = reflector(client, Mirror(), backoff=(0.001, 60.0))  # type: ignore[arg-type]
-    runs: list[int] = []
-    delay = watcher._delay
-
-    def recorded(failures: int) -> float:
-        runs.append(failures)
-        return delay(failures)
-
-    watcher._delay = recorded  # type: ignore[method-assign]
+    runs = recorded_delays(watcher)
     async with running(watcher):
         await eventually(lambda: len(runs) >= 5)
     assert runs[:5] == [1, 2, 3, 4, 5], runs
@@ -342,14 +348,7 @@ async def test_an_expiry_after_list_failures_backs_off_as_the_first_expiry_does(
     # first expiry's wait at the fifth step (the relist the backoff delays took seconds).
     client = FlakyListExpiringWatchClient(failing=5)
     watcher = reflector(client, Mirror(), backoff=(0.001, 60.0))  # type: ignore[arg-type]
-    delays: list[int] = []
-    delay = watcher._delay
-
-    def recorded(failures: int) -> float:
-        delays.append(failures)
-        return delay(failures)
-
-    watcher._delay = recorded  # type: ignore[method-assign]
+    delays = recorded_delays(watcher)
     async with running(watcher):
         await eventually(lambda: len(delays) >= 8)
     assert delays[:8] == [1, 2, 3, 4, 5, 1, 2, 3], delays

@@ -61,6 +61,7 @@ from webhook.core.admission.resolve import (
     application,
     charge_annotation,
     kept,
+    old_marks,
     resolve,
     screen,
     subject_of,
@@ -219,21 +220,44 @@ def _check(prepared: Prepared) -> Decision:
     return check_pools(prepared.subject, prepared.priced, prepared.factored, policy.mode_for)
 
 
+def _unpriced_over_marks(subject: Subject) -> Decision | None:
+    """The refusal, in warn too, of an UPDATE whose values cannot be priced while its stored
+    object holds volumes at their high marks: stored so, it carries no record, and only a
+    record keeps a mark (a 100Gi PVC lowered to 1Gi past the values bound freed 99Gi for the
+    pool's enforced kinds on every replica that had not priced it before). ``None``: no such
+    update, warn lets it through."""
+    if subject.request.operation != "UPDATE":
+        return None
+    marks = old_marks(subject)
+    if not marks:
+        return None
+    priced = price(subject)
+    if not isinstance(priced, Decision):
+        return None  # priced after all: recorded as ever
+    held = ", ".join(f"{key} {value}" for key, value in sorted(marks.items())[:3])
+    message = (
+        f"{priced.message}; refused in warn too: its volumes are held at their high marks "
+        f"({held}), which only its record keeps, and values that cannot be priced carry none"
+    )
+    return replace(priced, message=message, causes=tuple((p, message) for p, _ in priced.causes))
+
+
 def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -> Decision:
     """The mutating side: record the object's charge on it, signed, idempotently.
 
     It denies only a write its patch would take past the 256 KiB Kubernetes allows all
     annotations (:mod:`webhook.core.admission.annotation_room`), which the API server would
     refuse naming the tenant's annotations, and only in enforce (in warn the record is left off,
-    with a warning); the validating side decides. Whatever the mode,
-    only two charge records survive it: the stored object's own record carried unchanged (an
-    UPDATE whose values it still verifies for), and the record computed for this request,
-    which replaces anything else (forged, copied, replayed, minted by a dry run); with no
-    record to write (mode ``off``, values that cannot be evaluated: validation then decides)
-    anything else is removed. A factor annotation carried from the stored object that its
-    record does not vouch for is removed (or set back to the vouched factor); a change in this
-    request is left for the validating side to decide. A second call on an object that already
-    carries the right record patches nothing.
+    with a warning), and in warn an UPDATE whose values cannot be priced while its volumes are
+    held at their high marks (:func:`_unpriced_over_marks`); the validating side decides.
+    Whatever the mode, only two charge records survive it: the stored object's own record
+    carried unchanged (an UPDATE whose values it still verifies for), and the record computed
+    for this request, which replaces anything else (forged, copied, replayed, minted by a dry
+    run); with no record to write (mode ``off``, values that cannot be evaluated: validation
+    then decides) anything else is removed. A factor annotation carried from the stored object
+    that its record does not vouch for is removed (or set back to the vouched factor); a change
+    in this request is left for the validating side to decide. A second call on an object that
+    already carries the right record patches nothing.
     """
     if request.operation not in ("CREATE", "UPDATE") or request.object is None:
         return skipped(f"{request.operation} needs no reservation")
@@ -246,6 +270,10 @@ def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -
         subject = None  # no name yet (generateName): nothing can be signed for it
     claimed = charge_annotation(request.object)
     values, charge = price_for_record(subject, evaluate=policy.mode_for(request.kind) != "off")
+    if subject is not None and charge is None and policy.mode_for(request.kind) == "warn":
+        unpriced = _unpriced_over_marks(subject)
+        if unpriced is not None:
+            return replace(unpriced, kind=request.kind, mode="warn")
     operations: list[dict[str, object]] = []
     own: Factors | None = None
     if subject is not None:
