@@ -119,3 +119,9 @@ async def test_a_watch_error_event_with_a_long_message_is_cut_too() -> None:
             await eventually(lambda: watcher.last_error != "")
     assert "zzz" in watcher.last_error
     assert len(watcher.last_error) <= MAX_ERROR_MESSAGE + 128
+
+
+def test_an_api_errors_reason_is_cut_in_what_it_says_too() -> None:
+    error = ApiError(500, "R" * 100_000, "m")
+    assert len(error.reason) == 200
+    assert len(str(error)) < 300

@@ -81,7 +81,7 @@ class ApiError(Exception):
         self.status = status
         self.reason = reason[:200]
         self.message = message
-        super().__init__(f"{status} {reason}: {message}")
+        super().__init__(f"{status} {self.reason}: {message}")
 
 
 class ResponseTooLarge(ApiError):
