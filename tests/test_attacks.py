@@ -500,3 +500,21 @@ async def test_filling_a_new_tenants_namespace_before_the_watch_shows_its_tenant
         assert "tenant-newco is not known yet" in grab.reason
         assert "try again" in grab.reason
         assert (await api.write("VMInstance", NS, "vm0", MICRO)).allowed
+
+
+async def test_a_create_past_the_values_bound_in_warn_mode_does_not_hide_a_volume(
+    tmp_path: Path, certs: Path
+) -> None:
+    """The update above refused, the tenant creates the disk padded instead (or deletes it and
+    creates it again so): past the values bound, warn stored it unpriced and record-less, so it
+    counted nothing while its chart still made a 100Gi PVC, whose room went to the pool's
+    enforced kinds. A CREATE has no marks to lose; its volume is the same room."""
+    async with on_manifests(tmp_path, certs, mode_for={"VMDisk": "warn"}) as api:
+        padded = {"storage": "100Gi", "optional": {f"k{i}": 0 for i in range(20_001)}}
+        created = await api.write("VMDisk", NS, "d1", padded)
+        if created.allowed:
+            pg = {"replicas": 1, "size": "99Gi", "resourcesPreset": "nano"}
+            second = await api.write("Postgres", NS, "pg", pg)
+            assert not second.allowed, "the 100Gi PVC is held: 199Gi on a 100Gi budget"
+        else:  # refused as an update held at its marks is
+            assert "20000 entries" in created.reason

@@ -8,8 +8,8 @@ from decimal import Decimal
 
 import pytest
 
-from tests.builders import request, signed, signed_record, state, tenant, thing
-from webhook.core.admission.decisions import Decision, Policy, decide
+from tests.builders import request, signed, signed_marks, signed_record, state, tenant, thing
+from webhook.core.admission.decisions import Decision, Policy, decide, mutate
 from webhook.core.admission.state import ReservationState
 from webhook.core.tenancy.applications import (
     CHARGE_ANNOTATION,
@@ -456,3 +456,30 @@ def test_applications_in_a_sub_tenant_created_just_now_are_not_charged_to_an_anc
     assert "exceeded tenant quota" in decision.message
     assert decide(request("Thing", "tenant-root", "ok", grab), current, Policy()).allowed
     assert decide(request("Thing", "tenant-acme", "ok", grab), current, Policy()).allowed
+
+
+def test_a_label_on_a_held_application_whose_preset_left_the_catalog_passes_in_warn() -> None:
+    # A Postgres priced and recorded (its volume held at 50Gi) while its preset existed; the
+    # preset has since left the catalog. A label-only write carries the signed record, marks and
+    # all, unchanged: nothing the reservation reads is lost, and enforce lets it through as it
+    # stands. Warn must not be stricter than enforce and refuse it.
+    spec = {"replicas": 1, "size": "10Gi", "resourcesPreset": "z9.gone"}
+    charge = {"cpu": "1", "memory": "1Gi", "storage": "50Gi"}
+    record = signed_marks("Postgres", "tenant-acme", "pg", spec, charge, {"postgres": "50Gi"})
+    current = state({"tenant-acme": {"memory": "16Gi", "storage": "100Gi"}})
+    label = request(
+        "Postgres",
+        "tenant-acme",
+        "pg",
+        spec,
+        operation="UPDATE",
+        old_spec=spec,
+        annotations={CHARGE_ANNOTATION: record, "example.com/owner": "ops"},
+        old_annotations={CHARGE_ANNOTATION: record},
+    )
+    for mode in ("enforce", "warn"):
+        policy = Policy(mode=mode)
+        mutated = mutate(label, current, policy)
+        assert mutated.allowed, (mode, mutated.message)
+        assert not mutated.patch  # the record, marks and all, is carried as it stands
+        assert decide(label, current, policy).allowed

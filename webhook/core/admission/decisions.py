@@ -69,7 +69,10 @@ from webhook.core.admission.resolve import (
 )
 from webhook.core.admission.reviews import AdmissionRequest
 from webhook.core.admission.state import AppRecord, ReservationState
+from webhook.core.base.errors import UNEVALUABLE
+from webhook.core.base.quantities import format_quantity
 from webhook.core.pricing.kinds import APPS_GROUP
+from webhook.core.pricing.volumes import RELEASED
 from webhook.core.tenancy.overcommit import OvercommitRules
 from webhook.core.tenancy.records import parse_recorded_charge, record_annotation, verifies
 from webhook.core.tenancy.tenants import TENANT_KIND
@@ -221,25 +224,51 @@ def _check(prepared: Prepared) -> Decision:
 
 
 def _unpriced_over_marks(subject: Subject) -> Decision | None:
-    """The refusal, in warn too, of an UPDATE whose values cannot be priced while its stored
-    object holds volumes at their high marks: stored so, it carries no record, and only a
-    record keeps a mark (a 100Gi PVC lowered to 1Gi past the values bound freed 99Gi for the
-    pool's enforced kinds on every replica that had not priced it before). ``None``: no such
-    update, warn lets it through."""
-    if subject.request.operation != "UPDATE":
-        return None
-    marks = old_marks(subject)
-    if not marks:
+    """The refusal, in warn too, of a write whose values cannot be priced while it holds
+    volumes only a record keeps: an UPDATE whose stored object holds volumes at their high
+    marks (stored so, it carries no record, and only a record keeps a mark: a 100Gi PVC lowered
+    to 1Gi past the values bound freed 99Gi for the pool's enforced kinds on every replica that
+    had not priced it before), or a write of a kind whose volumes are kept with values past
+    their bound (created so, or deleted and created again so, a 100Gi disk counted nothing
+    while its chart made its PVC). ``None``: no such write, warn lets it through."""
+    request = subject.request
+    marks = old_marks(subject) if request.operation == "UPDATE" else {}
+    if not marks and not (_keeps_volumes(subject) and _past_bound(subject)):
         return None
     priced = price(subject)
     if not isinstance(priced, Decision):
         return None  # priced after all: recorded as ever
-    held = ", ".join(f"{key} {value}" for key, value in sorted(marks.items())[:3])
-    message = (
-        f"{priced.message}; refused in warn too: its volumes are held at their high marks "
-        f"({held}), which only its record keeps, and values that cannot be priced carry none"
-    )
+    if marks:
+        held = ", ".join(
+            f"{key} {format_quantity(value)}" for key, value in sorted(marks.items())[:3]
+        )
+        why = (
+            f"its volumes are held at their high marks ({held}), which only its record "
+            "keeps, and values that cannot be priced carry none"
+        )
+    else:
+        why = (
+            f"{request.kind} keeps persistent volumes, and values past their bound are "
+            "stored with no record: its volumes would count nothing"
+        )
+    message = f"{priced.message}; refused in warn too: {why}"
     return replace(priced, message=message, causes=tuple((p, message) for p, _ in priced.causes))
+
+
+def _keeps_volumes(subject: Subject) -> bool:
+    """Whether the kind's contract has a volume term its removed units keep."""
+    contract = subject.kind.contract if subject.kind is not None else None
+    return contract is not None and any(t.volume and t.volume != RELEASED for t in contract.terms)
+
+
+def _past_bound(subject: Subject) -> bool:
+    """Whether the values cannot even be prepared (past their bound), for a known kind: not a
+    catalog or contract change that a stored object may suffer, but what the tenant wrote."""
+    try:
+        subject.state.platform.values(subject.request.kind, subject.app.spec)
+    except UNEVALUABLE:
+        return True
+    return False
 
 
 def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -> Decision:
@@ -270,7 +299,15 @@ def mutate(request: AdmissionRequest, state: ReservationState, policy: Policy) -
         subject = None  # no name yet (generateName): nothing can be signed for it
     claimed = charge_annotation(request.object)
     values, charge = price_for_record(subject, evaluate=policy.mode_for(request.kind) != "off")
-    if subject is not None and charge is None and policy.mode_for(request.kind) == "warn":
+    if (
+        subject is not None
+        and charge is None
+        and policy.mode_for(request.kind) == "warn"
+        # Nothing the reservation reads changes, the stored record (marks and all) carried or
+        # none to lose: enforce lets it through as it stands (a label on an object whose
+        # preset left the catalog), and warn is never stricter.
+        and not (unchanged(request) and (claimed is None or kept(subject, values)))
+    ):
         unpriced = _unpriced_over_marks(subject)
         if unpriced is not None:
             return replace(unpriced, kind=request.kind, mode="warn")
