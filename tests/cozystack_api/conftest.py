@@ -153,6 +153,22 @@ class CozystackAPI:
     # -- running things --------------------------------------------------------------------
 
     def start(self) -> None:
+        """Start the servers; once more on fresh ports when a port picked free was taken
+        before its server bound it (other workers pick ports too): a race, not a failure."""
+        for attempt in range(3):
+            done = self._up()
+            if done.returncode == 0:
+                return
+            said = done.stdout.decode()[-3000:] + done.stderr.decode()
+            if "address already in use" not in said or attempt == 2:
+                pytest.fail(f"up.sh failed:\n{said}")
+            self.stop()
+            self.dir = self.base / f"cz{attempt + 1}"
+            self.kubeconfig = self.dir / "kube" / "kubeconfig"
+            self.kapi_port, self.etcd_port = _free_pair(), _free_pair()
+            self.cozy_port = free_port()
+
+    def _up(self) -> subprocess.CompletedProcess[bytes]:
         env = {
             **os.environ,
             "KAPI_PORT": str(self.kapi_port),
@@ -161,11 +177,9 @@ class CozystackAPI:
             "COZY_PORT": str(self.cozy_port),
             "COZY_FRESH": "1",
         }
-        done = subprocess.run(
+        return subprocess.run(
             [str(UP), str(self.dir)], env=env, capture_output=True, timeout=180, check=False
         )
-        if done.returncode != 0:
-            pytest.fail(f"up.sh failed:\n{done.stdout.decode()[-3000:]}{done.stderr.decode()}")
 
     def stop(self) -> None:
         for process, _, _ in self.replicas:
