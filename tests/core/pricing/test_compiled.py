@@ -500,3 +500,27 @@ def test_a_bad_device_under_a_for_each_is_named_from_the_root_as_the_interpreter
     reference, compiled = both(contract, values)
     assert compiled == reference
     assert "groups.a" not in repr(reference)
+
+
+@pytest.mark.parametrize(
+    ("kind", "values"),
+    [
+        ("VMInstance", {"instanceType": "u" * 300_000}),
+        ("Postgres", {"resourcesPreset": "p" * 300_000}),
+        ("VMInstance", {"instanceType": {f"k{i}": i for i in range(10_000)}}),
+    ],
+    ids=["instance type", "preset", "not a name"],
+)
+def test_a_name_no_catalog_holds_is_quoted_within_a_bound_by_both(kind: str, values: Any) -> None:
+    # The refusal quoted the tenant's name whole: a 300 KB instance type gave a 300 KB message,
+    # twice in the answer (message and cause), in the log line and in the audit annotation.
+    contract = PLATFORM.kinds[kind].contract
+    assert contract is not None
+    defaulted = PLATFORM.kinds[kind].defaulted(values)
+    reference, compiled = both(contract, defaulted)
+    assert reference == compiled
+    with pytest.raises(EvaluationError) as caught:
+        interpret(contract, defaulted, CATALOG)
+    messages = [str(caught.value)]
+    assert len(messages[0]) < 2 * evaluation.MAX_QUOTED + 200
+    assert "characters)" in messages[0]

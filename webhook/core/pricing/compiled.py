@@ -67,6 +67,7 @@ from webhook.core.pricing.evaluation import (
     _truthy,
     count,
     no_size,
+    quoted,
 )
 
 __all__ = ["Program", "program"]
@@ -393,7 +394,7 @@ def _name(name: NameExpr) -> tuple[Name, Callable[[str], str]]:
             return None
         if not isinstance(value, str):
             raise EvaluationError(
-                _shown(path, prefix), f"{json.dumps(value, default=str)} is not a name"
+                _shown(path, prefix), f"{quoted(json.dumps(value, default=str))} is not a name"
             )
         return value
 
@@ -447,7 +448,8 @@ def _instance_type(name: NameExpr, *, namespaced: bool) -> Size:
         found = state.catalog.instance_type(value, namespace=namespace)
         if found is None:
             scope_text = f" in namespace {state.namespace}" if namespaced else ""
-            raise EvaluationError(where(prefix), f'unknown instance type "{value}"{scope_text}')
+            message = f'unknown instance type "{quoted(value)}"{scope_text}'
+            raise EvaluationError(where(prefix), message)
         state.fingerprints.append(found.fingerprint())
         return found.resources(), f"instance type {value}"
 
@@ -464,7 +466,7 @@ def _preset(name: NameExpr, overrides: ValuePath | None) -> Size:
             return None
         found = state.catalog.preset(value)
         if found is None:
-            raise EvaluationError(where(prefix), f'unknown resource preset "{value}"')
+            raise EvaluationError(where(prefix), f'unknown resource preset "{quoted(value)}"')
         state.fingerprints.append(found.fingerprint())
         resources = dict(found.resources)
         source = f"preset {value}"

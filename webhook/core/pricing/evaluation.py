@@ -54,6 +54,7 @@ from webhook.core.pricing.contracts import (
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "MAX_QUOTED",
     "Charge",
     "EvaluationLimits",
     "Reads",
@@ -61,7 +62,20 @@ __all__ = [
     "contract_reads",
     "evaluate",
     "interpret",
+    "quoted",
 ]
+
+
+MAX_QUOTED: Final = 253  # characters of a tenant's value a message quotes: a Kubernetes name's most
+
+
+def quoted(text: str) -> str:
+    """``text`` as a refusal quotes it: whole up to a name's length, else its start and how
+    long it was. A name no catalog holds is the tenant's own, at any length its values allow,
+    and the refusal goes back in the answer, the log line and the audit annotation."""
+    if len(text) <= MAX_QUOTED:
+        return text
+    return f"{text[:MAX_QUOTED]}... ({len(text)} characters)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -400,7 +414,7 @@ class _Run:
         found = self.catalog.instance_type(value, namespace=self.namespace if namespaced else "")
         if found is None:
             scope_text = f" in namespace {self.namespace}" if namespaced else ""
-            raise EvaluationError(where, f'unknown instance type "{value}"{scope_text}')
+            raise EvaluationError(where, f'unknown instance type "{quoted(value)}"{scope_text}')
         self.fingerprints.append(found.fingerprint())
         return _Size(found.resources(), f"instance type {value}")
 
@@ -410,7 +424,7 @@ class _Run:
             return None
         found = self.catalog.preset(value)
         if found is None:
-            raise EvaluationError(where, f'unknown resource preset "{value}"')
+            raise EvaluationError(where, f'unknown resource preset "{quoted(value)}"')
         self.fingerprints.append(found.fingerprint())
         resources = dict(found.resources)
         source = f"preset {value}"
@@ -454,7 +468,7 @@ class _Run:
         if value is None or value == "":
             return where, None
         if not isinstance(value, str):
-            raise EvaluationError(where, f"{json.dumps(value, default=str)} is not a name")
+            raise EvaluationError(where, f"{quoted(json.dumps(value, default=str))} is not a name")
         return where, value
 
     def devices(self, path: ValuePath, scope: _Scope) -> dict[str, Decimal]:
