@@ -134,10 +134,10 @@ class ReservationState:
         # at in this state. An update stored unpriced (values past their bound, admitted in
         # warn) has not shrunk what its volumes hold, nor anything else: counted at nothing, its
         # room would be admitted again to the pool's other kinds, enforced or not.
-        self._kept: dict[AppKey, dict[str, Decimal]] = {}
-        # And its volumes' high marks then: the next priced update is held at them (the stored
-        # object it replaces has no record and does not evaluate, so nothing else says them).
-        self._kept_marks: dict[AppKey, dict[str, Decimal]] = {}
+        # Its last record is kept whole, marks and all: the next priced update is held at them
+        # (the stored object it replaces has no record and does not evaluate, so nothing else
+        # says them).
+        self._kept: dict[AppKey, AppRecord] = {}
         self._owned: dict[AppKey, str] = {}  # Tenant application -> namespace it owns
         self._tenant_versions: dict[AppKey, int] = {}  # Tenant application -> resourceVersion
         self._tenant_factors: dict[str, dict[str, Decimal]] = {}  # owned namespace -> factor
@@ -232,23 +232,20 @@ class ReservationState:
             record.written = _written_at(previous, record, app.version)
         known_before = self._unknown.pop(key, None) is not None or previous is not None
         kept_before = self._kept.pop(key, None)
-        marks_before = self._kept_marks.pop(key, None)
-        kept = previous.resources if previous is not None else kept_before
-        kept_marks = (previous.marks if previous is not None else marks_before) or None
+        kept = previous if previous is not None else kept_before
         if record is None:
             self._unknown[key] = problem
-            if kept:
+            if kept is not None:
                 self._kept[key] = kept
-            if kept_marks:
-                self._kept_marks[key] = kept_marks
         else:
             self._apps[key] = record
         self._by_namespace.setdefault(namespace, set()).add(key)
         # An application counts 1 of its kind's count key from when it is stored until it is
         # deleted, whether or not its size can be evaluated: existence is never unknown.
         counted = self.platform.count_of(key)
-        before = previous.resources if previous else kept_before or {}
-        after = rl.add(record.resources if record else kept or {}, counted)
+        before = previous.resources if previous else kept_before.resources if kept_before else {}
+        last = kept.resources if kept is not None else {}
+        after = rl.add(record.resources if record else last, counted)
         if known_before:
             before = rl.add(before, counted)
         self.tree.add_usage(namespace, rl.subtract(after, before))
@@ -289,14 +286,13 @@ class ReservationState:
         previous = self._apps.pop(key, None)
         was_unknown = self._unknown.pop(key, None) is not None
         kept = self._kept.pop(key, None)
-        self._kept_marks.pop(key, None)
         members = self._by_namespace.get(key[1])
         if members is not None:
             members.discard(key)
             if not members:
                 del self._by_namespace[key[1]]
         if previous is not None or was_unknown:
-            last = previous.resources if previous else kept or {}
+            last = previous.resources if previous else kept.resources if kept else {}
             held = rl.add(last, self.platform.count_of(key))
             self.tree.add_usage(key[1], rl.scale(held, Decimal(-1)))
         if previous is not None:
@@ -556,7 +552,8 @@ class ReservationState:
             return node.budget if node is not None and node.declared else {}
         record = self._apps.get(key)
         if record is None:  # unknown: what it is still counted at (a floor tops up only above)
-            return self._kept.get(key, {})
+            kept = self._kept.get(key)
+            return kept.resources if kept is not None else {}
         return record.resources
 
     def _written(self, key: AppKey) -> int:
@@ -678,13 +675,15 @@ class ReservationState:
     def unknown(self) -> Mapping[AppKey, str]:
         return self._unknown
 
-    def kept(self) -> Mapping[AppKey, Mapping[str, Decimal]]:
-        """What each application with no charge now still counts: its last priced charge."""
+    def kept(self) -> Mapping[AppKey, AppRecord]:
+        """Each application with no charge now, at the record it was last priced at: what it
+        still counts, and its volumes' high marks then."""
         return self._kept
 
     def kept_marks(self, key: AppKey) -> Mapping[str, Decimal]:
         """The volume high marks of the charge ``key`` is kept at while it has none now."""
-        return self._kept_marks.get(key, {})
+        kept = self._kept.get(key)
+        return (kept.marks or {}) if kept is not None else {}
 
     def unknown_in_pool(self, pool_namespace: str, key: str) -> list[AppKey]:
         """Unknown applications whose usage of ``key`` would land in that pool."""
@@ -725,7 +724,7 @@ def recount(state: ReservationState) -> dict[tuple[str, str], tuple[Decimal, Dec
         for key, value in record.resources.items():
             totals[key] = totals.get(key, Decimal(0)) + value
     for app_key, last in state.kept().items():
-        own[app_key[1]] = rl.add(own.get(app_key[1], {}), last)
+        own[app_key[1]] = rl.add(own.get(app_key[1], {}), last.resources)
     for app_key in [*(k for k, _ in state.records()), *state.unknown()]:
         totals = own.setdefault(app_key[1], {})
         for key, value in state.platform.count_of(app_key).items():
