@@ -352,3 +352,22 @@ async def test_an_expiry_after_list_failures_backs_off_as_the_first_expiry_does(
     async with running(watcher):
         await eventually(lambda: len(delays) >= 8)
     assert delays[:8] == [1, 2, 3, 4, 5, 1, 2, 3], delays
+
+
+async def test_watches_that_keep_expiring_as_they_open_relist_since_the_first() -> None:
+    # Readiness excuses a kind relisting past its patience; counted afresh at each expiry, the
+    # patience restarted every cycle and every kind's admissions were refused most of the time.
+    client = ErrorEventClient(410, "Expired")
+    watcher = reflector(client, Mirror(), backoff=(0.01, 0.05))  # type: ignore[arg-type]
+    since: list[float | None] = []
+    back_off = watcher._back_off
+
+    async def recorded(message: str, failures: int, stop: asyncio.Event) -> None:
+        since.append(watcher.listing_since)
+        await back_off(message, failures, stop)
+
+    watcher._back_off = recorded  # type: ignore[method-assign]
+    async with running(watcher):
+        await eventually(lambda: len(since) >= 4)
+    assert since[0] is not None
+    assert set(since[:4]) == {since[0]}, since

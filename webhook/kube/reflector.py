@@ -117,6 +117,7 @@ class Reflector:
         """List and watch until ``stop`` is set."""
         failures = 0
         expired = 0  # watches in a row that expired as they opened: their backoff's count
+        expired_since = 0.0  # when the first of them expired (clock)
         while not stop.is_set():
             try:
                 if not self.listed:
@@ -146,11 +147,14 @@ class Reflector:
                     # a list of the kind takes) would be listed without a pause, for good.
                     # Backed off by these expiries alone, not by list failures before them.
                     expired += 1
+                    if expired == 1:
+                        expired_since = self.clock()
                     self.last_error = f"watch {self._url()}: expired as it opened"
-                    # Relisting from now: the backoff is part of the relist, so readiness's
-                    # patience runs through it (waited out unexcused, the kind would stop
-                    # every kind's admissions for the whole backoff, at every cycle).
-                    self.listing_since = self.clock()
+                    # Relisting since the first expiry in a row: the backoff is part of the
+                    # relist, so readiness's patience runs through it, and through every cycle
+                    # after it (started afresh each cycle, it would stop every kind's admissions
+                    # for most of each cycle, for good).
+                    self.listing_since = expired_since
                     await self._back_off("watch expired as it opened: listing again", expired, stop)
             # Anything else a list or watch raised (one object's page that its consumer or the
             # decoder cannot take) is a failure like these: reported and retried. Let out, it
