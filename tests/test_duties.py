@@ -84,3 +84,49 @@ async def test_a_tenant_slowing_the_policy_reports_never_delays_the_pool_statuse
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     await services.client.close()
+
+
+async def test_a_loop_that_raises_leaves_the_others_running_and_the_client_closed_after_all(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A replica's loops share one client: one that raises must neither stop the others nor
+    leave the client open once they end (connections held past the replica's stop)."""
+    monkeypatch.setenv("WEBHOOK_CERTS", "cert-manager")
+    configuration = k8s_client.Configuration()
+    configuration.host = "https://127.0.0.1:9"
+    services = LiveServices(KubeClient(configuration), Settings(namespace="cozy-reservation"))
+    ended: list[str] = []
+
+    async def keys(stop: asyncio.Event) -> object:
+        return object()
+
+    def waits(name: str) -> object:
+        async def run(stop: asyncio.Event) -> None:
+            await stop.wait()
+            ended.append(name)
+
+        return run
+
+    async def raises(stop: asyncio.Event) -> None:
+        raise ValueError("a bug in one loop")
+
+    monkeypatch.setattr(services.record_keys, "bootstrap", keys)
+    monkeypatch.setattr(services.live, "use_keys", lambda keys: None)
+    monkeypatch.setattr(services.live, "run", raises)
+    monkeypatch.setattr(services.ledger.reflector, "run", waits("ledger"))
+    monkeypatch.setattr(services.quotas, "run", waits("quotas"))
+    monkeypatch.setattr(services.elector, "run", waits("elector"))
+    monkeypatch.setattr(services, "_duties", waits("duties"))
+    monkeypatch.setattr(services, "_reports", waits("reports"))
+    if services.room is not None:
+        monkeypatch.setattr(services.room, "run", waits("room"))
+    stop = asyncio.Event()
+    task = asyncio.create_task(services.run(stop))
+    await asyncio.sleep(0.05)
+    assert not task.done(), "the other loops still run"
+    assert not services.client._closed
+    stop.set()
+    with pytest.raises(ValueError, match="a bug in one loop"):
+        await task
+    assert {"ledger", "quotas", "elector", "duties", "reports"} <= set(ended)
+    assert services.client._closed, "closed once every loop ended"

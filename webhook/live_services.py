@@ -133,17 +133,31 @@ class LiveServices:
             return
         self.live.use_keys(keys)
         self.record_keys_read = time.time()
-        await asyncio.gather(
-            self.live.run(stop),
-            self.ledger.reflector.run(stop),
-            self.quotas.run(stop),
-            *([self.room.run(stop)] if self.room is not None else []),
-            self.elector.run(stop),
-            self._duties(stop),
-            self._reports(stop),
-            *([self._escrow(stop)] if self.settings.escrow else []),
-        )
-        await self.client.close()
+        loops = [
+            asyncio.create_task(loop)
+            for loop in (
+                self.live.run(stop),
+                self.ledger.reflector.run(stop),
+                self.quotas.run(stop),
+                *([self.room.run(stop)] if self.room is not None else []),
+                self.elector.run(stop),
+                self._duties(stop),
+                self._reports(stop),
+                *([self._escrow(stop)] if self.settings.escrow else []),
+            )
+        ]
+        try:
+            ended = await asyncio.gather(*loops, return_exceptions=True)
+        finally:
+            # The client closes once every loop has ended (cancelled, if this is): none is left
+            # running on a closed client, or holding connections past the process.
+            for loop in loops:
+                loop.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
+            await self.client.close()
+        for outcome in ended:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     async def _duties(self, stop: asyncio.Event) -> None:
         """Every round runs each duty on its own: one that raises (a bad pool, a bad object,

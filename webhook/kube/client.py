@@ -169,6 +169,7 @@ class KubeClient:
         self.host = str(configuration.host).rstrip("/")
         self._ssl = _ssl_context(configuration)
         self._session: aiohttp.ClientSession | None = None
+        self._closed = False
         self._token: str | None = None
         self._token_at: float | None = None
         self._timeout = aiohttp.ClientTimeout(total=timeout)
@@ -191,6 +192,9 @@ class KubeClient:
         return cls(configuration)
 
     async def close(self) -> None:
+        """Close every connection; a call made after (a task still ending) fails as if the
+        server could not be reached, instead of opening connections nothing closes."""
+        self._closed = True
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -213,6 +217,8 @@ class KubeClient:
         return headers
 
     def _client(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise ApiError(0, "Unreachable", f"{self.host}: the client is closed")
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else False)
             self._session = aiohttp.ClientSession(connector=connector)

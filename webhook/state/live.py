@@ -300,8 +300,9 @@ class LiveState(PlatformRebuilds, ConsistentReads, Restamps):
         finally:
             if self._repricing is not None:
                 self._repricing.cancel()
-            for confirming in [*self._confirming.values(), *self._resyncing.values()]:
-                confirming.cancel()
+            reads = [*self._confirming.values(), *self._resyncing.values()]
+            for read in reads:
+                read.cancel()
             for watch in list(self._apps.values()):
                 watch.stop.set()
                 watch.task.cancel()
@@ -311,6 +312,7 @@ class LiveState(PlatformRebuilds, ConsistentReads, Restamps):
                 *tasks,
                 *(w.task for w in self._apps.values()),
                 *([self._repricing] if self._repricing is not None else []),
+                *reads,
                 return_exceptions=True,
             )
             self.state.synced = False
