@@ -258,31 +258,30 @@ async def test_label_changes_on_instance_types_cause_no_relist(
             assert live.reprices == 0
 
 
+def vms_of_one_type(server: EmulatedAPIServer, count: int) -> None:
+    """Tenant acme and ``count`` VMs of the cluster instance type ``mine`` (1Gi each)."""
+    server.create(tenant("tenant-root", "acme", {"memory": "100Gi"}))
+    server.create(cluster_type("mine", "1Gi"))
+    for index in range(count):
+        spec = {"instanceType": "mine", "instanceProfile": "ubuntu"}
+        server.create(app("VMInstance", "tenant-acme", f"vm{index}", spec))
+
+
+def acme_memory(live: LiveState) -> Any:
+    node = live.state.tree.get("tenant-acme")
+    return node.usage.get("memory") if node else None
+
+
 async def test_an_instance_type_resize_reprices_held_applications_without_a_relist(
     tmp_path: Path, certs: Path, caller: Caller
 ) -> None:
     async with cluster(tmp_path) as (server, kubeconfig):
-        server.create(tenant("tenant-root", "acme", {"memory": "100Gi"}))
-        server.create(cluster_type("mine", "1Gi"))
-        for index in range(50):
-            server.create(
-                app(
-                    "VMInstance",
-                    "tenant-acme",
-                    f"vm{index}",
-                    {"instanceType": "mine", "instanceProfile": "ubuntu"},
-                )
-            )
+        vms_of_one_type(server, 50)
         async with replica(kubeconfig, certs) as webhook:
             await wait_ready(caller, webhook.port)
             live = live_of(webhook)
-
-            def memory() -> Any:
-                node = live.state.tree.get("tenant-acme")
-                return node.usage.get("memory") if node else None
-
             assert dict(live.state.unknown()) == {}
-            assert memory() == 50 * 1024**3
+            assert acme_memory(live) == 50 * 1024**3
             lists = app_lists(server)
             unsynced = 0
             server.patch(*CLUSTER_TYPES, None, "mine", {"spec": {"memory": {"guest": "2Gi"}}})
@@ -290,12 +289,30 @@ async def test_an_instance_type_resize_reprices_held_applications_without_a_reli
             def repriced() -> bool:
                 nonlocal unsynced
                 unsynced += not live.synced
-                return bool(memory() == 100 * 1024**3)
+                return bool(acme_memory(live) == 100 * 1024**3)
 
             await eventually(repriced, 10, interval=0.01)
             assert unsynced == 0  # the old state served until the new one was complete
             assert app_lists(server) == lists
             assert live.reprices == 1
+
+
+async def test_deleting_the_instance_type_of_running_vms_does_not_free_their_room(
+    tmp_path: Path, certs: Path, caller: Caller
+) -> None:
+    # KubeVirt keeps a VM at the instance type it started with (a revision of it): the VMs
+    # still hold their memory after the type is gone, so the re-priced state keeps counting
+    # what they were last priced at instead of nothing.
+    async with cluster(tmp_path) as (server, kubeconfig):
+        vms_of_one_type(server, 5)
+        async with replica(kubeconfig, certs) as webhook:
+            await wait_ready(caller, webhook.port)
+            live = live_of(webhook)
+            assert acme_memory(live) == 5 * 1024**3
+            server.delete(*CLUSTER_TYPES, None, "mine")
+            await eventually(lambda: len(live.state.unknown()) == 5, 10, interval=0.01)
+            assert live.reprices == 1
+            assert acme_memory(live) == 5 * 1024**3
 
 
 async def test_a_new_definition_starts_one_watch_and_relists_nothing_else(

@@ -183,6 +183,7 @@ class PlatformRebuilds:
         self._dirty = None
         fresh.pending.carry_over(self.state.pending)
         fresh.carry_caps(self.state)
+        fresh.carry_kept(self.state)
         self.state = fresh
         self._sync_app_watches(platform)  # kinds gone stop with the state that knew them
         self.platform_generation += 1

@@ -139,6 +139,22 @@ def test_an_update_the_state_cannot_price_keeps_counting_what_it_was_priced_at()
     assert recount(current) == {}
 
 
+def test_a_state_rebuilt_for_a_platform_that_cannot_price_an_application_keeps_its_charge() -> None:
+    # The rebuilt state prices every application afresh: one it cannot price (its instance
+    # type deleted) counts what the state it replaces last priced it at, kept or not.
+    old = state({"tenant-acme": {"memory": "16Gi"}}, _vm("u1.medium"), _vm("u1.small", "b"))
+    old.observe(_vm("u1.nope", "b"))  # already unpriced before the rebuild: kept at 2Gi
+    fresh = state({"tenant-acme": {"memory": "16Gi"}}, _vm("u1.nope"), _vm("u1.nope", "b"))
+    assert _memory(fresh) == 0
+    fresh.carry_kept(old)
+    assert _memory(fresh) == 6 * GIB
+    assert set(fresh.kept()) == {_vm("u1.nope").key, _vm("u1.nope", "b").key}
+    assert recount(fresh) == {}
+    fresh.forget(_vm("u1.nope").key)
+    assert _memory(fresh) == 2 * GIB
+    assert recount(fresh) == {}
+
+
 def test_an_application_never_priced_counts_only_its_existence() -> None:
     current = state({"tenant-acme": {"memory": "16Gi"}}, _vm("u1.nope"))
     assert _memory(current) == 0

@@ -624,6 +624,20 @@ class ReservationState:
         for pool, caps in other._caps.items():
             self.set_caps(pool, caps)
 
+    def carry_kept(self, other: ReservationState) -> None:
+        """Keep counting, at what ``other`` last priced them at, the applications this state
+        (rebuilt for a new platform) cannot price: an instance type or preset deleted or made
+        unreadable has not shrunk what its applications hold (KubeVirt keeps a VM at the
+        instance type it started with), so their room does not go to the pool's others."""
+        for key in self._unknown:
+            if key in self._kept:
+                continue
+            kept = other._apps.get(key) or other._kept.get(key)
+            if kept is not None:
+                self._kept[key] = kept
+                self.tree.add_usage(key[1], kept.resources)
+                self.pending.refloor(key)  # a floor over it tops up only above what it keeps
+
     def cap(self, owned: str) -> Cap | None:
         """The cap some pool's ledger lists for the Tenant owning ``owned``."""
         for pool in sorted(self._caps):
