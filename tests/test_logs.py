@@ -15,7 +15,14 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from webhook.logs import MAX_FIELD_CHARACTERS, BatchingHandler, JsonFormatter, cut, encode
+from webhook.logs import (
+    MAX_FIELD_CHARACTERS,
+    MAX_LINE_CHARACTERS,
+    BatchingHandler,
+    JsonFormatter,
+    cut,
+    encode,
+)
 
 
 def _record(created: float, msecs: float = 0.0, **extra: object) -> logging.LogRecord:
@@ -148,6 +155,46 @@ def test_a_tenant_value_quoted_in_an_error_makes_no_line_longer_than_its_bound()
     assert entry["error"].endswith(f"({len(value) + 16} characters)")
     assert len(entry["error"]) <= MAX_FIELD_CHARACTERS
     assert len(entry["user"]) <= MAX_FIELD_CHARACTERS
+
+
+def test_a_tenant_value_of_escaped_characters_cannot_make_a_line_a_runtime_splits() -> None:
+    # Every character past ASCII is written escaped: 8,192 emoji are a 98 KB field, and
+    # a container runtime splits a line past 16 KiB into pieces no log reader parses.
+    emoji = "\U0001f600" * 100_000
+    record = _record(0.0, fields={"name": emoji, "error": f"bad {emoji}", "pool": "tenant-acme"})
+    line = JsonFormatter().format(record)
+    assert len(line) <= MAX_LINE_CHARACTERS
+    entry = json.loads(line)
+    assert entry["pool"] == "tenant-acme", "short fields are written whole"
+    assert entry["name"].startswith("\U0001f600")
+    assert entry["name"].endswith("(100000 characters)")
+    assert entry["error"].startswith("bad \U0001f600")
+
+
+def test_a_long_list_in_a_field_cannot_make_a_line_a_runtime_splits() -> None:
+    record = _record(0.0, fields={"keys": ["k" * 100] * 1_000, "count": 1_000})
+    entry = json.loads(line := JsonFormatter().format(record))
+    assert len(line) <= MAX_LINE_CHARACTERS
+    assert entry["count"] == 1_000
+    assert entry["keys"].startswith('["kkk')
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["name", "error", "user", "reason", "pool", "kind"]),
+        st.text(max_size=3 * MAX_FIELD_CHARACTERS) | st.lists(st.text(max_size=200), max_size=200),
+    )
+)
+def test_no_line_is_longer_than_its_bound_and_a_short_one_is_whole(
+    fields: dict[str, object],
+) -> None:
+    line = JsonFormatter().format(_record(0.0, fields=fields))
+    assert len(line) <= MAX_LINE_CHARACTERS
+    assert len(line.splitlines()) == 1
+    entry = json.loads(line)
+    if len(encode({**entry, **fields})) <= MAX_LINE_CHARACTERS:
+        assert {key: entry[key] for key in fields} == fields
 
 
 @given(st.text(max_size=3 * MAX_FIELD_CHARACTERS))

@@ -11,7 +11,9 @@ no line prints (the caller's frame, thread and process names: the knobs the logg
 "Optimization" section names), the timestamp's text is built once per second, the JSON is
 encoded once, by orjson when every value is a plain string, number, boolean or null and the
 line it writes is the stdlib's byte for byte (ASCII: the stdlib escapes every other character;
-no float in exponent form; no integer past 64 bits), else by one compact stdlib encoder; and
+no float in exponent form; no integer past 64 bits), else by one compact stdlib encoder; a line
+is never longer than a container runtime writes as one (fields cut to fit, saying how long they
+were); and
 lines are written in batches: one write for up to 256 lines or a quarter of a second, whichever
 comes first, instead of a write and a flush per line (each a system call, and a wait whenever
 the reader of stderr, a container runtime's pipe, lags). A
@@ -32,12 +34,24 @@ from typing import Final, TextIO
 
 import orjson
 
-__all__ = ["MAX_FIELD_CHARACTERS", "BatchingHandler", "JsonFormatter", "configure", "cut", "encode"]
+__all__ = [
+    "MAX_FIELD_CHARACTERS",
+    "MAX_LINE_CHARACTERS",
+    "BatchingHandler",
+    "JsonFormatter",
+    "configure",
+    "cut",
+    "encode",
+]
 
 _STANDARD: Final = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 _ENCODER: Final = json.JSONEncoder(separators=(",", ":"), default=str, check_circular=False)
 _PLAIN: Final = frozenset({str, int, bool, type(None)})
 MAX_FIELD_CHARACTERS: Final = 8192  # of one field of a line (a traceback's frames fit)
+# Of one line as written (ASCII: every other character escaped, an emoji as 12 characters):
+# container runtimes split a line at 16 KiB, and a line split is two lines no reader parses.
+MAX_LINE_CHARACTERS: Final = 16_000
+_SMALL: Final = 256  # a field this short as written is never cut to fit a line
 
 
 def cut(text: str) -> str:
@@ -82,6 +96,43 @@ def encode(entry: dict[str, object]) -> str:
     return line.decode()
 
 
+def _fitted(entry: dict[str, object], whole: dict[str, str]) -> str:
+    """``entry`` encoded within :data:`MAX_LINE_CHARACTERS`: past it (escaped characters, many
+    long fields, a long list), each field long as written is cut to an equal share of what
+    the short ones leave, as written, saying how long it was (``whole``: the fields as they
+    were before :func:`cut`)."""
+    line = encode(entry)
+    if len(line) <= MAX_LINE_CHARACTERS:
+        return line
+    sizes = {key: len(_ENCODER.encode(value)) for key, value in entry.items()}
+    large = [key for key, size in sizes.items() if size > _SMALL]
+    if not large:
+        return line  # only short fields: as many as the code writes, never a tenant
+    rest = len(line) - sum(sizes[key] for key in large)
+    room = max(_SMALL, (MAX_LINE_CHARACTERS - rest) // len(large))
+    for key in large:
+        entry[key] = _written_within(whole.get(key, entry[key]), room)
+    return encode(entry)
+
+
+def _written_within(value: object, room: int) -> str:
+    """``value`` (its JSON if not a string) cut from its end so that it is written in at most
+    ``room`` characters, saying how long it was. What is kept shrinks by the ratio of what it
+    is written in to what it may be, a few encodings at most; never past the bound."""
+    text = value if isinstance(value, str) else _ENCODER.encode(value)
+    note = f"... ({len(text)} characters)"
+    left = room - len(_ENCODER.encode(note))  # the note and the two quotes
+    if left <= 0:
+        return note
+    keep = min(len(text), left)
+    for _ in range(32):
+        written = len(_ENCODER.encode(text[:keep])) - 2
+        if written <= left:
+            return text[:keep] + note
+        keep = min(keep - 1, keep * left // written)
+    return note
+
+
 class JsonFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__()
@@ -110,10 +161,12 @@ class JsonFormatter(logging.Formatter):
                 entry[key] = value
         if record.exc_info:
             entry["exception"] = cut_traceback(self.formatException(record.exc_info))
+        whole = {}
         for key, value in entry.items():
             if type(value) is str and len(value) > MAX_FIELD_CHARACTERS:
+                whole[key] = value
                 entry[key] = cut(value)
-        return encode(entry)
+        return _fitted(entry, whole)
 
 
 class BatchingHandler(logging.Handler):
