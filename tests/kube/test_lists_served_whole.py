@@ -35,7 +35,7 @@ ANNOTATIONS = 250_000  # bytes of annotations per object, under Kubernetes' 256 
 
 
 SERVER = """
-import json, sys
+import json, socket, sys
 from aiohttp import web
 objects, annotations = int(sys.argv[1]), int(sys.argv[2])
 notes = {f"example.com/a{j}": "x" * 995 for j in range(annotations // 1000)}
@@ -76,7 +76,8 @@ async def asked(request):
 app = web.Application()
 app.router.add_get("/apis/apps.cozystack.io/v1alpha1/vmdisks", serve)
 app.router.add_get("/asked", asked)
-web.run_app(app, host="127.0.0.1", port=int(sys.argv[3]), print=lambda *_: None)
+listener = socket.socket(fileno=int(sys.argv[3]))  # bound by the test: no port to race for
+web.run_app(app, sock=listener, print=lambda *_: None)
 """
 
 
@@ -84,12 +85,15 @@ web.run_app(app, host="127.0.0.1", port=int(sys.argv[3]), print=lambda *_: None)
 async def whole_lists() -> AsyncIterator[tuple[KubeClient, str]]:
     """A server that lists as cozystack-api does: every object, whatever ``limit`` says (in
     its own process, so that only the replica's memory is measured here)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    process = subprocess.Popen(
-        [sys.executable, "-c", SERVER, str(OBJECTS), str(ANNOTATIONS), str(port)]
-    )
+    with socket.socket() as listener:  # bound and listening here, served by the process
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        port = listener.getsockname()[1]
+        fd = listener.fileno()
+        process = subprocess.Popen(
+            [sys.executable, "-c", SERVER, str(OBJECTS), str(ANNOTATIONS), str(fd)],
+            pass_fds=[fd],
+        )
     configuration = k8s_client.Configuration()
     configuration.host = f"http://127.0.0.1:{port}"
     client = KubeClient(configuration)
