@@ -479,3 +479,27 @@ async def test_a_record_waiting_for_its_spends_is_taken_up_only_to_be_written() 
     written = await _rounds(a, clock, now, 40)  # past the store bound: folded, then removed
     assert _records(cluster) == {}
     assert 0 < len(visited) == written, f"{len(visited)} visits for {written} writes"
+
+
+async def test_a_young_bursts_slice_is_refilled_while_a_second_of_the_burst_is_left() -> None:
+    # A second into a burst the decayed sum holds a fifth of its rate: a slice refilled at a
+    # second of the sum was refilled with a fifth of a second left, less than a duty round
+    # and a write take, and the burst fell back to the exact path until the refill landed.
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "640Gi"}}, escrow=True)
+    now = [0.0]
+    a.escrowed.monotonic = lambda: now[0]
+    await _busy(a, count=1)  # the pool's object is written
+    now[0] += 40.0  # and the pool idle since: cold again
+    for index in range(7):  # five creates a second, from a cold pool
+        assert (await a.admit(create(f"burst{index}", "1Gi"))).allowed
+        now[0] += 0.2
+    assert a.ledger.spends == 7, "the first grant answered them all"
+    (record,) = _records(cluster).values()
+    left = record.outstanding()["memory"] - 7 * 1024**3
+    assert 0 < left < 5 * 1024**3, "less than a second of the burst is left"
+    writes = cluster.writes
+    assert await a.ledger.escrow() == 1
+    assert cluster.writes == writes + 1
+    (refilled,) = _records(cluster).values()
+    assert refilled.outstanding()["memory"] - 7 * 1024**3 >= 25 * 1024**3, "seconds of it"

@@ -76,3 +76,20 @@ def test_sub_tenants_created_and_deleted_leave_no_rate_entries() -> None:
     assert all(not entries for entries in kept), "nothing kept of an idle pool"
     assert recent._last == {}
     assert recent.rate("tenant-acme-x1", later) == {}
+
+
+def test_a_young_sum_estimates_a_steady_rate_as_it_is() -> None:
+    # Five creates a second for a second: the decayed sum holds a fifth of that rate, the
+    # estimate the whole of it; long after, the two agree.
+    recent = RecentAdmissions(idle_seconds=30)
+    now = 100.0
+    for _ in range(5):
+        recent.note("p", {"memory": GI}, "VMInstance", now)
+        now += 0.2
+    assert recent.rate("p", now)["memory"] < float(GI)
+    assert recent.estimate("p", now)["memory"] == pytest.approx(5 * float(GI), rel=0.15)
+    for _ in range(200):
+        recent.note("p", {"memory": GI}, "VMInstance", now)
+        now += 0.2
+    assert recent.estimate("p", now) == recent.rate("p", now)
+    assert recent.rate("p", now)["memory"] == pytest.approx(5 * float(GI), rel=0.15)

@@ -365,7 +365,17 @@ class Escrowed:
             # the pool's other creates for as long as they kept it busy.
             narrow = self.narrow(pool)
             if rate and not (over or quiet or give_all or narrow or book.fenced(pool)):
-                wanted = refill_wanted(rl.mask(rate, node.budget), available, escrow.bounds)
+                # The runway is judged by the rate a young sum estimates: by the sum alone,
+                # a second into a burst the slice was refilled with a fifth of a second left,
+                # less than a round and a write take, and the burst fell back meanwhile.
+                expected = {
+                    k: Decimal(str(round(v, 6)))
+                    for k, v in self.recent.estimate(pool, now).items()
+                    if k in node.budget
+                }
+                wanted = refill_wanted(
+                    rl.mask(rate, node.budget), available, escrow.bounds, expected=expected
+                )
                 if wanted:  # at least one more of the last admission (a whole unit at least)
                     wanted = rl.maximum(wanted, rl.mask(self.recent.last(pool), wanted))
                 grow = core.grant_size(

@@ -84,6 +84,16 @@ class RecentAdmissions:
         """The charge of the last admission into ``pool`` ({}: none)."""
         return self._last.get(pool, {})
 
+    def estimate(self, pool: str, now: float) -> dict[str, float]:
+        """``pool``'s rate per key as its recent sum estimates it: a sum younger than a few
+        time constants holds only its :meth:`warmth` of a steady rate, so it is scaled up by
+        it. A slice refilled at a second of the sum alone was refilled, a second into a
+        burst, when a fifth of a second of it was left: less than a round and a write take,
+        and the burst fell back to the exact path until the refill landed."""
+        warmth = self.warmth(pool, now)
+        rates = self.rate(pool, now)
+        return rates if warmth >= 0.99 else {key: v / warmth for key, v in rates.items()}
+
     def warmth(self, pool: str, now: float) -> float:
         """The share of its rate a decayed sum ``pool``'s age holds (the age taken as at least
         :data:`YOUNGEST_SECONDS`; about 1 once older than a few time constants)."""

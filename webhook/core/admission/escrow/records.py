@@ -139,12 +139,19 @@ def grant_size(
 
 
 def refill_wanted(
-    rate: Mapping[str, Decimal], available: Mapping[str, Decimal], bounds: EscrowBounds
+    rate: Mapping[str, Decimal],
+    available: Mapping[str, Decimal],
+    bounds: EscrowBounds,
+    *,
+    expected: Mapping[str, Decimal] | None = None,
 ) -> dict[str, Decimal]:
-    """What a refill should add when the slice holds less than ``runway_seconds`` of ``rate``
-    (per second) on some key: enough for ``target_seconds`` of it (``{}``: no refill)."""
+    """What a refill should add when the slice holds less than ``runway_seconds`` of the rate
+    ``expected`` (per second; ``rate`` itself unless given: a young pool's is larger, its sum
+    holding only part of its rate yet) on some key: enough for ``target_seconds`` of ``rate``
+    (``{}``: no refill)."""
     runway = Decimal(str(bounds.runway_seconds))
-    if all(available.get(key, _ZERO) >= value * runway for key, value in rate.items()):
+    judged = rate if expected is None else expected
+    if all(available.get(key, _ZERO) >= value * runway for key, value in judged.items()):
         return {}
     target = Decimal(str(bounds.target_seconds))
     wanted = {key: value * target - available.get(key, _ZERO) for key, value in rate.items()}
