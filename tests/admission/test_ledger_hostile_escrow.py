@@ -232,3 +232,28 @@ def test_a_wants_shortfall_is_exactly_what_makes_it_fit(budget: int, usage: int,
     assert usage + want - short.get("memory", Decimal(0)) <= budget
     unasked, none = with_want({}, {"memory": Decimal(usage)}, {"memory": Decimal(budget)}, now)
     assert (unasked, none) == ({"memory": Decimal(usage)}, {}), "no want: the count as it is"
+
+
+async def test_a_write_answered_after_its_pool_was_deleted_brings_none_of_its_entries_back() -> (
+    None
+):
+    # A tenant deletes its sub-tenant (the pool's object goes with its namespace) while a
+    # write to the pool is under way: the watch delivers the deletion first, then the
+    # write's answer, from before it, arrives. Taken up again, the pool's entries counted
+    # once more, in a pool that no longer exists, until a relist.
+    cluster = Cluster()
+    a = Replica(cluster, "a", {POOL: {"memory": "64Gi"}})
+    assert (await a.admit(create("w0", "1Gi"))).allowed
+    book = a.ledger._book
+    answer = copy.deepcopy(cluster.objects[POOL])  # what the write was answered with
+    deleted = copy.deepcopy(answer)
+    deleted["metadata"]["resourceVersion"] = str(cluster.bump())
+    a.ledger.reflector.on_event("DELETED", deleted)
+    departed = a.state.pending.holds()  # counted until the state passes the deletion
+    book.remember(answer)
+    assert POOL not in book.objects
+    assert a.state.pending.holds() == departed, "listed again: counted as the pool's entries"
+    later = copy.deepcopy(answer)
+    later["metadata"]["resourceVersion"] = str(cluster.bump())
+    book.remember(later)  # the pool created again: its new object is taken up
+    assert POOL in book.objects

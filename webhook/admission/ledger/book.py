@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from typing import Literal, Protocol
 
@@ -91,6 +92,9 @@ class Book:
         self.objects: dict[str, Obj] = {}  # pool -> newest TenantReservation seen or written
         self.changed: dict[str, float] = {}  # pool -> when its object last changed (clock)
         self.parsed: dict[str, dict[str, tuple[Obj, Hold]]] = {}  # pool -> id -> entry, hold
+        # pool -> the revision its object was seen deleted at: an answer to a write made
+        # before (the pool's Tenant deleted meanwhile) is no copy to take up again.
+        self._deleted: OrderedDict[str, int] = OrderedDict()
         self._locks: dict[str, asyncio.Lock] = {}
         self._state: ReservationState | None = None  # the state the objects were tracked into
         self.slices = Slices()  # every pool's escrowed slices, counted whole (docs/escrow.md)
@@ -227,6 +231,8 @@ class Book:
     def remember(self, obj: Obj) -> None:
         pool = str((obj.get("metadata") or {}).get("name") or "")
         known = self.objects.get(pool)
+        if known is None and version(obj) <= self._deleted.get(pool, 0):
+            return  # a write's answer from before the deletion the watch delivered
         # Only a newer version: the same one again (the watch delivering a write whose answer
         # was remembered first, a relist) is the same object, already counted.
         if known is None or version(obj) > version(known):
@@ -286,6 +292,9 @@ class Book:
 
     def _gone(self, obj: Obj, revision: int) -> None:
         pool = str((obj.get("metadata") or {}).get("name") or "")
+        self._deleted[pool] = max(revision, self._deleted.pop(pool, 0))
+        while len(self._deleted) > bounds.DELETED_POOLS:
+            self._deleted.popitem(last=False)
         if self._state is not None:
             self._state.pending.track(pool, [], version=revision)
             self._state.set_caps(pool, {})

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Final
 
 __all__ = [
+    "DELETED_POOLS",
     "MAX_CAPS",
     "MAX_CAPS_BYTES",
     "MAX_CAP_BYTES",
@@ -86,6 +87,10 @@ MAX_WANT_BYTES: Final = 24_576
 MAX_REST_BYTES: Final = MAX_OBJECT_BYTES - (
     MAX_PENDING_BYTES + MAX_CAPS_BYTES + MAX_SUMMARY_BYTES + MAX_SLICES_BYTES + MAX_WANT_BYTES
 )
+# Pools whose deletion is remembered against late answers to writes made before it: a
+# tenant creating and deleting sub-tenants makes a few a second at most, and an answer comes
+# within a write's deadline.
+DELETED_POOLS: Final = 4_096
 # What a new entry grows by once a later write stamps it with its revision (the digits of a
 # resourceVersion: at most 20, a 64-bit integer's).
 REVISION_BYTES: Final = 20
