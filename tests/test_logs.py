@@ -171,6 +171,18 @@ def test_a_tenant_value_of_escaped_characters_cannot_make_a_line_a_runtime_split
     assert entry["error"].startswith("bad \U0001f600")
 
 
+def test_escaped_characters_before_a_long_tail_cannot_wipe_the_fields_own_text() -> None:
+    # A cut shrunk by the ratio of escaped to kept characters ran out of steps on a value of
+    # emoji then ASCII and wrote the note alone: the code's own words before it went too.
+    value = "\U0001f600" * 1_200 + "a" * 20_000
+    record = _record(0.0, fields={"error": f"pool tenant-acme-x: bad value {value}"})
+    line = JsonFormatter().format(record)
+    assert len(line) <= MAX_LINE_CHARACTERS
+    kept = json.loads(line)["error"]
+    assert kept.startswith("pool tenant-acme-x: bad value \U0001f600")
+    assert len(line) > MAX_LINE_CHARACTERS - 100, "as much of it as fits"
+
+
 def test_a_long_list_in_a_field_cannot_make_a_line_a_runtime_splits() -> None:
     record = _record(0.0, fields={"keys": ["k" * 100] * 1_000, "count": 1_000})
     entry = json.loads(line := JsonFormatter().format(record))

@@ -117,20 +117,19 @@ def _fitted(entry: dict[str, object], whole: dict[str, str]) -> str:
 
 def _written_within(value: object, room: int) -> str:
     """``value`` (its JSON if not a string) cut from its end so that it is written in at most
-    ``room`` characters, saying how long it was. What is kept shrinks by the ratio of what it
-    is written in to what it may be, a few encodings at most; never past the bound."""
+    ``room`` characters, saying how long it was: the longest start that fits, found by
+    halving (a few encodings of at most ``room`` characters, whatever the value holds)."""
     text = value if isinstance(value, str) else _ENCODER.encode(value)
     note = f"... ({len(text)} characters)"
     left = room - len(_ENCODER.encode(note))  # the note and the two quotes
-    if left <= 0:
-        return note
-    keep = min(len(text), left)
-    for _ in range(32):
-        written = len(_ENCODER.encode(text[:keep])) - 2
-        if written <= left:
-            return text[:keep] + note
-        keep = min(keep - 1, keep * left // written)
-    return note
+    low, high = 0, min(len(text), max(left, 0))  # a start of ``low`` characters fits
+    while low < high:
+        middle = (low + high + 1) // 2
+        if len(_ENCODER.encode(text[:middle])) - 2 <= left:
+            low = middle
+        else:
+            high = middle - 1
+    return text[:low] + note
 
 
 class JsonFormatter(logging.Formatter):
