@@ -37,14 +37,14 @@ from typing import Any
 from webhook.admission.ledger.book import Book, Conflict, TooLarge
 from webhook.admission.ledger.entries import Obj, expiry, version
 from webhook.admission.ledger.recent import RecentAdmissions
-from webhook.admission.ledger.sizing import fold_due, warmed_grant
+from webhook.admission.ledger.sizing import Rates, fold_due, refill
 from webhook.admission.ledger.slices import grant_fits, removals, slice_records
 from webhook.admission.ledger.spent import SpentAdmissions, minted
 from webhook.admission.ledger.status import Status
 from webhook.admission.ledger.wants import with_want
 from webhook.core.admission import escrow as core
 from webhook.core.admission.decisions import Decision, Policy, decide
-from webhook.core.admission.escrow import refill_wanted, surplus
+from webhook.core.admission.escrow import surplus
 from webhook.core.admission.reviews import AdmissionRequest
 from webhook.core.admission.state import ReservationState
 from webhook.core.base import resources as rl
@@ -365,30 +365,15 @@ class Escrowed:
             # the pool's other creates for as long as they kept it busy.
             narrow = self.narrow(pool)
             if rate and not (over or quiet or give_all or narrow or book.fenced(pool)):
-                # The runway is judged by the rate a young sum estimates: by the sum alone,
-                # a second into a burst the slice was refilled with a fifth of a second left,
-                # less than a round and a write take, and the burst fell back meanwhile.
-                expected = {
-                    k: Decimal(str(round(v, 6)))
-                    for k, v in self.recent.estimate(pool, now).items()
-                    if k in node.budget
-                }
-                wanted = refill_wanted(
-                    rl.mask(rate, node.budget), available, escrow.bounds, expected=expected
+                estimate = self.recent.estimate(pool, now)
+                expected = {k: Decimal(str(round(v, 6))) for k, v in estimate.items()}
+                grow = refill(
+                    Rates(rate, expected, self.recent.warmth(pool, now), self.recent.last(pool)),
+                    available,
+                    node.budget,
+                    counted,
+                    escrow.bounds,
                 )
-                if wanted:  # at least one more of the last admission (a whole unit at least)
-                    wanted = rl.maximum(wanted, rl.mask(self.recent.last(pool), wanted))
-                grow = core.grant_size(
-                    budget=node.budget, counted=counted, want=wanted, bounds=escrow.bounds
-                )
-                warmth = self.recent.warmth(pool, now)
-                grow = warmed_grant(
-                    grow, warmth, rate, available, node.budget, counted, escrow.bounds
-                )
-                # A slice that would not hold the last admission's charge answers nothing.
-                last = rl.mask(self.recent.last(pool), node.budget)
-                if any(rl.add(available, grow).get(k, Decimal(0)) < v for k, v in last.items()):
-                    grow = {}
             if grow:  # not made if the records would pass their bound: the exact path admits
                 grown = escrow.granting(pool, grow, self.recent.kinds(pool), wall)
                 fits = grant_fits(current, escrow.incarnation, record_json(grown), gone)

@@ -1,4 +1,4 @@
-"""How much a refill asks for while a pool's rate is young, and when folds earn a write.
+"""How much a refill of a slice asks for, and when folds earn a write.
 
 Both are read by the escrow duty (:mod:`.escrowed`) each round over a pool it holds; neither
 writes or waits.
@@ -7,15 +7,80 @@ writes or waits.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from decimal import ROUND_FLOOR, Decimal
 
 from webhook.core.admission import escrow as core
 from webhook.core.admission.escrow import Spend, refill_wanted
 from webhook.core.base import resources as rl
 
-__all__ = ["FOLD_SPENDS", "fold_due", "warmed_grant"]
+__all__ = ["FOLD_SPENDS", "Rates", "fold_due", "refill", "warmed_grant"]
 
 FOLD_SPENDS = 128  # spends waiting to be folded that are worth a write of their own
+
+
+@dataclass(frozen=True, slots=True)
+class Rates:
+    """What one process admitted into a pool lately, as a refill reads it (per key)."""
+
+    rate: Mapping[str, Decimal]  # the decayed sum, per second
+    expected: Mapping[str, Decimal]  # the rate the sum estimates (larger while it is young)
+    warmth: float  # the share of a steady rate the sum holds at its age
+    last: Mapping[str, Decimal]  # the last admission's charge
+
+
+def refill(
+    rates: Rates,
+    available: Mapping[str, Decimal],
+    budget: Mapping[str, Decimal],
+    counted: Mapping[str, Decimal],
+    bounds: core.EscrowBounds,
+) -> dict[str, Decimal]:
+    """What to grant a slice holding ``available`` unspent of a pool with ``budget`` that counts
+    ``counted`` (the slice's outstanding room in it), ``{}`` for nothing.
+
+    Due when the slice holds less than a second of the rate the sum estimates (by the sum
+    alone, a second into a burst the slice was refilled with a fifth of a second left, less
+    than a round and a write take, and the burst fell back meanwhile); sized from the sum,
+    warmed while young, at least one more of the last charge; none that would not hold the
+    last charge. The slice then holds at most a grant's share of the room free around it: a
+    slice just granted a share still reads as short of a young burst's second, and granted a
+    share of what was left round after round, one burst parked 42% of a shared pool's room.
+    """
+    budgeted = {k: v for k, v in rates.expected.items() if k in budget}
+    wanted = refill_wanted(rl.mask(rates.rate, budget), available, bounds, expected=budgeted)
+    if wanted:  # at least one more of the last admission (a whole unit at least)
+        wanted = rl.maximum(wanted, rl.mask(rates.last, wanted))
+    grow = core.grant_size(budget=budget, counted=counted, want=wanted, bounds=bounds)
+    grow = warmed_grant(grow, rates.warmth, rates.rate, available, budget, counted, bounds)
+    grow = _within_share(grow, available, budget, counted, bounds.share)
+    # A slice that would not hold the last admission's charge answers nothing.
+    last = rl.mask(rates.last, budget)
+    if any(rl.add(available, grow).get(k, Decimal(0)) < v for k, v in last.items()):
+        return {}
+    return grow
+
+
+def _within_share(
+    grow: Mapping[str, Decimal],
+    available: Mapping[str, Decimal],
+    budget: Mapping[str, Decimal],
+    counted: Mapping[str, Decimal],
+    share: Decimal,
+) -> dict[str, Decimal]:
+    """``grow`` cut, per key, so that the slice then holds at most ``share`` of the room free
+    around it (the pool's free room and its own unspent room); a key it already holds that
+    share of gets nothing."""
+    kept: dict[str, Decimal] = {}
+    for key, value in grow.items():
+        if key not in budget:
+            continue
+        held = available.get(key, Decimal(0))
+        around = budget[key] - counted.get(key, Decimal(0)) + held
+        most = (around * share - held).to_integral_value(ROUND_FLOOR)
+        if min(value, most) > 0:
+            kept[key] = min(value, most)
+    return kept
 
 
 def warmed_grant(
