@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from pathlib import Path
 
 import pytest
+from aiohttp import web
 from kubernetes import client as k8s_client
 
+from tests.test_live import certs
 from tests.waiting import eventually
 from webhook.kube.client import KubeClient
-from webhook.server import LiveServices
+from webhook.server import LiveServices, WebhookServer
 from webhook.settings import Settings
+
+__all__ = ["certs"]
+
+PORTS = {"listen_port": 0, "metrics_port": 0}
 
 
 async def test_a_pool_status_writer_that_raises_does_not_stop_the_other_duties(
@@ -86,11 +93,11 @@ async def test_a_tenant_slowing_the_policy_reports_never_delays_the_pool_statuse
     await services.client.close()
 
 
-async def test_a_loop_that_raises_leaves_the_others_running_and_the_client_closed_after_all(
+async def test_a_loop_that_raises_leaves_the_others_running_until_all_end(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A replica's loops share one client: one that raises must neither stop the others nor
-    leave the client open once they end (connections held past the replica's stop)."""
+    """A replica's loops share one client: one that raises stops none of the others, and the
+    run ends only once every loop has, so that the client closes after all of them."""
     monkeypatch.setenv("WEBHOOK_CERTS", "cert-manager")
     configuration = k8s_client.Configuration()
     configuration.host = "https://127.0.0.1:9"
@@ -124,9 +131,39 @@ async def test_a_loop_that_raises_leaves_the_others_running_and_the_client_close
     task = asyncio.create_task(services.run(stop))
     await asyncio.sleep(0.05)
     assert not task.done(), "the other loops still run"
-    assert not services.client._closed
     stop.set()
     with pytest.raises(ValueError, match="a bug in one loop"):
         await task
     assert {"ledger", "quotas", "elector", "duties", "reports"} <= set(ended)
-    assert services.client._closed, "closed once every loop ended"
+    assert not services.client._closed, "closed by the server once its requests drained"
+    await services.close()
+    assert services.client._closed
+
+
+async def test_an_admission_answered_during_the_drain_can_still_write(
+    monkeypatch: pytest.MonkeyPatch, certs: Path
+) -> None:
+    """A replica told to stop drains the requests it is answering; one waiting on its pool's
+    write then must still reach the API server: the client closes after the drain, not
+    when the background loops end (they end at once)."""
+    monkeypatch.setenv("WEBHOOK_CERTS", "cert-manager")
+    configuration = k8s_client.Configuration()
+    configuration.host = "https://127.0.0.1:9"
+    settings = Settings(cert_dir=str(certs), namespace="cozy-reservation", **PORTS)
+    services = LiveServices(KubeClient(configuration), settings)
+    server = WebhookServer(None, settings, services=services)
+    await server.start()
+    closed_while_draining: list[bool] = []
+    cleanup = web.AppRunner.cleanup
+
+    async def draining(runner: web.AppRunner) -> None:
+        if runner is server._runner:
+            await asyncio.sleep(0.2)  # the loops have seen the stop meanwhile
+            closed_while_draining.append(services.client._closed)
+        await cleanup(runner)
+
+    monkeypatch.setattr(web.AppRunner, "cleanup", draining)
+    server.stop()
+    await server.wait()
+    assert closed_while_draining == [False]
+    assert services.client._closed, "closed once drained"

@@ -129,7 +129,6 @@ class LiveServices:
         # The record keys before any application is observed: records are verified as they come.
         keys = await self.record_keys.bootstrap(stop)
         if keys is None:
-            await self.client.close()
             return
         self.live.use_keys(keys)
         self.record_keys_read = time.time()
@@ -149,15 +148,21 @@ class LiveServices:
         try:
             ended = await asyncio.gather(*loops, return_exceptions=True)
         finally:
-            # The client closes once every loop has ended (cancelled, if this is): none is left
-            # running on a closed client, or holding connections past the process.
+            # Every loop has ended (cancelled, if this is) before :meth:`close` may close the
+            # client: none is left running on a closed client, or holding connections past
+            # the process.
             for loop in loops:
                 loop.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
-            await self.client.close()
         for outcome in ended:
             if isinstance(outcome, BaseException):
                 raise outcome
+
+    async def close(self) -> None:
+        """Close the cluster client: once :meth:`run` has ended and the requests being
+        answered have drained (an admission still answering during the drain writes its
+        pool's object through it)."""
+        await self.client.close()
 
     async def _duties(self, stop: asyncio.Event) -> None:
         """Every round runs each duty on its own: one that raises (a bad pool, a bad object,

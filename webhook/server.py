@@ -185,9 +185,11 @@ class WebhookServer:
                 "shutting down",
                 extra={"fields": {"grace_seconds": self.settings.shutdown_seconds}},
             )
-        await self._runner.cleanup()
+        await self._runner.cleanup()  # the requests being answered drain first
         await self._metrics_runner.cleanup()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.services is not None:
+            await self.services.close()
         if self.served:
             log.info("stopped")
 
