@@ -18,8 +18,6 @@ from webhook.settings import Settings
 
 __all__ = ["certs"]
 
-PORTS = {"listen_port": 0, "metrics_port": 0}
-
 
 async def test_a_pool_status_writer_that_raises_does_not_stop_the_other_duties(
     monkeypatch: pytest.MonkeyPatch,
@@ -144,26 +142,32 @@ async def test_an_admission_answered_during_the_drain_can_still_write(
     monkeypatch: pytest.MonkeyPatch, certs: Path
 ) -> None:
     """A replica told to stop drains the requests it is answering; one waiting on its pool's
-    write then must still reach the API server: the client closes after the drain, not
-    when the background loops end (they end at once)."""
+    write then must still reach the API server and decide from a state that follows the
+    cluster: the loops stop and the client closes after the drain."""
     monkeypatch.setenv("WEBHOOK_CERTS", "cert-manager")
     configuration = k8s_client.Configuration()
     configuration.host = "https://127.0.0.1:9"
-    settings = Settings(cert_dir=str(certs), namespace="cozy-reservation", **PORTS)
+    settings = Settings(
+        cert_dir=str(certs), namespace="cozy-reservation", listen_port=0, metrics_port=0
+    )
     services = LiveServices(KubeClient(configuration), settings)
     server = WebhookServer(None, settings, services=services)
     await server.start()
     closed_while_draining: list[bool] = []
+    following: list[bool] = []
     cleanup = web.AppRunner.cleanup
 
     async def draining(runner: web.AppRunner) -> None:
         if runner is server._runner:
             await asyncio.sleep(0.2)  # the loops have seen the stop meanwhile
             closed_while_draining.append(services.client._closed)
+            following.append(not services_task.done())
         await cleanup(runner)
 
     monkeypatch.setattr(web.AppRunner, "cleanup", draining)
+    (services_task,) = [t for t in server._tasks if "LiveServices.run" in repr(t.get_coro())]
     server.stop()
     await server.wait()
     assert closed_while_draining == [False]
+    assert following == [True], "the loops still run while requests drain"
     assert services.client._closed, "closed once drained"

@@ -131,12 +131,15 @@ class WebhookServer:
         self.metrics_port = 0
         self.served = False  # set once both listeners are up: only then is a shutdown logged
         self._stop = asyncio.Event()
+        # The live services stop once the requests being answered have drained: those still
+        # answering decide from a state that follows the cluster and write through its client.
+        self._services_stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.port = 0
 
     async def start(self) -> None:
         if self.services is not None:
-            self._tasks.append(asyncio.create_task(self.services.run(self._stop)))
+            self._tasks.append(asyncio.create_task(self.services.run(self._services_stop)))
         await self._runner.setup()
         site = web.TCPSite(
             self._runner,
@@ -187,6 +190,7 @@ class WebhookServer:
             )
         await self._runner.cleanup()  # the requests being answered drain first
         await self._metrics_runner.cleanup()
+        self._services_stop.set()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.services is not None:
             await self.services.close()
