@@ -58,13 +58,13 @@ MAX_REPLACES: Final = 16
 MAX_CAPS: Final = 200
 MAX_CAP_BYTES: Final = MAX_ENTRY_BYTES
 MAX_CAPS_BYTES: Final = 218_600
-# The whole object as JSON, at most: two thirds of etcd's 1.5 MiB, a ninth of the watch's
-# event bound. It is the sum of what each part may take: the entries together (600 KiB: 1,000
-# real entries are about 300 KiB; 1,000 with the longest names Kubernetes allows, about 830
-# KiB, so there the bytes bind first), the caps (213.5 KiB), the summary (64 KiB), the slices
-# (80 KiB), a refusal's want (24 KiB) and the rest (metadata, the removal counts by kind: 40
-# KiB would hold 30 times an object's usual): 1,045,992 bytes, and a write past the whole is
-# never sent (Book.write).
+# The whole object as JSON, at most: two thirds of etcd's 1.5 MiB (the API server's managedFields
+# beside it list each status map once: the schema marks them atomic), a ninth of the watch's event
+# bound. It is the sum of what each part may take: the entries together (600 KiB: 1,000 real entries
+# are about 300 KiB; 1,000 with the longest names Kubernetes allows, about 830 KiB, so there the
+# bytes bind first), the caps (213.5 KiB), the summary (64 KiB), the slices (80 KiB), a refusal's
+# want (24 KiB) and the rest (metadata, the removal counts by kind: 40 KiB would hold 30 times an
+# object's usual): 1,045,992 bytes, and a write past the whole is never sent (Book.write).
 MAX_OBJECT_BYTES: Final = 1_048_576
 MAX_PENDING_BYTES: Final = 614_400
 MAX_SUMMARY_BYTES: Final = 65_536
