@@ -198,3 +198,27 @@ async def test_a_client_sending_half_a_header_is_disconnected(certs: Path) -> No
     finally:
         running.stop()
         await running.wait()
+
+
+async def test_a_replica_told_to_stop_answers_while_not_ready_for_its_delay(certs: Path) -> None:
+    """Told to stop, the replica says it is not ready and keeps answering for its delay (an
+    endpoint's removal reaches every node's proxy late: a call refused meanwhile fails its
+    write), then closes its listener."""
+    settings = Settings(
+        state=STATE, cert_dir=str(certs), listen_port=0, metrics_port=0, shutdown_delay_seconds=1
+    )
+    running = WebhookServer(load_state(settings.state), settings)
+    await running.start()
+    context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as session:
+        url = f"https://localhost:{running.port}"
+        running.stop()
+        stopping = asyncio.create_task(running.wait())
+        await asyncio.sleep(0.2)
+        async with session.get(f"{url}/readyz") as answer:
+            assert answer.status == 503, "not ready"
+        async with session.get(f"{url}/livez") as answer:
+            assert answer.status == 200, "still answering"
+        await stopping
+        with pytest.raises(aiohttp.ClientError):
+            await session.get(f"{url}/livez")

@@ -148,3 +148,12 @@ def test_an_infinite_integer_setting_from_a_file_is_refused_not_a_crash(value: f
     # start-up died with a traceback instead of naming the setting.
     with pytest.raises(SettingsError, match="timeout-seconds"):
         load_settings({"timeout_seconds": value}, environ={})
+
+
+def test_the_shutdown_delay_is_read_from_the_environment_and_bounded() -> None:
+    loaded = load_settings({}, environ={"WEBHOOK_SHUTDOWN_DELAY_SECONDS": "5"})
+    assert loaded.shutdown_delay_seconds == 5.0
+    assert load_settings({}, environ={}).shutdown_delay_seconds == 0.0
+    for value in ("-1", "600"):
+        with pytest.raises(SettingsError, match="shutdown-delay-seconds: must be between 0 and 60"):
+            load_settings({}, environ={"WEBHOOK_SHUTDOWN_DELAY_SECONDS": value})

@@ -186,8 +186,15 @@ class WebhookServer:
         if self.served:
             log.info(
                 "shutting down",
-                extra={"fields": {"grace_seconds": self.settings.shutdown_seconds}},
+                extra={
+                    "fields": {
+                        "delay_seconds": self.settings.shutdown_delay_seconds,
+                        "grace_seconds": self.settings.shutdown_seconds,
+                    }
+                },
             )
+            # Not ready, still serving: calls the proxies still send here are answered.
+            await asyncio.sleep(max(0.0, self.settings.shutdown_delay_seconds))
         await self._runner.cleanup()  # the requests being answered drain first
         await self._metrics_runner.cleanup()
         self._services_stop.set()

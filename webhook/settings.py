@@ -67,6 +67,10 @@ class Settings:
     overcommit_step: Decimal = DEFAULT_STEP
     cert_reload_seconds: float = 10.0
     shutdown_seconds: float = 20.0
+    # After SIGTERM, how long to keep serving with readiness failing before the listener
+    # closes: an endpoint removed reaches every node's proxy a few seconds late, and a
+    # webhook call refused meanwhile fails its write (the Deployment ships 5 s).
+    shutdown_delay_seconds: float = 0.0
     log_level: str = "INFO"
     # Live cluster state (no --state): who we are and where our objects live.
     namespace: str = "cozy-reservation"
@@ -145,6 +149,7 @@ _SPELLINGS: Final = {
     "overcommit_step": ("WEBHOOK_OVERCOMMIT_STEP", "overcommitStep"),
     "cert_reload_seconds": ("WEBHOOK_CERT_RELOAD_SECONDS", "certReloadSeconds"),
     "shutdown_seconds": ("WEBHOOK_SHUTDOWN_SECONDS", "shutdownSeconds"),
+    "shutdown_delay_seconds": ("WEBHOOK_SHUTDOWN_DELAY_SECONDS", "shutdownDelaySeconds"),
     "log_level": ("WEBHOOK_LOG_LEVEL", "logLevel"),
     "namespace": ("POD_NAMESPACE", "namespace"),
     "replica": ("POD_NAME", "replica"),
@@ -243,6 +248,11 @@ def _build(raw: Mapping[str, Any]) -> Settings:
             if number <= 0:
                 raise SettingsError(f"{name.replace('_', '-')}: must be positive")
             values[name] = number
+    if "shutdown_delay_seconds" in raw:
+        delay = _number("shutdown-delay-seconds", raw["shutdown_delay_seconds"], integer=False)
+        if not 0 <= delay <= 60:
+            raise SettingsError("shutdown-delay-seconds: must be between 0 and 60")
+        values["shutdown_delay_seconds"] = delay
     if "watch_resync_seconds" in raw:
         resync = _number("watch-resync-seconds", raw["watch_resync_seconds"], integer=False)
         if resync < 0:
