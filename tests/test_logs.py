@@ -232,3 +232,26 @@ def test_a_tenant_value_in_a_chained_exception_cannot_hide_the_exception_that_wa
     assert len(entry["exception"]) <= MAX_FIELD_CHARACTERS
     assert entry["exception"].startswith("Traceback (most recent call last):")
     assert entry["exception"].rstrip().endswith("KeyError: 'the real failure'")
+
+
+def test_more_long_fields_than_a_line_holds_still_make_one_line_within_its_bound() -> None:
+    fields = {f"field{index}": "\u00e9" * 300 for index in range(80)}
+    line = JsonFormatter().format(_record(0.0, fields=fields))
+    assert len(line) <= MAX_LINE_CHARACTERS
+    entry = json.loads(line)
+    assert entry["fields_left_out"] >= 80
+    assert entry["message"] == "a b"
+
+
+def test_a_record_that_cannot_be_encoded_is_one_bounded_line_not_a_raw_traceback() -> None:
+    # A key that is not a string makes the encoder raise: the stdlib's handleError printed a
+    # traceback and the record's arguments, a tenant's value among them, as raw lines.
+    stream = io.StringIO()
+    handler = BatchingHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    handler.emit(_record(0.0, fields={(1, 2): "x" * 100_000}))
+    handler.flush()
+    (line,) = stream.getvalue().splitlines()
+    entry = json.loads(line)
+    assert entry["message"] == "a log record could not be written"
+    assert len(line) < 2_000

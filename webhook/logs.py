@@ -49,7 +49,9 @@ _ENCODER: Final = json.JSONEncoder(separators=(",", ":"), default=str, check_cir
 _PLAIN: Final = frozenset({str, int, bool, type(None)})
 MAX_FIELD_CHARACTERS: Final = 8192  # of one field of a line (a traceback's frames fit)
 # Of one line as written (ASCII: every other character escaped, an emoji as 12 characters):
-# container runtimes split a line at 16 KiB, and a line split is two lines no reader parses.
+# containerd and docker keep a line whole up to 16 KiB and split it past that; CRI-O splits
+# wherever its 8 KiB reads end. Each part is tagged partial, for readers that rejoin them
+# (kubelet's logs, CRI-aware shippers); one that does not sees pieces it cannot parse.
 MAX_LINE_CHARACTERS: Final = 16_000
 _SMALL: Final = 256  # a field this short as written is never cut to fit a line
 
@@ -112,7 +114,15 @@ def _fitted(entry: dict[str, object], whole: dict[str, str]) -> str:
     room = max(_SMALL, (MAX_LINE_CHARACTERS - rest) // len(large))
     for key in large:
         entry[key] = _written_within(whole.get(key, entry[key]), room)
-    return encode(entry)
+    line = encode(entry)
+    if len(line) <= MAX_LINE_CHARACTERS:
+        return line
+    # More long fields than a line holds at their least: the record's own words, and how
+    # many fields were left out.
+    kept: dict[str, object] = {k: entry[k] for k in ("time", "level", "logger") if k in entry}
+    kept["message"] = _written_within(entry.get("message", ""), _SMALL * 4)
+    kept["fields_left_out"] = len(entry) - len(kept)
+    return encode(kept)
 
 
 def _written_within(value: object, room: int) -> str:
@@ -120,6 +130,8 @@ def _written_within(value: object, room: int) -> str:
     ``room`` characters, saying how long it was: the longest start that fits, found by
     halving (a few encodings of at most ``room`` characters, whatever the value holds)."""
     text = value if isinstance(value, str) else _ENCODER.encode(value)
+    if len(_ENCODER.encode(text)) <= room:
+        return text
     note = f"... ({len(text)} characters)"
     left = room - len(_ENCODER.encode(note))  # the note and the two quotes
     low, high = 0, min(len(text), max(left, 0))  # a start of ``low`` characters fits
@@ -182,9 +194,16 @@ class BatchingHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             line = self.format(record)
-        except Exception:
-            self.handleError(record)
-            return
+        except Exception as exc:  # a line of its own, bounded, instead of a raw traceback
+            line = encode(
+                {
+                    "level": "error",
+                    "logger": "webhook.logs",
+                    "message": "a log record could not be written",
+                    "record_logger": _written_within(record.name, _SMALL),
+                    "error": _written_within(f"{type(exc).__name__}: {exc}", _SMALL * 4),
+                }
+            )
         self._pending.append(line)  # Handler.handle holds self.lock around emit
         if (
             record.levelno >= logging.WARNING
@@ -234,3 +253,4 @@ def configure(level: str = "INFO") -> None:
         old.flush()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    logging.captureWarnings(True)  # a warning is a JSON line too, not raw text on stderr
